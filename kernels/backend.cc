@@ -1,0 +1,103 @@
+#include "kernels/backend.h"
+
+#include "absl/strings/str_cat.h"
+#include "kernels/head_padding.h"
+
+namespace mla {
+namespace {
+
+absl::Status CheckHeads(int num_heads, int padded_heads) {
+  absl::StatusOr<int> expected = PaddedHeadCount(num_heads);
+  if (!expected.ok()) return expected.status();
+  bool supported = false;
+  for (int count : kSupportedHeadCounts) supported |= count == padded_heads;
+  if (!supported || padded_heads < num_heads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("padded head count ", padded_heads, " must be one of {",
+                     SupportedHeadCountsText(), "} and at least the head count ", num_heads));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckInsert(const KvInsertParams& insert, const char* name) {
+  if (insert.num_rows < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": negative row count"));
+  }
+  if (insert.num_rows > 0 && (insert.rows == nullptr || insert.positions == nullptr ||
+                              insert.slots == nullptr || insert.pool.base == nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": rows, positions, slots and pool are required for ",
+                     insert.num_rows, " rows"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckKeyList(const KeyListParams& list, const char* name) {
+  if (list.width < 0) return absl::InvalidArgumentError(absl::StrCat(name, ": negative width"));
+  if (list.width > 0 && (list.indices == nullptr || list.pool.base == nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": indices and pool are required for width ", list.width));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    data_ = other.data_;
+    bytes_ = other.bytes_;
+    release_ = std::move(other.release_);
+    other.data_ = nullptr;
+    other.bytes_ = 0;
+    other.release_ = nullptr;
+  }
+  return *this;
+}
+
+void DeviceBuffer::Reset() {
+  if (data_ != nullptr && release_) release_(data_);
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
+absl::Status CheckPrologueParams(const PrologueParams& params) {
+  if (params.num_tokens < 0) return absl::InvalidArgumentError("prologue: negative token count");
+  if (absl::Status status = CheckHeads(params.num_heads, params.padded_heads); !status.ok()) {
+    return status;
+  }
+  if (params.num_tokens > 0 &&
+      (params.q == nullptr || params.positions == nullptr || params.q_out == nullptr)) {
+    return absl::InvalidArgumentError("prologue: q, positions and q_out are required");
+  }
+  const bool rotates = params.num_tokens > 0 || params.swa.num_rows > 0 ||
+                       params.compressed.num_rows > 0;
+  if (rotates && (params.rope.data == nullptr || params.rope.num_positions <= 0)) {
+    return absl::InvalidArgumentError("prologue: a RoPE table is required");
+  }
+  if (absl::Status status = CheckInsert(params.swa, "prologue swa rows"); !status.ok()) {
+    return status;
+  }
+  return CheckInsert(params.compressed, "prologue compressed rows");
+}
+
+absl::Status CheckDecodeParams(const DecodeParams& params) {
+  if (params.num_tokens < 0) return absl::InvalidArgumentError("decode: negative token count");
+  if (absl::Status status = CheckHeads(params.num_heads, params.padded_heads); !status.ok()) {
+    return status;
+  }
+  if (params.num_tokens > 0 && (params.q == nullptr || params.out == nullptr)) {
+    return absl::InvalidArgumentError("decode: q and out are required");
+  }
+  if (params.derotate && params.num_tokens > 0 &&
+      (params.positions == nullptr || params.rope.data == nullptr)) {
+    return absl::InvalidArgumentError("decode: de-rotation needs positions and a RoPE table");
+  }
+  if (absl::Status status = CheckKeyList(params.main, "decode main list"); !status.ok()) {
+    return status;
+  }
+  return CheckKeyList(params.extra, "decode extra list");
+}
+
+}  // namespace mla
