@@ -10,17 +10,20 @@
 namespace mla {
 namespace {
 
-// Decoded value of every e4m3 code: dequantisation is a table look-up.
-struct E4m3Table {
-  float value[256];
-  E4m3Table() {
-    for (int code = 0; code < 256; ++code) value[code] = E4m3ToFloat(static_cast<uint8_t>(code));
-  }
-};
+// The e4m3 bits shifted into a float's bit positions (sign to bit 31, the
+// 4 exponent and 3 mantissa bits to bits 20..26) form a float whose value is
+// exactly the e4m3 value times 2^-120, normals and subnormals alike. Integer
+// operations and one compare only, so the loop that calls it vectorises.
+inline float DecodeE4m3(uint8_t code) {
+  const uint32_t magnitude = code & 0x7fu;
+  const uint32_t bits = magnitude == 0x7fu ? 0x7fc00000u  // NaN
+                                           : (code & 0x80u) << 24 | magnitude << 20;
+  return __builtin_bit_cast(float, bits) * 0x1p120f;
+}
 
-const E4m3Table& DecodeTable() {
-  static const E4m3Table table;
-  return table;
+// 2^(byte - 127); byte 0 is the subnormal 2^-127.
+float ScaleOfByte(uint8_t byte) {
+  return byte != 0 ? __builtin_bit_cast(float, uint32_t{byte} << 23) : std::ldexp(1.0f, -127);
 }
 
 }  // namespace
@@ -51,11 +54,10 @@ void QuantizeRow(const float* row, uint8_t* data, uint8_t* scales) {
 }
 
 void DequantizeRow(const uint8_t* data, const uint8_t* scales, float* row) {
-  const float* decode = DecodeTable().value;
   for (int tile = 0; tile < kNopeTiles; ++tile) {
-    const float scale = std::ldexp(1.0f, static_cast<int>(scales[tile]) - 127);
+    const float scale = ScaleOfByte(scales[tile]);
     for (int i = 0; i < kQuantTile; ++i) {
-      row[tile * kQuantTile + i] = decode[data[tile * kQuantTile + i]] * scale;
+      row[tile * kQuantTile + i] = DecodeE4m3(data[tile * kQuantTile + i]) * scale;
     }
   }
   for (int i = 0; i < kRopeDim; ++i) {

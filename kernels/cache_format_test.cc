@@ -165,6 +165,26 @@ TEST(CacheFormatTest, E4m3RoundsMidpointsToEven) {
   }
 }
 
+TEST(CacheFormatTest, DequantizeDecodesEveryCodeAndScale) {
+  uint8_t data[kTokenDataBytes] = {};
+  uint8_t scales[kTokenScaleBytes] = {0, 1, 105, 127, 128, 200, 254, 0};
+  for (int code = 0; code < 256; ++code) {
+    for (int tile = 0; tile < kNopeTiles; ++tile) data[tile * kQuantTile + code % 64] = code;
+    float row[kHeadDim];
+    DequantizeRow(data, scales, row);
+    for (int tile = 0; tile < kNopeTiles; ++tile) {
+      const float expected =
+          E4m3ToFloat(static_cast<uint8_t>(code)) * std::ldexp(1.0f, scales[tile] - 127);
+      const float got = row[tile * kQuantTile + code % 64];
+      if (std::isnan(expected)) {
+        EXPECT_TRUE(std::isnan(got)) << "code " << code;
+      } else {
+        EXPECT_EQ(got, expected) << "code " << code << " scale byte " << int{scales[tile]};
+      }
+    }
+  }
+}
+
 TEST(CacheFormatTest, PadByteIsZero) {
   std::vector<float> row(kHeadDim, 7.0f);
   EXPECT_EQ(Quantize(row).scales[7], 0);

@@ -17,11 +17,8 @@
 namespace mla {
 namespace {
 
-// Heads that share one pass over a token's keys: each dequantised key row is
-// reused by this many heads, and a work item is (token, head group).
-constexpr int kHeadGroup = 16;
-// Key rows dequantised at a time (32 rows x 2 KiB stays in L1/L2).
-constexpr int kChunkRows = 32;
+// Key rows dequantised at a time (64 rows x 2 KiB stays in L2).
+constexpr int kChunkRows = 64;
 
 void Bf16RowToFloat(const uint16_t* src, float* dst) {
   for (int d = 0; d < kHeadDim; ++d) dst[d] = Bf16ToFloat(src[d]);
@@ -29,17 +26,6 @@ void Bf16RowToFloat(const uint16_t* src, float* dst) {
 
 void FloatRowToBf16(const float* src, uint16_t* dst) {
   for (int d = 0; d < kHeadDim; ++d) dst[d] = FloatToBf16(src[d]);
-}
-
-// 16 independent partial sums: vectorises without reassociating a reduction.
-float Dot512(const float* a, const float* b) {
-  float lanes[16] = {};
-  for (int d = 0; d < kHeadDim; d += 16) {
-    for (int l = 0; l < 16; ++l) lanes[l] += a[d + l] * b[d + l];
-  }
-  float sum = 0.0f;
-  for (float lane : lanes) sum += lane;
-  return sum;
 }
 
 void NormRopeQuery(const uint16_t* q, const float* cos_sin, float eps, uint16_t* q_out) {
@@ -78,14 +64,88 @@ absl::Status CheckInsertValues(const KvInsertParams& insert, const RopeTableView
                         rope.num_positions);
 }
 
-// Per-thread buffers of one decode work item.
+// exp(x) for the softmax, where x <= 0: Cephes' polynomial on a reduced
+// argument, written with plain arithmetic so that loops over it vectorise
+// (libm's expf would be a scalar call per score). Relative error ~2e-7;
+// arguments below -87 (results under 1.6e-38) come out as about 1e-38.
+inline float SoftmaxExp(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  constexpr float kRoundMagic = 12582912.0f;  // 1.5 x 2^23: adding it rounds to an integer
+  const float n = (x * 1.44269504088896341f + kRoundMagic) - kRoundMagic;
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  float poly = 1.9875691500e-4f;
+  poly = poly * r + 1.3981999507e-3f;
+  poly = poly * r + 8.3334519073e-3f;
+  poly = poly * r + 4.1665795894e-2f;
+  poly = poly * r + 1.6666665459e-1f;
+  poly = poly * r + 5.0000001201e-1f;
+  const float y = poly * r * r + r + 1.0f;
+  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
+  float two_to_n;
+  std::memcpy(&two_to_n, &bits, sizeof(two_to_n));
+  return y * two_to_n;
+}
+
+// Heads handled together by the micro-kernels below: each key element loaded
+// feeds this many multiply-adds.
+constexpr int kHeadBlock = 4;
+constexpr int kLanes = 8;
+
+// scores[h][c] = scale * <q[h], keys[c]> for kHeadBlock heads and 2 rows.
+inline void ScoreBlock(const float* q, const float* keys, int c, float scale, float* scores,
+                       int score_stride) {
+  float acc[kHeadBlock][2][kLanes] = {};
+  const float* k0 = keys + c * kHeadDim;
+  const float* k1 = k0 + kHeadDim;
+  for (int d = 0; d < kHeadDim; d += kLanes) {
+    for (int h = 0; h < kHeadBlock; ++h) {
+      for (int l = 0; l < kLanes; ++l) {
+        acc[h][0][l] += q[h * kHeadDim + d + l] * k0[d + l];
+        acc[h][1][l] += q[h * kHeadDim + d + l] * k1[d + l];
+      }
+    }
+  }
+  for (int h = 0; h < kHeadBlock; ++h) {
+    for (int r = 0; r < 2; ++r) {
+      float sum = 0.0f;
+      for (int l = 0; l < kLanes; ++l) sum += acc[h][r][l];
+      scores[h * score_stride + c + r] = scale * sum;
+    }
+  }
+}
+
+// o[h][d..d+16) += sum_c probs[h][c] * values[c][d..d+16) for kHeadBlock heads.
+inline void AccumulateBlock(const float* probs, int prob_stride, const float* values, int rows,
+                            float* o) {
+  for (int d = 0; d < kHeadDim; d += 2 * kLanes) {
+    float acc[kHeadBlock][2 * kLanes];
+    for (int h = 0; h < kHeadBlock; ++h) {
+      for (int l = 0; l < 2 * kLanes; ++l) acc[h][l] = o[h * kHeadDim + d + l];
+    }
+    for (int c = 0; c < rows; ++c) {
+      const float* v = values + c * kHeadDim + d;
+      for (int h = 0; h < kHeadBlock; ++h) {
+        const float prob = probs[h * prob_stride + c];
+        for (int l = 0; l < 2 * kLanes; ++l) acc[h][l] += prob * v[l];
+      }
+    }
+    for (int h = 0; h < kHeadBlock; ++h) {
+      for (int l = 0; l < 2 * kLanes; ++l) o[h * kHeadDim + d + l] = acc[h][l];
+    }
+  }
+}
+
+// Per-thread buffers of one decode work item. Heads are padded up to a
+// multiple of kHeadBlock with zero queries whose results are not written.
 struct DecodeScratch {
   std::vector<const uint8_t*> data_rows;
   std::vector<const uint8_t*> scale_rows;
-  std::vector<float> q;       // [group, 512]
-  std::vector<float> o;       // [group, 512]
+  std::vector<float> q;       // [heads, 512]
+  std::vector<float> o;       // [heads, 512]
   std::vector<float> keys;    // [kChunkRows, 512]
-  float scores[kChunkRows];
+  std::vector<float> probs;   // [heads, kChunkRows]: scores, then probabilities
+  std::vector<float> running_max;
+  std::vector<float> running_sum;
 };
 
 void AppendKeys(const KeyListParams& list, int64_t t, DecodeScratch& scratch) {
@@ -99,70 +159,85 @@ void AppendKeys(const KeyListParams& list, int64_t t, DecodeScratch& scratch) {
   }
 }
 
-// Heads [h0, h1) of token t: one online softmax over both key lists.
+// Heads [h0, h1) of token t: one online softmax over both key lists. Each key
+// row is dequantised once for all these heads.
 void DecodeHeads(const DecodeParams& p, int64_t t, int h0, int h1, DecodeScratch& scratch) {
-  const int group = h1 - h0;
+  const int heads = h1 - h0;
+  const int blocked = (heads + kHeadBlock - 1) / kHeadBlock * kHeadBlock;
   scratch.data_rows.clear();
   scratch.scale_rows.clear();
   AppendKeys(p.main, t, scratch);
   AppendKeys(p.extra, t, scratch);
   const int64_t num_keys = static_cast<int64_t>(scratch.data_rows.size());
 
-  scratch.q.resize(size_t{kHeadDim} * group);
-  scratch.o.assign(size_t{kHeadDim} * group, 0.0f);
-  scratch.keys.resize(size_t{kHeadDim} * kChunkRows);
-  for (int g = 0; g < group; ++g) {
-    Bf16RowToFloat(p.q + (t * p.padded_heads + h0 + g) * kHeadDim, &scratch.q[g * kHeadDim]);
+  scratch.q.assign(size_t{kHeadDim} * blocked, 0.0f);
+  scratch.o.assign(size_t{kHeadDim} * blocked, 0.0f);
+  // One spare row lets ScoreBlock read rows in pairs past an odd chunk end.
+  scratch.keys.assign(size_t{kHeadDim} * (kChunkRows + 1), 0.0f);
+  scratch.probs.resize(size_t{kChunkRows} * blocked);
+  scratch.running_max.assign(blocked, -std::numeric_limits<float>::infinity());
+  scratch.running_sum.assign(blocked, 0.0f);
+  for (int h = 0; h < heads; ++h) {
+    Bf16RowToFloat(p.q + (t * p.padded_heads + h0 + h) * kHeadDim, &scratch.q[h * kHeadDim]);
   }
-  float running_max[kHeadGroup];
-  float running_sum[kHeadGroup];
-  std::fill_n(running_max, group, -std::numeric_limits<float>::infinity());
-  std::fill_n(running_sum, group, 0.0f);
 
   for (int64_t start = 0; start < num_keys; start += kChunkRows) {
     const int rows = static_cast<int>(std::min<int64_t>(kChunkRows, num_keys - start));
+    // Key rows are scattered over the pool: ask for the next chunk's rows now
+    // so their memory latency overlaps this chunk's arithmetic.
+    for (int64_t c = start + kChunkRows; c < std::min(num_keys, start + 2 * kChunkRows); ++c) {
+      for (int line = 0; line < kTokenDataBytes; line += 64) {
+        __builtin_prefetch(scratch.data_rows[c] + line);
+      }
+      __builtin_prefetch(scratch.scale_rows[c]);
+    }
     for (int c = 0; c < rows; ++c) {
       DequantizeRow(scratch.data_rows[start + c], scratch.scale_rows[start + c],
                     &scratch.keys[c * kHeadDim]);
     }
-    for (int g = 0; g < group; ++g) {
-      const float* q = &scratch.q[g * kHeadDim];
-      float chunk_max = running_max[g];
-      for (int c = 0; c < rows; ++c) {
-        scratch.scores[c] = p.softmax_scale * Dot512(q, &scratch.keys[c * kHeadDim]);
-        chunk_max = std::max(chunk_max, scratch.scores[c]);
+    for (int h = 0; h < blocked; h += kHeadBlock) {
+      for (int c = 0; c < rows; c += 2) {
+        ScoreBlock(&scratch.q[h * kHeadDim], scratch.keys.data(), c, p.softmax_scale,
+                   &scratch.probs[h * kChunkRows], kChunkRows);
       }
-      const float alpha = std::exp(running_max[g] - chunk_max);
-      float* o = &scratch.o[g * kHeadDim];
-      for (int d = 0; d < kHeadDim; ++d) o[d] *= alpha;
+    }
+    for (int h = 0; h < blocked; ++h) {
+      float* probs = &scratch.probs[h * kChunkRows];
+      float chunk_max = scratch.running_max[h];
+      for (int c = 0; c < rows; ++c) chunk_max = std::max(chunk_max, probs[c]);
       float chunk_sum = 0.0f;
       for (int c = 0; c < rows; ++c) {
-        const float prob = std::exp(scratch.scores[c] - chunk_max);
-        chunk_sum += prob;
-        const float* v = &scratch.keys[c * kHeadDim];
-        for (int d = 0; d < kHeadDim; ++d) o[d] += prob * v[d];
+        probs[c] = SoftmaxExp(probs[c] - chunk_max);
+        chunk_sum += probs[c];
       }
-      running_sum[g] = running_sum[g] * alpha + chunk_sum;
-      running_max[g] = chunk_max;
+      const float alpha = SoftmaxExp(scratch.running_max[h] - chunk_max);
+      float* o = &scratch.o[h * kHeadDim];
+      for (int d = 0; d < kHeadDim; ++d) o[d] *= alpha;
+      scratch.running_sum[h] = scratch.running_sum[h] * alpha + chunk_sum;
+      scratch.running_max[h] = chunk_max;
+    }
+    for (int h = 0; h < blocked; h += kHeadBlock) {
+      AccumulateBlock(&scratch.probs[h * kChunkRows], kChunkRows, scratch.keys.data(), rows,
+                      &scratch.o[h * kHeadDim]);
     }
   }
 
-  for (int g = 0; g < group; ++g) {
-    const int h = h0 + g;
-    float* o = &scratch.o[g * kHeadDim];
+  for (int h = 0; h < heads; ++h) {
+    float* o = &scratch.o[h * kHeadDim];
     float lse = std::numeric_limits<float>::infinity();
     if (num_keys > 0) {
-      lse = running_max[g] + std::log(running_sum[g]);
-      const float sink = p.sinks == nullptr ? -std::numeric_limits<float>::infinity() : p.sinks[h];
-      const float factor = 1.0f / (running_sum[g] * (1.0f + std::exp(sink - lse)));
+      lse = scratch.running_max[h] + std::log(scratch.running_sum[h]);
+      const float sink =
+          p.sinks == nullptr ? -std::numeric_limits<float>::infinity() : p.sinks[h0 + h];
+      const float factor = 1.0f / (scratch.running_sum[h] * (1.0f + std::exp(sink - lse)));
       for (int d = 0; d < kHeadDim; ++d) o[d] *= factor;
       if (p.derotate) {
         ApplyRope(p.rope.data + int64_t{p.positions[t]} * kRopeDim, /*inverse=*/true,
                   o + kNopeDim);
       }
     }
-    FloatRowToBf16(o, p.out + (t * p.num_heads + h) * kHeadDim);
-    if (p.lse != nullptr) p.lse[t * p.num_heads + h] = lse;
+    FloatRowToBf16(o, p.out + (t * p.num_heads + h0 + h) * kHeadDim);
+    if (p.lse != nullptr) p.lse[t * p.num_heads + h0 + h] = lse;
   }
 }
 
@@ -245,12 +320,19 @@ absl::Status CpuBackend::Decode(const DecodeParams& p) {
     }
   }
 
-  const int groups = (p.num_heads + kHeadGroup - 1) / kHeadGroup;
+  // A work item is (token, group of heads). Whole tokens dequantise each key
+  // row once; heads are split only when there are too few tokens to keep
+  // every thread busy.
+  const int64_t wanted_items = 2 * int64_t{pool_.num_threads()};
+  const int max_groups = (p.num_heads + kHeadBlock - 1) / kHeadBlock;
+  const int groups = static_cast<int>(std::clamp<int64_t>(
+      (wanted_items + p.num_tokens - 1) / std::max<int64_t>(p.num_tokens, 1), 1, max_groups));
+  const int group_heads = (max_groups + groups - 1) / groups * kHeadBlock;
   pool_.ParallelFor(p.num_tokens * groups, [&](int64_t item) {
     thread_local DecodeScratch scratch;
     const int64_t t = item / groups;
-    const int h0 = static_cast<int>(item % groups) * kHeadGroup;
-    DecodeHeads(p, t, h0, std::min(h0 + kHeadGroup, p.num_heads), scratch);
+    const int h0 = static_cast<int>(item % groups) * group_heads;
+    if (h0 < p.num_heads) DecodeHeads(p, t, h0, std::min(h0 + group_heads, p.num_heads), scratch);
   });
   return absl::OkStatus();
 }
