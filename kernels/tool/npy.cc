@@ -137,13 +137,12 @@ absl::StatusOr<NpyDtype> DtypeFromDescr(absl::string_view descr, absl::string_vi
   for (NpyDtype dtype : kAllDtypes) {
     if (descr == NpyDescr(dtype)) return dtype;
   }
-  const std::string supported = absl::StrJoin(kAllDtypes, ", ", [](std::string* out, NpyDtype d) {
-    absl::StrAppend(out, NpyDescr(d));
-  });
+  const std::string supported = absl::StrJoin(
+      kAllDtypes, ", ", [](std::string* out, NpyDtype d) { absl::StrAppend(out, NpyDescr(d)); });
   if (absl::StartsWith(descr, ">")) {
-    return Invalid(name, absl::StrCat("big-endian data (", descr,
-                                      ") is not supported; save it with a.astype('<",
-                                      descr.substr(1), "')"));
+    return Invalid(
+        name, absl::StrCat("big-endian data (", descr,
+                           ") is not supported; save it with a.astype('<", descr.substr(1), "')"));
   }
   if (absl::StrContains(descr, "O")) {
     return Invalid(name, "object arrays are not supported; save a numeric array");
@@ -230,9 +229,12 @@ int64_t NpyArray::num_elements() const {
 }
 
 std::string ShapeText(absl::Span<const int64_t> shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", ", [](std::string* out, int64_t dim) {
-                        absl::StrAppend(out, dim == kAnyDim ? "*" : absl::StrCat(dim));
-                      }),
+  return absl::StrCat("[",
+                      absl::StrJoin(shape, ", ",
+                                    [](std::string* out, int64_t dim) {
+                                      absl::StrAppend(out,
+                                                      dim == kAnyDim ? "*" : absl::StrCat(dim));
+                                    }),
                       "]");
 }
 
@@ -268,23 +270,20 @@ absl::StatusOr<NpyArray> ParseNpy(absl::string_view bytes, absl::string_view nam
   }
 
   const absl::string_view payload = bytes.substr(prefix + header_length);
-  // Bounded by the bytes present, so a huge shape cannot overflow or allocate.
+  // Saturates instead of overflowing; nothing is allocated unless the bytes
+  // are there.
+  constexpr uint64_t kSaturated = std::numeric_limits<uint64_t>::max();
   uint64_t expected = NpyItemSize(array.dtype);
   for (int64_t dim : array.shape) {
-    if (dim != 0 && expected > payload.size() / static_cast<uint64_t>(dim)) {
-      expected = std::numeric_limits<uint64_t>::max();
-      break;
-    }
-    expected *= static_cast<uint64_t>(dim);
+    const uint64_t size = static_cast<uint64_t>(dim);
+    expected = size != 0 && expected > kSaturated / size ? kSaturated : expected * size;
   }
   if (expected != payload.size()) {
-    return Invalid(name, absl::StrCat(
-                             "shape ", ShapeText(array.shape), " of ", descr, " needs ",
-                             expected == std::numeric_limits<uint64_t>::max()
-                                 ? std::string("more")
-                                 : absl::StrCat(expected),
-                             " bytes of data, the file holds ", payload.size(),
-                             expected > payload.size() ? " (truncated)" : " (trailing bytes)"));
+    return Invalid(
+        name, absl::StrCat("shape ", ShapeText(array.shape), " of ", descr, " needs ",
+                           expected == kSaturated ? std::string("more") : absl::StrCat(expected),
+                           " bytes of data, the file holds ", payload.size(),
+                           expected > payload.size() ? " (truncated)" : " (trailing bytes)"));
   }
   array.data.assign(payload.begin(), payload.end());
   return array;
@@ -300,8 +299,8 @@ std::string SerializeNpy(const NpyArray& array) {
   const bool fits_v1 =
       kMagic.size() + 4 + header.size() + kHeaderAlign <= std::numeric_limits<uint16_t>::max();
   const size_t prefix = kMagic.size() + 2 + (fits_v1 ? 2 : 4);
-  const size_t padded = (prefix + header.size() + 1 + kHeaderAlign - 1) / kHeaderAlign *
-                        kHeaderAlign;
+  const size_t padded =
+      (prefix + header.size() + 1 + kHeaderAlign - 1) / kHeaderAlign * kHeaderAlign;
   header.append(padded - prefix - header.size() - 1, ' ');
   header.push_back('\n');
 

@@ -85,8 +85,7 @@ struct NpyArray {
  private:
   template <typename T>
   static void CheckAccess(const NpyArray& array, size_t count) {
-    if (array.dtype != NpyDtypeOf<T>() ||
-        count != static_cast<size_t>(array.num_elements())) {
+    if (array.dtype != NpyDtypeOf<T>() || count != static_cast<size_t>(array.num_elements())) {
       std::fprintf(stderr, "NpyArray: accessed %s data as %s with %zu elements\n",
                    std::string(NpyDescr(array.dtype)).c_str(),
                    std::string(NpyDescr(NpyDtypeOf<T>())).c_str(), count);
@@ -110,8 +109,8 @@ absl::Status WriteNpy(const std::string& path, const NpyArray& array);
 // Checks the dtype and the shape (kAnyDim matches any size); `name` prefixes
 // the message. An '<i8' array checked as '<i4' is converted in place when
 // every value fits, since NumPy's default integer type is int64.
-absl::Status ConformNpy(absl::string_view name, NpyDtype dtype,
-                        absl::Span<const int64_t> shape, NpyArray& array);
+absl::Status ConformNpy(absl::string_view name, NpyDtype dtype, absl::Span<const int64_t> shape,
+                        NpyArray& array);
 
 // ReadNpy then ConformNpy.
 absl::StatusOr<NpyArray> ReadNpyAs(const std::string& path, NpyDtype dtype,
