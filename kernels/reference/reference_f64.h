@@ -84,14 +84,13 @@ struct QueryReference {
 // q is [N, H, 512] bf16 with N = positions.size(). Hp is not checked against
 // the supported set: the reference computes whatever it is asked.
 absl::StatusOr<QueryReference> ReferenceQuery(absl::Span<const uint16_t> q,
-                                              absl::Span<const int32_t> positions,
-                                              int num_heads, int padded_heads, double eps,
-                                              const RopeTable& rope);
+                                              absl::Span<const int32_t> positions, int num_heads,
+                                              int padded_heads, double eps, const RopeTable& rope);
 
 // One KV row (an SWA row or a compressed row) after RoPE, and its cache bytes.
 struct KvRowReference {
-  std::array<double, kHeadDim> rotated;  // after RoPE, before bf16 rounding
-  std::array<double, kHeadDim> rounded;  // rotated, rounded to bf16: what is quantised
+  std::array<double, kHeadDim> rotated;            // after RoPE, before bf16 rounding
+  std::array<double, kHeadDim> rounded;            // rotated, rounded to bf16: what is quantised
   std::array<double, kRopePairs> pair_magnitudes;  // |a| + |b| before rotation
   std::array<uint8_t, kTokenDataBytes> data;       // 448 e4m3 + 64 bf16 (little endian)
   std::array<uint8_t, kTokenScaleBytes> scales;    // 7 UE8M0 bytes + pad byte 0
@@ -118,8 +117,8 @@ struct KeyListInputs {
 
 struct DecodeInputs {
   int64_t num_tokens = 0;
-  int num_heads = 0;     // H: heads computed (the first H of q)
-  int padded_heads = 0;  // Hp: heads in q
+  int num_heads = 0;             // H: heads computed (the first H of q)
+  int padded_heads = 0;          // Hp: heads in q
   absl::Span<const uint16_t> q;  // [N, Hp, 512] bf16
   double softmax_scale = 0.0;
   absl::Span<const float> sinks;  // [H]; empty: no sink (-inf)

@@ -1,0 +1,222 @@
+#include "kernels/reference/tolerance.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace mla {
+namespace reference {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// bf16 patterns mapped to integers that increase with the value, so that
+// neighbours differ by one (both zeros map to 0).
+int32_t OrderedBf16(uint16_t bits) {
+  const int32_t magnitude = bits & 0x7fff;
+  return (bits & 0x8000) ? -magnitude : magnitude;
+}
+
+std::string Bf16Text(uint16_t bits) {
+  return absl::StrFormat("0x%04x (%.9g)", bits, Bf16Value(bits));
+}
+
+// The rule shared by q_out and the cache's RoPE values.
+double RoundedExcess(uint16_t actual, double expected, double pair_magnitude) {
+  const uint16_t rounded = RoundToBf16(expected);
+  const double ulps = Bf16UlpDistance(actual, rounded);
+  if (ulps <= 1.0 || std::isinf(ulps)) return ulps;
+  const double allowed = kRopePairTolerance * pair_magnitude;
+  if (!(allowed > 0.0)) return ulps;
+  const double error = std::fabs(Bf16Value(actual) - Bf16Value(rounded));
+  return std::min(ulps, error / allowed);
+}
+
+void CheckSizes(absl::string_view what, size_t actual, size_t expected, ComparisonReport& report) {
+  report.Check(actual == expected ? 0.0 : kInf, [&] {
+    return absl::StrCat(what, " holds ", actual, " elements, the reference ", expected);
+  });
+}
+
+}  // namespace
+
+double Bf16UlpDistance(uint16_t a, uint16_t b) {
+  const double va = Bf16Value(a);
+  const double vb = Bf16Value(b);
+  if (std::isnan(va) || std::isnan(vb)) return kInf;
+  if (std::isinf(va) || std::isinf(vb)) return va == vb ? 0.0 : kInf;
+  return std::abs(OrderedBf16(a) - OrderedBf16(b));
+}
+
+double QueryOutExcess(uint16_t actual, double expected, double pair_magnitude) {
+  return RoundedExcess(actual, expected, pair_magnitude);
+}
+
+double CacheRopeExcess(uint16_t actual, double expected, double pair_magnitude) {
+  return RoundedExcess(actual, expected, pair_magnitude);
+}
+
+double DecodeOutExcess(double actual, double expected, double max_abs_value) {
+  if (std::isnan(actual) || std::isnan(expected) || std::isinf(actual)) return kInf;
+  const double allowed = kDecodeAbsoluteTolerance * std::max(1.0, max_abs_value) +
+                         kDecodeRelativeTolerance * std::fabs(expected);
+  return std::fabs(actual - expected) / allowed;
+}
+
+double LseExcess(double actual, double expected) {
+  if (std::isnan(actual) || std::isnan(expected)) return kInf;
+  if (std::isinf(expected) || std::isinf(actual)) return actual == expected ? 0.0 : kInf;
+  return std::fabs(actual - expected) / kLseTolerance;
+}
+
+ComparisonReport::ComparisonReport(std::string subject) : subject_(std::move(subject)) {}
+
+void ComparisonReport::Check(double excess, absl::FunctionRef<std::string()> describe) {
+  ++checked_;
+  // NaN compares false both ways: it must fail and count as the worst.
+  const bool passed = excess <= 1.0;
+  const double ordered = std::isnan(excess) ? kInf : excess;
+  const bool worst = ordered > max_excess_ || checked_ == 1;
+  if (worst) max_excess_ = ordered;
+  if (passed) return;
+  ++failed_;
+  if (failed_ == 1 || worst) {
+    std::string text = absl::StrCat(describe(), " (excess ", absl::StrFormat("%.3g", ordered), ")");
+    if (failed_ == 1) first_failure_ = text;
+    if (worst) worst_failure_ = std::move(text);
+  }
+}
+
+std::string ComparisonReport::ToString() const {
+  if (ok()) {
+    return absl::StrFormat("%s: %d elements within tolerance (max %.3g of allowed)", subject_,
+                           checked_, max_excess_);
+  }
+  return absl::StrCat(subject_, ": ", failed_, " of ", checked_,
+                      " elements outside tolerance; first: ", first_failure_,
+                      "; worst: ", worst_failure_);
+}
+
+absl::Status ComparisonReport::ToStatus() const {
+  return ok() ? absl::OkStatus() : absl::InternalError(ToString());
+}
+
+ComparisonReport CompareQueryOut(absl::Span<const uint16_t> q_out, const QueryReference& expected) {
+  ComparisonReport report("q_out");
+  CheckSizes("q_out", q_out.size(), expected.values.size(), report);
+  if (!report.ok()) return report;
+  for (int64_t t = 0; t < expected.num_tokens; ++t) {
+    for (int h = 0; h < expected.padded_heads; ++h) {
+      const int64_t row = t * expected.padded_heads + h;
+      for (int d = 0; d < kHeadDim; ++d) {
+        const uint16_t actual = q_out[row * kHeadDim + d];
+        const double want = expected.values[row * kHeadDim + d];
+        double excess;
+        if (h >= expected.num_heads) {
+          excess = actual == 0 ? 0.0 : kInf;
+        } else {
+          const double pair =
+              d < kNopeDim ? 0.0 : expected.pair_magnitudes[row * kRopePairs + (d - kNopeDim) / 2];
+          excess = QueryOutExcess(actual, want, pair);
+        }
+        report.Check(excess, [&] {
+          return absl::StrCat("token ", t, " head ", h, h >= expected.num_heads ? " (padding)" : "",
+                              " dim ", d, ": got ", Bf16Text(actual), ", want ",
+                              Bf16Text(RoundToBf16(want)), " from ", absl::StrFormat("%.9g", want));
+        });
+      }
+    }
+  }
+  return report;
+}
+
+void CompareCacheRow(absl::Span<const uint8_t> pool, int64_t slot, const KvRowReference& expected,
+                     absl::string_view label, ComparisonReport& report) {
+  const bool in_pool = slot >= 0 && slot < PoolSlots(pool.size());
+  report.Check(in_pool ? 0.0 : kInf, [&] {
+    return absl::StrCat(label, ": slot ", slot, " is outside the pool's ", PoolSlots(pool.size()),
+                        " slots");
+  });
+  if (!in_pool) return;
+  const uint8_t* data = pool.data() + DataOffset(slot);
+  const uint8_t* scales = pool.data() + ScaleOffset(slot);
+  for (int d = 0; d < kNopeDim; ++d) {
+    report.Check(data[d] == expected.data[d] ? 0.0 : kInf, [&] {
+      return absl::StrFormat(
+          "%s slot %d e4m3 byte %d (tile %d scale byte %d): got 0x%02x, want 0x%02x", label, slot,
+          d, d / kQuantTile, scales[d / kQuantTile], data[d], expected.data[d]);
+    });
+  }
+  for (int i = 0; i < kRopeDim; ++i) {
+    const uint16_t actual =
+        static_cast<uint16_t>(data[kNopeDim + 2 * i] | data[kNopeDim + 2 * i + 1] << 8);
+    const double want = expected.rotated[kNopeDim + i];
+    report.Check(CacheRopeExcess(actual, want, expected.pair_magnitudes[i / 2]), [&] {
+      return absl::StrCat(label, " slot ", slot, " rope dim ", kNopeDim + i, ": got ",
+                          Bf16Text(actual), ", want ", Bf16Text(RoundToBf16(want)), " from ",
+                          absl::StrFormat("%.9g", want));
+    });
+  }
+  for (int b = 0; b < kTokenScaleBytes; ++b) {
+    report.Check(scales[b] == expected.scales[b] ? 0.0 : kInf, [&] {
+      return absl::StrFormat("%s slot %d %s byte %d: got 0x%02x, want 0x%02x", label, slot,
+                             b < kNopeTiles ? "scale" : "pad", b, scales[b], expected.scales[b]);
+    });
+  }
+}
+
+ComparisonReport CompareCacheRows(absl::Span<const uint8_t> pool, absl::Span<const int32_t> slots,
+                                  absl::Span<const KvRowReference> expected,
+                                  absl::string_view subject) {
+  ComparisonReport report{std::string(subject)};
+  CheckSizes("slots", slots.size(), expected.size(), report);
+  if (!report.ok()) return report;
+  for (size_t r = 0; r < slots.size(); ++r) {
+    if (slots[r] == -1) continue;
+    CompareCacheRow(pool, slots[r], expected[r], absl::StrCat("row ", r), report);
+  }
+  return report;
+}
+
+ComparisonReport CompareDecodeOut(absl::Span<const uint16_t> out, const DecodeReference& expected) {
+  ComparisonReport report("decode out");
+  CheckSizes("out", out.size(), expected.out.size(), report);
+  if (!report.ok()) return report;
+  for (int64_t t = 0; t < expected.num_tokens; ++t) {
+    const double max_abs = expected.max_abs_values[t];
+    for (int h = 0; h < expected.num_heads; ++h) {
+      for (int d = 0; d < kHeadDim; ++d) {
+        const int64_t i = (t * expected.num_heads + h) * kHeadDim + d;
+        const double actual = Bf16Value(out[i]);
+        report.Check(DecodeOutExcess(actual, expected.out[i], max_abs), [&] {
+          return absl::StrFormat(
+              "token %d head %d dim %d: got 0x%04x (%.9g), want %.9g (A_t %.6g, %d keys)", t, h, d,
+              out[i], actual, expected.out[i], max_abs, expected.num_keys[t]);
+        });
+      }
+    }
+  }
+  return report;
+}
+
+ComparisonReport CompareLse(absl::Span<const float> lse, const DecodeReference& expected) {
+  ComparisonReport report("decode lse");
+  CheckSizes("lse", lse.size(), expected.lse.size(), report);
+  if (!report.ok()) return report;
+  for (int64_t t = 0; t < expected.num_tokens; ++t) {
+    for (int h = 0; h < expected.num_heads; ++h) {
+      const int64_t i = t * expected.num_heads + h;
+      report.Check(LseExcess(lse[i], expected.lse[i]), [&] {
+        return absl::StrFormat("token %d head %d: got %.9g, want %.9g (%d keys)", t, h, lse[i],
+                               expected.lse[i], expected.num_keys[t]);
+      });
+    }
+  }
+  return report;
+}
+
+}  // namespace reference
+}  // namespace mla
