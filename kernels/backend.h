@@ -73,7 +73,10 @@ struct DecodeParams {
   int padded_heads = 0;  // Hp: heads in q (the prologue's q_out)
   const uint16_t* q = nullptr;  // [N, Hp, 512] bf16
   float softmax_scale = 0.0f;
-  const float* sinks = nullptr;  // [H] fp32 logits; null = no sink
+  // Attention sink logits, fp32: [H] for every token, or [N, H] when
+  // sinks_per_token (a batch mixing sessions or layers); null = no sink.
+  const float* sinks = nullptr;
+  bool sinks_per_token = false;
   KeyListParams main;
   KeyListParams extra;
   // De-rotate output dims 448..511 by the query position before rounding.

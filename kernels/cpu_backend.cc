@@ -227,8 +227,9 @@ void DecodeHeads(const DecodeParams& p, int64_t t, int h0, int h1, DecodeScratch
     float lse = std::numeric_limits<float>::infinity();
     if (num_keys > 0) {
       lse = scratch.running_max[h] + std::log(scratch.running_sum[h]);
-      const float sink =
-          p.sinks == nullptr ? -std::numeric_limits<float>::infinity() : p.sinks[h0 + h];
+      const float sink = p.sinks == nullptr ? -std::numeric_limits<float>::infinity()
+                         : p.sinks_per_token ? p.sinks[t * p.num_heads + h0 + h]
+                                             : p.sinks[h0 + h];
       const float factor = 1.0f / (scratch.running_sum[h] * (1.0f + std::exp(sink - lse)));
       for (int d = 0; d < kHeadDim; ++d) o[d] *= factor;
       if (p.derotate) {

@@ -346,7 +346,7 @@ INSTANTIATE_TEST_SUITE_P(AllLayerKindsAndHeadCounts, PrologueTest,
 
 // ---- Decode on random inputs.
 
-enum class SinkMode { kNone, kNegativeInfinity, kZero, kLarge, kMixed };
+enum class SinkMode { kNone, kNegativeInfinity, kZero, kLarge, kMixed, kPerToken };
 
 absl::string_view SinkModeName(SinkMode mode) {
   switch (mode) {
@@ -360,14 +360,29 @@ absl::string_view SinkModeName(SinkMode mode) {
       return "sink30";
     case SinkMode::kMixed:
       return "sinkmixed";
+    case SinkMode::kPerToken:
+      return "sinkpertoken";
   }
   return "unknown";
 }
 
-// Sinks of H heads; empty for kNone (the backend then gets a null pointer).
-std::vector<float> MakeSinks(Random& rng, SinkMode mode, int heads) {
+// Sinks of H heads ([N, H] for kPerToken, a different logit for every token
+// and head); empty for kNone (the backend then gets a null pointer).
+std::vector<float> MakeSinks(Random& rng, SinkMode mode, int heads, int64_t tokens) {
   std::vector<float> sinks;
   if (mode == SinkMode::kNone) return sinks;
+  if (mode == SinkMode::kPerToken) {
+    // Each head's sink changes from token to token between no effect, a
+    // dominant sink and a moderate one, so a backend reading token 0's sinks
+    // for every token is far off.
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int h = 0; h < heads; ++h) {
+        const float choices[] = {-kInf, 30.0f, static_cast<float>(3 * rng.Normal())};
+        sinks.push_back(choices[(t + h) % 3]);
+      }
+    }
+    return sinks;
+  }
   for (int h = 0; h < heads; ++h) {
     switch (mode) {
       case SinkMode::kNegativeInfinity:
@@ -478,12 +493,15 @@ struct DecodeCase {
 std::vector<DecodeCase> DecodeCases() {
   std::vector<DecodeCase> cases;
   const int tokens_for_heads[] = {64, 24, 12, 5, 3, 2};
-  const SinkMode modes[] = {SinkMode::kNone, SinkMode::kNegativeInfinity, SinkMode::kZero,
-                            SinkMode::kLarge, SinkMode::kMixed};
+  const SinkMode modes[] = {SinkMode::kNone,  SinkMode::kNegativeInfinity, SinkMode::kZero,
+                            SinkMode::kLarge, SinkMode::kMixed,            SinkMode::kPerToken};
   for (const LayerCase& layer : LayerCases()) {
     for (int i = 0; i < 6; ++i) {
       const int index = static_cast<int>(cases.size());
-      cases.push_back({layer, kHeadCounts[i], tokens_for_heads[i], modes[index % 5], index % 2 == 1,
+      // The mode turns with the layer too, so that every mode meets every
+      // head count and token count rather than always the same one.
+      const SinkMode mode = modes[(index + index / 6) % 6];
+      cases.push_back({layer, kHeadCounts[i], tokens_for_heads[i], mode, index % 2 == 1,
                        index % 4 != 1, index % 3 != 2, 2000 + static_cast<uint64_t>(index)});
     }
   }
@@ -542,7 +560,7 @@ TEST_P(DecodeTest, MatchesReference) {
                                  : static_cast<int>(rng.Uniform(1, extra.width));
     FillKeyRow(rng, extra, t, extra_length, t == 1 || t == 3);
   }
-  const std::vector<float> sinks = MakeSinks(rng, c.sinks, c.heads);
+  const std::vector<float> sinks = MakeSinks(rng, c.sinks, c.heads, n);
 
   CpuBackend backend(kThreads);
   DeviceArena arena(backend);
@@ -553,6 +571,7 @@ TEST_P(DecodeTest, MatchesReference) {
   params.q = arena.Put(q);
   params.softmax_scale = c.layer.profile->softmax_scale;
   params.sinks = sinks.empty() ? nullptr : arena.Put(sinks);
+  params.sinks_per_token = c.sinks == SinkMode::kPerToken;
   params.main = PutKeyList(arena, main);
   params.extra = PutKeyList(arena, extra);
   params.derotate = c.derotate;
@@ -576,6 +595,7 @@ TEST_P(DecodeTest, MatchesReference) {
   inputs.q = q;
   inputs.softmax_scale = params.softmax_scale;
   inputs.sinks = sinks;
+  inputs.sinks_per_token = params.sinks_per_token;
   inputs.main = KeyListInputsOf(main);
   inputs.extra = KeyListInputsOf(extra);
   inputs.derotate = c.derotate;

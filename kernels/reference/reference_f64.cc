@@ -315,7 +315,9 @@ absl::StatusOr<DecodeReference> ReferenceDecode(const DecodeInputs& in) {
     return status;
   }
   if (!in.sinks.empty()) {
-    if (absl::Status status = CheckSize("decode sinks", in.sinks.size(), in.num_heads);
+    const int64_t expected_sinks =
+        in.sinks_per_token ? in.num_tokens * in.num_heads : int64_t{in.num_heads};
+    if (absl::Status status = CheckSize("decode sinks", in.sinks.size(), expected_sinks);
         !status.ok()) {
       return status;
     }
@@ -382,7 +384,10 @@ absl::StatusOr<DecodeReference> ReferenceDecode(const DecodeInputs& in) {
       double sum = 0.0;
       for (double z : scores) sum += std::exp(z - max_score);
       const double lse = max_score + std::log(sum);
-      const double sink = in.sinks.empty() ? -kInf : static_cast<double>(in.sinks[h]);
+      const double sink =
+          in.sinks.empty() ? -kInf
+                           : static_cast<double>(
+                                 in.sinks[in.sinks_per_token ? t * in.num_heads + h : h]);
       const double sink_factor = 1.0 / (1.0 + std::exp(sink - lse));
 
       double* o = result.out.data() + (t * in.num_heads + h) * kHeadDim;

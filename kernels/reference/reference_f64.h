@@ -121,7 +121,8 @@ struct DecodeInputs {
   int padded_heads = 0;          // Hp: heads in q
   absl::Span<const uint16_t> q;  // [N, Hp, 512] bf16
   double softmax_scale = 0.0;
-  absl::Span<const float> sinks;  // [H]; empty: no sink (-inf)
+  absl::Span<const float> sinks;  // [H], or [N, H] if sinks_per_token; empty: no sink (-inf)
+  bool sinks_per_token = false;
   KeyListInputs main;
   KeyListInputs extra;
   // De-rotates out dims 448..511 by the query position (conjugate rotation).
