@@ -9,7 +9,7 @@ packages=(
   bazel-bootstrap bazel-platforms bazel-rules-java g++ pkgconf
   # Libraries (headers from /usr/include, flags from pkg-config).
   libabsl-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
-  libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
+  libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcivetweb-dev
   # Test summary and scripts.
   python3
 )
