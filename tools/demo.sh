@@ -8,6 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 tools/setup.sh
+[ -x bazel-bin/kernels/tool/mla_kernel_tool ] ||
+  echo "demo: building mla_kernel_tool (the first build takes a few minutes)" >&2
 bazel build --noshow_progress //kernels:mla_kernel_tool 2>&1 | grep -E "ERROR|error:" || true
 tool=bazel-bin/kernels/tool/mla_kernel_tool
 if [ ! -x "$tool" ]; then

@@ -36,7 +36,8 @@ double RoundedExcess(uint16_t actual, double expected, double pair_magnitude) {
 }
 
 void CheckSizes(absl::string_view what, size_t actual, size_t expected, ComparisonReport& report) {
-  report.Check(actual == expected ? 0.0 : kInf, [&] {
+  if (actual == expected) return;
+  report.Check(kInf, [&] {
     return absl::StrCat(what, " holds ", actual, " elements, the reference ", expected);
   });
 }
