@@ -1,0 +1,132 @@
+// The engine of one device: its compute backend, its paged KV pool, the
+// sessions whose KV lives there, and the execution of every request that
+// touches them.
+//
+// Attend() runs a batch of Attend messages gathered from many streams with
+// as few kernel launches as the batch allows (one prologue and one decode per
+// group of messages sharing head counts, RoPE kind and output flags). Every
+// message is validated against the sessions before anything changes; a bad
+// message fails alone with a status naming its field and leaves every session
+// and the pool exactly as they were. Messages that touch the same session and
+// layer as an earlier one of the batch (the next position of the same
+// sequence) run in a later wave of the same call, so results never depend on
+// how requests were batched.
+//
+// Not thread-safe: one thread (the scheduler's) makes every call.
+#ifndef MLA_OFFLOAD_SERVER_ENGINE_H_
+#define MLA_OFFLOAD_SERVER_ENGINE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "kernels/backend.h"
+#include "kernels/model_profile.h"
+#include "kernels/rope.h"
+#include "server/kv_pool.h"
+#include "server/requests.h"
+#include "server/session.h"
+
+namespace mla {
+
+struct EngineOptions {
+  int64_t kv_blocks = 0;             // pool size in 64-token blocks
+  int32_t max_position = 1 << 18;    // positions must be below this (RoPE table rows)
+  int32_t max_tokens_per_message = 1024;
+  absl::Duration default_idle_ttl = absl::Minutes(10);
+  std::vector<const ModelProfile*> models;  // models this server accepts
+};
+
+struct CreateSessionInput {
+  std::string model;
+  int32_t num_heads = 0;
+  TensorInput sinks;  // optional f32 [layers, h_total] or [layers, num_heads]
+  int32_t idle_ttl_seconds = 0;
+};
+
+struct CreateSessionResult {
+  std::string session_id;
+  int num_heads = 0;
+  int padded_heads = 0;
+};
+
+struct LayerRowsInput {
+  int32_t layer = 0;
+  TensorInput swa_kv;         // [P, 512] bf16
+  TensorInput compressed_kv;  // [M, 512] bf16
+  int32_t first_compressed_row = 0;
+};
+
+struct AppendInput {
+  std::string session_id;
+  int32_t first_position = 0;
+  int32_t num_positions = 0;
+  std::vector<LayerRowsInput> layers;
+};
+
+struct AppendResult {
+  int32_t next_position = 0;
+  int64_t session_blocks = 0;
+};
+
+struct SessionSummary {
+  std::string session_id;
+  std::string model;
+  int num_heads = 0;
+  int32_t next_position = 0;
+  int64_t blocks = 0;
+  double idle_seconds = 0;
+};
+
+class Engine {
+ public:
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(std::unique_ptr<ComputeBackend> backend,
+                                                        const EngineOptions& options);
+  ~Engine();
+
+  absl::StatusOr<CreateSessionResult> CreateSession(const CreateSessionInput& input,
+                                                    absl::Time now);
+  absl::StatusOr<AppendResult> AppendKV(const AppendInput& input, absl::Time now);
+  // Frees the session's blocks; returns how many.
+  absl::StatusOr<int64_t> CloseSession(const std::string& session_id);
+  std::vector<SessionSummary> ListSessions(absl::Time now) const;
+  // Closes sessions idle for longer than their TTL; returns their ids.
+  std::vector<std::string> ExpireIdle(absl::Time now);
+
+  // Runs a batch; results[i] answers *batch[i].
+  std::vector<AttendResult> Attend(const std::vector<const AttendInput*>& batch, absl::Time now);
+
+  const EngineOptions& options() const { return options_; }
+  const ComputeBackend& backend() const { return *backend_; }
+  int64_t kv_blocks_total() const { return pool_.total_blocks(); }
+  int64_t kv_blocks_used() const { return pool_.used_blocks(); }
+  int64_t num_sessions() const { return static_cast<int64_t>(sessions_.size()); }
+
+ private:
+  struct Plan;
+  struct LaunchGroup;
+  class DeviceArena;
+
+  Engine(std::unique_ptr<ComputeBackend> backend, KvBlockPool pool, const EngineOptions& options);
+  absl::Status UploadRopeTables();
+  absl::StatusOr<Session*> FindSession(const std::string& id);
+  absl::StatusOr<Plan> PlanAttend(const AttendInput& input,
+                                  absl::flat_hash_map<std::string, int>& touched);
+  void RunGroup(LaunchGroup& group, std::vector<AttendResult>& results);
+  RopeTableView rope_view(RopeKind kind) const;
+
+  std::unique_ptr<ComputeBackend> backend_;
+  KvBlockPool pool_;
+  EngineOptions options_;
+  DeviceBuffer rope_tables_[2];  // indexed by RopeKind
+  std::unique_ptr<DeviceArena> arena_;
+  absl::flat_hash_map<std::string, std::unique_ptr<Session>> sessions_;
+};
+
+}  // namespace mla
+
+#endif  // MLA_OFFLOAD_SERVER_ENGINE_H_

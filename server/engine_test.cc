@@ -1,0 +1,1777 @@
+// End-to-end tests of the engine (server/engine.h) on the CPU backend,
+// against the float64 reference of kernels/reference/.
+//
+// The test keeps its own model of every session: the KV rows it sent (each
+// row is a pure function of the session's salt, the layer and the position or
+// compressed row index, so a row can be sent again or looked up at any time)
+// and the queries of each message. For every Attend message it builds the
+// expected output from spec/dsv4-attention.md alone: the key lists of
+// sections 1 and 5 over a host pool whose slots the test chooses, the sinks
+// of the rank's heads, optional de-rotation, then reference::ReferenceDecode,
+// and compares under the tolerances of section 7. The engine's slots, rings
+// and pages are never read.
+//
+// Rejected requests are checked for their status code, a message naming the
+// field, and for leaving the engine exactly as it was: the pool's used blocks
+// and ListSessions() are unchanged, and the correct request sent afterwards
+// still matches the reference. Rejected requests carry rows other than the
+// session's, so anything they wrote or counted would show in later outputs.
+#include "server/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/backend_factory.h"
+#include "kernels/geometry.h"
+#include "kernels/model_profile.h"
+#include "kernels/reference/reference_f64.h"
+#include "kernels/reference/tolerance.h"
+#include "kernels/rope.h"
+#include "server/requests.h"
+
+namespace mla {
+namespace {
+
+using ::testing::HasSubstr;
+using reference::ComparisonReport;
+using reference::DecodeReference;
+using reference::KvRowReference;
+
+constexpr int32_t kMaxPosition = 4096;
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr char kFlash[] = "deepseek-v4-flash";
+constexpr char kPro[] = "deepseek-v4-pro";
+constexpr int64_t kRowBytes = kHeadDim * 2;
+const absl::Time kT0 = absl::FromUnixSeconds(1000000);
+
+// ---- The models as spec section 1 states them (not read from the profiles).
+
+struct SpecModel {
+  std::string name;
+  int h_total;
+  int topk;
+  std::vector<int> ratios;  // per attention layer, MTP last
+
+  int layers() const { return static_cast<int>(ratios.size()); }
+};
+
+SpecModel MakeSpecModel(const std::string& name, std::vector<int> head, int pairs, int h_total,
+                        int topk) {
+  SpecModel model{name, h_total, topk, std::move(head)};
+  for (int i = 0; i < pairs; ++i) {
+    model.ratios.push_back(4);
+    model.ratios.push_back(128);
+  }
+  model.ratios.push_back(4);
+  model.ratios.push_back(0);
+  return model;
+}
+
+const SpecModel& Spec(absl::string_view name) {
+  static const SpecModel* flash = new SpecModel(MakeSpecModel(kFlash, {0, 0}, 20, 64, 512));
+  static const SpecModel* pro = new SpecModel(MakeSpecModel(kPro, {128, 128}, 29, 128, 1024));
+  return name == kFlash ? *flash : *pro;
+}
+
+// Section 6: the smallest of {8, 16, 32, 64, 128} >= H.
+int SpecPadded(int heads) {
+  for (int padded : {8, 16, 32, 64, 128}) {
+    if (padded >= heads) return padded;
+  }
+  return -1;
+}
+
+// Section 2: SWA-only layers rotate without YaRN, compressed layers with it.
+const RopeTable& Table(int ratio) {
+  static const RopeTable* plain = new RopeTable(RopeKind::kPlain, kMaxPosition);
+  static const RopeTable* yarn = new RopeTable(RopeKind::kYarn, kMaxPosition);
+  return ratio == 0 ? *plain : *yarn;
+}
+
+// ---- Random data.
+
+class Random {
+ public:
+  explicit Random(uint64_t seed) : state_(seed * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull) {}
+
+  uint64_t Next() {  // SplitMix64
+    uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  int64_t Uniform(int64_t low, int64_t high) {
+    return low + static_cast<int64_t>(Next() % static_cast<uint64_t>(high - low + 1));
+  }
+  bool Chance(double p) { return static_cast<double>(Next() >> 11) * 0x1.0p-53 < p; }
+
+ private:
+  uint64_t state_;
+};
+
+uint64_t Mix(uint64_t a, uint64_t b) { return Random(a ^ (b * 0xd1342543de82ef95ull)).Next(); }
+
+// `count` rows of 512 bf16 values, none zero. Each 64-wide tile has its own
+// scale between 2^-8 and 2^4 (one tile in twenty 2^-20, below the 1e-4 floor
+// of the cache's tile scale); values spread over 2^-3..2^1 of it and one in a
+// hundred is 2^-12 of it, so that e4m3 subnormals and negative zeros occur.
+std::vector<uint16_t> Rows(uint64_t seed, int64_t count) {
+  Random rng(seed);
+  std::vector<uint16_t> rows(count * kHeadDim);
+  for (int64_t tile = 0; tile < count * (kHeadDim / kQuantTile); ++tile) {
+    const uint64_t tile_bits = rng.Next();
+    const int tile_exponent =
+        tile_bits % 20 == 0 ? -20 : -8 + static_cast<int>((tile_bits >> 8) % 13);
+    for (int i = 0; i < kQuantTile; ++i) {
+      const uint64_t bits = rng.Next();
+      int exponent = tile_exponent + static_cast<int>(bits & 3) - 2;
+      if ((bits >> 2) % 100 == 0) exponent -= 12;
+      const uint16_t mantissa = static_cast<uint16_t>((bits >> 16) & 0x7f);
+      const uint16_t sign = static_cast<uint16_t>((bits >> 30) & 1);
+      rows[tile * kQuantTile + i] =
+          static_cast<uint16_t>(sign << 15 | (exponent + 127) << 7 | mantissa);
+    }
+  }
+  return rows;
+}
+
+// A tensor over `bytes` of `data`, cut into three pieces at arbitrary byte
+// offsets (odd ones and empty pieces included), so that copies out of it
+// cross piece boundaries.
+TensorInput Tensor(DType dtype, std::vector<int64_t> shape, const void* data, size_t bytes,
+                   uint64_t seed) {
+  TensorInput tensor;
+  tensor.present = true;
+  tensor.dtype = static_cast<int>(dtype);
+  tensor.shape = std::move(shape);
+  const uint8_t* base = static_cast<const uint8_t*>(data);
+  Random rng(seed);
+  size_t a = static_cast<size_t>(rng.Uniform(0, static_cast<int64_t>(bytes)));
+  size_t b = static_cast<size_t>(rng.Uniform(0, static_cast<int64_t>(bytes)));
+  if (a > b) std::swap(a, b);
+  tensor.pieces = {{base, a}, {base + a, b - a}, {base + b, bytes - b}};
+  return tensor;
+}
+
+template <typename T>
+TensorInput Tensor(DType dtype, std::vector<int64_t> shape, const std::vector<T>& values,
+                   uint64_t seed) {
+  return Tensor(dtype, std::move(shape), values.data(), values.size() * sizeof(T), seed);
+}
+
+// ---- The test's model of a session.
+
+enum class SinkMode { kNone, kWhole, kRank };  // none, [layers, h_total], [layers, H]
+
+struct Seq {
+  const SpecModel* spec = nullptr;
+  std::string id;
+  int heads = 0;
+  std::vector<float> sinks;  // as sent; empty: none
+  int sink_heads = 0;
+  uint64_t salt = 0;
+  std::vector<int32_t> next;  // per layer: the next position the test expects
+  std::map<std::tuple<int, bool, int32_t>, KvRowReference> refs;
+
+  int padded() const { return SpecPadded(heads); }
+  int ratio(int layer) const { return spec->ratios[layer]; }
+
+  // The bf16 row of `layer` at SWA position `index`, or compressed row `index`.
+  std::vector<uint16_t> Row(int layer, bool compressed, int32_t index) const {
+    return Rows(Mix(Mix(salt, layer * 2 + (compressed ? 1 : 0)), static_cast<uint64_t>(index)),
+                1);
+  }
+
+  // Its reference after RoPE and quantisation (compressed row j at j * r).
+  const KvRowReference& Ref(int layer, bool compressed, int32_t index) {
+    auto key = std::make_tuple(layer, compressed, index);
+    auto it = refs.find(key);
+    if (it != refs.end()) return it->second;
+    const std::vector<uint16_t> row = Row(layer, compressed, index);
+    const int32_t position = compressed ? index * ratio(layer) : index;
+    absl::StatusOr<KvRowReference> ref =
+        reference::ReferenceKvRow(row, position, Table(ratio(layer)));
+    EXPECT_TRUE(ref.ok()) << ref.status();
+    return refs.emplace(key, *ref).first->second;
+  }
+
+  // Section 5 with the proto's sinks: the rank's slice of [layers, h_total],
+  // or the shared [layers, H]; none: -inf.
+  float Sink(int layer, int head_offset, int h) const {
+    if (sinks.empty()) return -kInf;
+    if (sink_heads == spec->h_total) return sinks[layer * sink_heads + head_offset + h];
+    return sinks[layer * sink_heads + h];
+  }
+
+  int32_t NextPosition() const { return *std::min_element(next.begin(), next.end()); }
+
+  // Blocks the session must hold: a 4-block SWA ring per layer and 64-row
+  // pages for the compressed rows of each layer.
+  int64_t ExpectedBlocks() const {
+    int64_t blocks = 0;
+    for (int layer = 0; layer < spec->layers(); ++layer) {
+      blocks += 4;
+      if (ratio(layer) != 0) blocks += (next[layer] / ratio(layer) + 63) / 64;
+    }
+    return blocks;
+  }
+};
+
+std::unique_ptr<Engine> NewEngine(int64_t blocks, int32_t max_position = kMaxPosition,
+                                  int32_t max_tokens = 1024,
+                                  absl::Duration idle_ttl = absl::Minutes(10)) {
+  BackendOptions backend_options;
+  backend_options.cpu_threads = 2;
+  absl::StatusOr<std::unique_ptr<ComputeBackend>> backend = CreateBackend("cpu", backend_options);
+  EXPECT_TRUE(backend.ok()) << backend.status();
+  if (!backend.ok()) return nullptr;
+  EngineOptions options;
+  options.kv_blocks = blocks;
+  options.max_position = max_position;
+  options.max_tokens_per_message = max_tokens;
+  options.default_idle_ttl = idle_ttl;
+  for (const char* name : {kFlash, kPro}) options.models.push_back(*FindModelProfile(name));
+  absl::StatusOr<std::unique_ptr<Engine>> engine =
+      Engine::Create(*std::move(backend), options);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return engine.ok() ? *std::move(engine) : nullptr;
+}
+
+std::vector<float> RandomSinks(uint64_t seed, int64_t count) {
+  Random rng(seed);
+  std::vector<float> sinks(count);
+  // Around the lse of the random data (about 5..25) so that sinks matter;
+  // one in eight has no effect.
+  for (float& sink : sinks) {
+    sink = rng.Chance(0.125) ? -kInf : static_cast<float>(rng.Uniform(-400, 2800)) / 100.0f;
+  }
+  return sinks;
+}
+
+// Sends CreateSession; the test's model of the session, or null.
+std::unique_ptr<Seq> NewSeq(Engine& engine, absl::string_view model, int heads, SinkMode sinks,
+                            uint64_t salt, int idle_ttl_seconds = 0, absl::Time now = kT0) {
+  auto seq = std::make_unique<Seq>();
+  seq->spec = &Spec(model);
+  seq->heads = heads;
+  seq->salt = salt;
+  seq->next.assign(seq->spec->layers(), 0);
+  CreateSessionInput input;
+  input.model = std::string(model);
+  input.num_heads = heads;
+  input.idle_ttl_seconds = idle_ttl_seconds;
+  if (sinks != SinkMode::kNone) {
+    seq->sink_heads = sinks == SinkMode::kWhole ? seq->spec->h_total : heads;
+    seq->sinks = RandomSinks(Mix(salt, 77), int64_t{seq->spec->layers()} * seq->sink_heads);
+    input.sinks = Tensor(DType::kF32, {seq->spec->layers(), seq->sink_heads}, seq->sinks, salt);
+  }
+  absl::StatusOr<CreateSessionResult> created = engine.CreateSession(input, now);
+  EXPECT_TRUE(created.ok()) << created.status();
+  if (!created.ok()) return nullptr;
+  EXPECT_EQ(created->num_heads, heads);
+  EXPECT_EQ(created->padded_heads, SpecPadded(heads));
+  EXPECT_FALSE(created->session_id.empty());
+  seq->id = created->session_id;
+  return seq;
+}
+
+// ---- AppendKV requests.
+
+struct AppendRequest {
+  AppendInput input;
+  std::vector<std::vector<uint16_t>> swa;         // per entry of input.layers
+  std::vector<std::vector<uint16_t>> compressed;  // per entry of input.layers
+};
+
+// Rows of positions first..first+count-1 of every layer, layers in a shuffled
+// order, with the compressed rows those positions complete.
+std::unique_ptr<AppendRequest> BuildAppend(const Seq& seq, int32_t first, int32_t count,
+                                           uint64_t seed) {
+  auto request = std::make_unique<AppendRequest>();
+  const int layers = seq.spec->layers();
+  std::vector<int> order(layers);
+  for (int layer = 0; layer < layers; ++layer) order[layer] = layer;
+  Random rng(seed);
+  for (int i = layers - 1; i > 0; --i) std::swap(order[i], order[rng.Uniform(0, i)]);
+  request->swa.resize(layers);
+  request->compressed.resize(layers);
+  request->input.session_id = seq.id;
+  request->input.first_position = first;
+  request->input.num_positions = count;
+  for (int e = 0; e < layers; ++e) {
+    const int layer = order[e];
+    LayerRowsInput rows;
+    rows.layer = layer;
+    for (int32_t p = first; p < first + count; ++p) {
+      const std::vector<uint16_t> row = seq.Row(layer, false, p);
+      request->swa[e].insert(request->swa[e].end(), row.begin(), row.end());
+    }
+    rows.swa_kv = Tensor(DType::kBf16, {count, kHeadDim}, request->swa[e], Mix(seed, e));
+    const int ratio = seq.ratio(layer);
+    if (ratio != 0) {
+      const int32_t from = first / ratio;
+      const int32_t to = (first + count) / ratio;
+      for (int32_t j = from; j < to; ++j) {
+        const std::vector<uint16_t> row = seq.Row(layer, true, j);
+        request->compressed[e].insert(request->compressed[e].end(), row.begin(), row.end());
+      }
+      rows.first_compressed_row = from;
+      // An empty [0, 512] tensor is sent for some layers, none for others.
+      if (to > from || layer % 2 == 1) {
+        rows.compressed_kv = Tensor(DType::kBf16, {to - from, kHeadDim}, request->compressed[e],
+                                    Mix(seed, 1000 + e));
+      }
+    }
+    request->input.layers.push_back(std::move(rows));
+  }
+  return request;
+}
+
+// Appends positions first..first+count-1 of every layer; updates the model.
+absl::Status Append(Engine& engine, Seq& seq, int32_t first, int32_t count,
+                    absl::Time now = kT0) {
+  const std::unique_ptr<AppendRequest> request = BuildAppend(seq, first, count, Mix(seq.salt, first));
+  absl::StatusOr<AppendResult> result = engine.AppendKV(request->input, now);
+  if (!result.ok()) return result.status();
+  for (int32_t& next : seq.next) next = first + count;
+  EXPECT_EQ(result->next_position, first + count);
+  EXPECT_EQ(result->session_blocks, seq.ExpectedBlocks());
+  return absl::OkStatus();
+}
+
+// ---- Attend messages and their reference.
+
+struct SegmentSpec {
+  Seq* seq = nullptr;
+  int32_t position = 0;
+  int32_t tokens = 1;
+  // Brings the compressed rows its positions complete (the first rank must;
+  // a rank repeating the step may send them again or not).
+  bool rows = true;
+};
+
+struct MessageOptions {
+  uint64_t seed = 1;
+  int head_offset = 0;
+  bool derotate = false;
+  bool lse = true;
+  bool kv = true;        // send the tokens' SWA rows
+  uint64_t garbage = 0;  // nonzero: kv and compressed rows are not the session's
+  int topk_width = 24;   // C4A layers; 0 sends no top-k
+};
+
+struct Message {
+  AttendInput input;
+  std::vector<uint16_t> q, kv, compressed;
+  std::vector<int32_t> topk;
+  int topk_width = 0;
+  int heads = 0;
+  std::vector<Seq*> token_seq;
+  std::vector<int32_t> token_position;
+
+  Message() = default;
+  Message(const Message&) = delete;
+  Message& operator=(const Message&) = delete;
+  int64_t tokens() const { return static_cast<int64_t>(token_position.size()); }
+};
+
+// One C4A top-k row for a token at `position`: valid rows j < (p+1)/4 (the
+// newest and row 0 often), duplicates, -1 inside and -1 pads at the end.
+void FillTopk(Random& rng, int32_t position, int width, int32_t* row) {
+  const int32_t visible = (position + 1) / 4;
+  for (int k = 0; k < width; ++k) {
+    if (visible == 0 || k >= width - width / 5 || rng.Chance(0.1)) {
+      row[k] = -1;
+    } else if (k > 0 && rng.Chance(0.12)) {
+      row[k] = row[rng.Uniform(0, k - 1)];
+    } else if (rng.Chance(0.15)) {
+      row[k] = rng.Chance(0.5) ? visible - 1 : 0;
+    } else {
+      row[k] = static_cast<int32_t>(rng.Uniform(0, visible - 1));
+    }
+  }
+}
+
+std::unique_ptr<Message> Build(int layer, const std::vector<SegmentSpec>& segments,
+                               const MessageOptions& options) {
+  auto m = std::make_unique<Message>();
+  const Seq& first = *segments.front().seq;
+  const int ratio = first.ratio(layer);
+  Random rng(options.seed);
+  m->heads = first.heads;
+  for (const SegmentSpec& segment : segments) {
+    SegmentInput input;
+    input.session_id = segment.seq->id;
+    input.position = segment.position;
+    input.num_tokens = segment.tokens;
+    for (int32_t p = segment.position; p < segment.position + segment.tokens; ++p) {
+      m->token_seq.push_back(segment.seq);
+      m->token_position.push_back(p);
+      if (options.kv) {
+        const std::vector<uint16_t> row = options.garbage != 0
+                                              ? Rows(Mix(options.garbage, p), 1)
+                                              : segment.seq->Row(layer, false, p);
+        m->kv.insert(m->kv.end(), row.begin(), row.end());
+      }
+    }
+    if (ratio != 0 && segment.rows) {
+      input.first_compressed_row = segment.position / ratio;
+      input.num_compressed_rows =
+          (segment.position + segment.tokens) / ratio - input.first_compressed_row;
+      for (int32_t j = input.first_compressed_row;
+           j < input.first_compressed_row + input.num_compressed_rows; ++j) {
+        const std::vector<uint16_t> row = options.garbage != 0
+                                              ? Rows(Mix(options.garbage, 100000 + j), 1)
+                                              : segment.seq->Row(layer, true, j);
+        m->compressed.insert(m->compressed.end(), row.begin(), row.end());
+      }
+    }
+    m->input.segments.push_back(input);
+  }
+  const int64_t tokens = m->tokens();
+  m->q = Rows(rng.Next(), tokens * m->heads);
+  if (ratio == 4 && options.topk_width > 0) {
+    m->topk_width = options.topk_width;
+    m->topk.resize(tokens * m->topk_width);
+    for (int64_t t = 0; t < tokens; ++t) {
+      FillTopk(rng, m->token_position[t], m->topk_width, m->topk.data() + t * m->topk_width);
+    }
+  }
+  AttendInput& input = m->input;
+  input.request_id = options.seed;
+  input.layer = layer;
+  input.head_offset = options.head_offset;
+  input.q = Tensor(DType::kBf16, {tokens, m->heads, kHeadDim}, m->q, rng.Next());
+  if (options.kv) input.kv = Tensor(DType::kBf16, {tokens, kHeadDim}, m->kv, rng.Next());
+  if (!m->compressed.empty()) {
+    input.compressed_kv =
+        Tensor(DType::kBf16, {static_cast<int64_t>(m->compressed.size() / kHeadDim), kHeadDim},
+               m->compressed, rng.Next());
+  }
+  if (m->topk_width > 0) {
+    input.topk = Tensor(DType::kI32, {tokens, m->topk_width}, m->topk, rng.Next());
+  }
+  input.return_lse = options.lse;
+  input.derotate_output = options.derotate;
+  input.arrival = kT0;
+  return m;
+}
+
+// The reference output of a message, from the test's model of its sessions.
+absl::StatusOr<DecodeReference> Expected(const Message& m) {
+  const int layer = m.input.layer;
+  const Seq& first = *m.token_seq.front();
+  const int ratio = first.ratio(layer);
+  const RopeTable& table = Table(ratio);
+  const int64_t tokens = m.tokens();
+  const int heads = m.heads;
+  const int padded = SpecPadded(heads);
+
+  absl::StatusOr<reference::QueryReference> query =
+      reference::ReferenceQuery(m.q, m.token_position, heads, padded, 1e-6, table);
+  if (!query.ok()) return query.status();
+  std::vector<uint16_t> q(query->values.size());
+  for (size_t i = 0; i < q.size(); ++i) q[i] = reference::RoundToBf16(query->values[i]);
+
+  // Slots of the host pool, assigned in order of first use.
+  std::map<std::tuple<const Seq*, bool, int32_t>, int32_t> slots;
+  std::vector<const KvRowReference*> rows;
+  auto slot_of = [&](Seq* seq, bool compressed, int32_t index) {
+    auto key = std::make_tuple(static_cast<const Seq*>(seq), compressed, index);
+    auto it = slots.find(key);
+    if (it != slots.end()) return it->second;
+    const int32_t slot = static_cast<int32_t>(rows.size());
+    rows.push_back(&seq->Ref(layer, compressed, index));
+    slots.emplace(key, slot);
+    return slot;
+  };
+
+  // Section 1: SWA rows of positions max(0, p-127)..p.
+  std::vector<int32_t> main_indices(tokens * kSwaWindow, -1), main_lengths(tokens);
+  for (int64_t t = 0; t < tokens; ++t) {
+    const int32_t p = m.token_position[t];
+    const int32_t from = std::max(0, p - (kSwaWindow - 1));
+    main_lengths[t] = p - from + 1;
+    for (int32_t w = from; w <= p; ++w) {
+      main_indices[t * kSwaWindow + (w - from)] = slot_of(m.token_seq[t], false, w);
+    }
+  }
+  // C4A: the message's top-k; C128A: every row j < (p+1)/128.
+  int extra_width = 0;
+  std::vector<int32_t> extra_indices, extra_lengths;
+  if (ratio == 4) {
+    extra_width = m.topk_width;
+    extra_indices.assign(tokens * extra_width, -1);
+    for (int64_t i = 0; i < tokens * extra_width; ++i) {
+      const int32_t row = m.topk[i];
+      if (row >= 0) extra_indices[i] = slot_of(m.token_seq[i / extra_width], true, row);
+    }
+  } else if (ratio == 128) {
+    for (int32_t p : m.token_position) extra_width = std::max(extra_width, (p + 1) / 128);
+    extra_indices.assign(tokens * extra_width, -1);
+    extra_lengths.assign(tokens, 0);
+    for (int64_t t = 0; t < tokens; ++t) {
+      extra_lengths[t] = (m.token_position[t] + 1) / 128;
+      for (int32_t j = 0; j < extra_lengths[t]; ++j) {
+        extra_indices[t * extra_width + j] = slot_of(m.token_seq[t], true, j);
+      }
+    }
+  }
+  const int64_t blocks = std::max<int64_t>(1, (rows.size() + kBlockTokens - 1) / kBlockTokens);
+  std::vector<uint8_t> pool(blocks * kBlockBytes, 0);
+  for (size_t slot = 0; slot < rows.size(); ++slot) {
+    if (absl::Status status = reference::WriteCacheRow(*rows[slot], slot, absl::MakeSpan(pool));
+        !status.ok()) {
+      return status;
+    }
+  }
+
+  std::vector<float> sinks;
+  bool any_sinks = false;
+  for (const Seq* seq : m.token_seq) any_sinks |= !seq->sinks.empty();
+  if (any_sinks) {
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int h = 0; h < heads; ++h) {
+        sinks.push_back(m.token_seq[t]->Sink(layer, m.input.head_offset, h));
+      }
+    }
+  }
+
+  reference::DecodeInputs inputs;
+  inputs.num_tokens = tokens;
+  inputs.num_heads = heads;
+  inputs.padded_heads = padded;
+  inputs.q = q;
+  inputs.softmax_scale = 1.0 / std::sqrt(512.0);
+  inputs.sinks = sinks;
+  inputs.sinks_per_token = true;
+  inputs.main = {kSwaWindow, main_indices, main_lengths, pool};
+  inputs.extra = {extra_width, extra_indices, extra_lengths, pool};
+  inputs.derotate = m.input.derotate_output;
+  inputs.positions = m.token_position;
+  inputs.rope = &table;
+  return reference::ReferenceDecode(inputs);
+}
+
+// The result of `m` matches the reference.
+void ExpectMatches(const Message& m, const AttendResult& result, absl::string_view what) {
+  ASSERT_TRUE(result.status.ok()) << what << ": " << result.status;
+  const int64_t tokens = m.tokens();
+  EXPECT_EQ(result.request_id, m.input.request_id) << what;
+  ASSERT_EQ(result.num_tokens, tokens) << what;
+  ASSERT_EQ(result.num_heads, m.heads) << what;
+  ASSERT_NE(result.out, nullptr) << what;
+  absl::StatusOr<DecodeReference> expected = Expected(m);
+  ASSERT_TRUE(expected.ok()) << what << ": " << expected.status();
+  std::vector<uint16_t> out(tokens * m.heads * kHeadDim);
+  ASSERT_EQ(result.out_bytes(), static_cast<int64_t>(out.size() * 2)) << what;
+  std::memcpy(out.data(), result.out, out.size() * 2);
+  const ComparisonReport out_report = reference::CompareDecodeOut(out, *expected);
+  EXPECT_TRUE(out_report.ok()) << what << ": " << out_report.ToString();
+  if (m.input.return_lse) {
+    ASSERT_NE(result.lse, nullptr) << what;
+    std::vector<float> lse(tokens * m.heads);
+    std::memcpy(lse.data(), result.lse, lse.size() * 4);
+    const ComparisonReport lse_report = reference::CompareLse(lse, *expected);
+    EXPECT_TRUE(lse_report.ok()) << what << ": " << lse_report.ToString();
+  } else {
+    EXPECT_EQ(result.lse, nullptr) << what;
+  }
+  for (int64_t t = 0; t < tokens; ++t) {
+    EXPECT_GT(expected->num_keys[t], 0) << what << ": the test meant every token to attend";
+  }
+}
+
+std::vector<AttendResult> AttendBatch(Engine& engine, const std::vector<const Message*>& messages,
+                              absl::Time now = kT0) {
+  std::vector<const AttendInput*> batch;
+  for (const Message* m : messages) batch.push_back(&m->input);
+  std::vector<AttendResult> results = engine.Attend(batch, now);
+  EXPECT_EQ(results.size(), messages.size());
+  results.resize(messages.size());
+  return results;
+}
+
+// Records in the test's model what a successful message advanced.
+void Advance(const Message& m) {
+  for (const SegmentInput& segment : m.input.segments) {
+    for (int64_t t = 0; t < m.tokens(); ++t) {
+      if (m.token_seq[t]->id != segment.session_id) continue;
+      int32_t& next = m.token_seq[t]->next[m.input.layer];
+      next = std::max(next, segment.position + segment.num_tokens);
+    }
+  }
+}
+
+// Runs one batch whose every message must succeed and match the reference.
+void RunAndExpect(Engine& engine, const std::vector<const Message*>& messages,
+                  absl::string_view what, absl::Time now = kT0) {
+  const std::vector<AttendResult> results = AttendBatch(engine, messages, now);
+  for (size_t i = 0; i < messages.size(); ++i) {
+    ExpectMatches(*messages[i], results[i], absl::StrCat(what, ", message ", i));
+    if (results[i].status.ok()) Advance(*messages[i]);
+  }
+}
+
+void ExpectError(const absl::Status& status, absl::StatusCode code, absl::string_view field,
+                 absl::string_view what) {
+  EXPECT_EQ(status.code(), code) << what << ": " << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr(std::string(field))) << what;
+}
+
+// What an outside observer sees of the engine.
+struct Snapshot {
+  int64_t used = 0;
+  int64_t sessions = 0;
+  std::vector<std::tuple<std::string, std::string, int, int32_t, int64_t, double>> list;
+
+  bool operator==(const Snapshot& other) const {
+    return used == other.used && sessions == other.sessions && list == other.list;
+  }
+};
+
+std::ostream& operator<<(std::ostream& os, const Snapshot& s) {
+  os << "used " << s.used << ", sessions " << s.sessions << ":";
+  for (const auto& [id, model, heads, next, blocks, idle] : s.list) {
+    os << " {" << id.substr(0, 6) << " " << model << " H" << heads << " next " << next << " blocks "
+       << blocks << " idle " << idle << "}";
+  }
+  return os;
+}
+
+Snapshot Snap(const Engine& engine, absl::Time now = kT0) {
+  Snapshot snapshot{engine.kv_blocks_used(), engine.num_sessions(), {}};
+  for (const SessionSummary& s : engine.ListSessions(now)) {
+    snapshot.list.emplace_back(s.session_id, s.model, s.num_heads, s.next_position, s.blocks,
+                               s.idle_seconds);
+  }
+  return snapshot;
+}
+
+// ListSessions and the pool agree with the test's model of `seqs` (all the
+// sessions of the engine).
+void ExpectListed(const Engine& engine, const std::vector<const Seq*>& seqs) {
+  const std::vector<SessionSummary> list = engine.ListSessions(kT0);
+  ASSERT_EQ(list.size(), seqs.size());
+  int64_t used = 0;
+  for (const Seq* seq : seqs) {
+    used += seq->ExpectedBlocks();
+    auto it = std::find_if(list.begin(), list.end(),
+                           [&](const SessionSummary& s) { return s.session_id == seq->id; });
+    ASSERT_NE(it, list.end()) << seq->id;
+    EXPECT_EQ(it->model, seq->spec->name);
+    EXPECT_EQ(it->num_heads, seq->heads);
+    EXPECT_EQ(it->next_position, seq->NextPosition());
+    EXPECT_EQ(it->blocks, seq->ExpectedBlocks());
+  }
+  EXPECT_EQ(engine.kv_blocks_used(), used);
+}
+
+// First layers of each kind, and the MTP layers.
+constexpr int kFlashSwa = 0, kFlashC4a = 2, kFlashC128a = 3, kFlashMtpC4a = 42, kFlashMtpSwa = 43;
+constexpr int kProC128a = 0, kProC4a = 2, kProMidC128a = 33, kProMtpSwa = 61;
+
+TEST(SpecTest, BuiltInProfilesAreTheSpecModels) {
+  for (const char* name : {kFlash, kPro}) {
+    absl::StatusOr<const ModelProfile*> profile = FindModelProfile(name);
+    ASSERT_TRUE(profile.ok()) << profile.status();
+    const SpecModel& spec = Spec(name);
+    EXPECT_EQ((*profile)->compress_ratios, spec.ratios) << name;
+    EXPECT_EQ((*profile)->num_query_heads, spec.h_total) << name;
+    EXPECT_EQ((*profile)->indexer_topk, spec.topk) << name;
+    EXPECT_NEAR((*profile)->softmax_scale, 0.04419417382415922, 1e-8) << name;
+    EXPECT_NEAR((*profile)->rms_norm_eps, 1e-6, 1e-12) << name;
+  }
+  EXPECT_EQ(Spec(kFlash).layers(), 44);
+  EXPECT_EQ(Spec(kPro).layers(), 62);
+  EXPECT_EQ(Spec(kFlash).ratios[kFlashSwa], 0);
+  EXPECT_EQ(Spec(kFlash).ratios[kFlashC4a], 4);
+  EXPECT_EQ(Spec(kFlash).ratios[kFlashC128a], 128);
+  EXPECT_EQ(Spec(kFlash).ratios[kFlashMtpC4a], 4);
+  EXPECT_EQ(Spec(kFlash).ratios[kFlashMtpSwa], 0);
+  EXPECT_EQ(Spec(kPro).ratios[kProC128a], 128);
+  EXPECT_EQ(Spec(kPro).ratios[kProC4a], 4);
+  EXPECT_EQ(Spec(kPro).ratios[kProMidC128a], 128);
+  EXPECT_EQ(Spec(kPro).ratios[kProMtpSwa], 0);
+}
+
+// ---- Decode steps after a prompt.
+
+struct StepsCase {
+  const char* model;
+  int heads;
+  SinkMode sinks;
+  int head_offset;
+  int32_t prompt;
+  int steps;
+  bool chunked;  // the prompt arrives in two AppendKV calls
+  std::vector<int> layers;
+  uint64_t seed;
+};
+
+void PrintTo(const StepsCase& c, std::ostream* os) {
+  *os << c.model << " H=" << c.heads << " offset " << c.head_offset << " prompt " << c.prompt;
+}
+
+class DecodeStepsTest : public ::testing::TestWithParam<StepsCase> {};
+
+// A prompt, then one token per step in a sample of layers of every kind,
+// crossing compressed-row boundaries (every 4 positions for C4A, position 383
+// or 511 for C128A) and a new C4A page (row 128 at position 515). Even steps
+// send the step's layers as one batch, odd steps one message per call.
+TEST_P(DecodeStepsTest, MatchReference) {
+  const StepsCase& c = GetParam();
+  std::unique_ptr<Engine> engine = NewEngine(1200);
+  ASSERT_NE(engine, nullptr);
+  std::unique_ptr<Seq> seq = NewSeq(*engine, c.model, c.heads, c.sinks, c.seed);
+  ASSERT_NE(seq, nullptr);
+  ExpectListed(*engine, {seq.get()});
+  if (c.chunked) {
+    const int32_t half = c.prompt / 2 + 1;
+    ASSERT_TRUE(Append(*engine, *seq, 0, half).ok());
+    ExpectListed(*engine, {seq.get()});
+    ASSERT_TRUE(Append(*engine, *seq, half, c.prompt - half).ok());
+  } else {
+    ASSERT_TRUE(Append(*engine, *seq, 0, c.prompt).ok());
+  }
+  ExpectListed(*engine, {seq.get()});
+
+  const int topk_widths[] = {24, 1, seq->spec->topk, 64, 7};
+  for (int step = 0; step < c.steps; ++step) {
+    const int32_t p = c.prompt + step;
+    std::vector<std::unique_ptr<Message>> messages;
+    for (size_t i = 0; i < c.layers.size(); ++i) {
+      MessageOptions options;
+      options.seed = Mix(c.seed, step * 100 + i);
+      options.head_offset = c.head_offset;
+      options.derotate = (step + i) % 2 == 1;
+      options.lse = (step + i) % 3 != 0;
+      options.topk_width = topk_widths[(step + i) % 5];
+      messages.push_back(Build(c.layers[i], {{seq.get(), p}}, options));
+    }
+    if (step % 2 == 0) {
+      std::vector<const Message*> batch;
+      for (const auto& m : messages) batch.push_back(m.get());
+      RunAndExpect(*engine, batch, absl::StrCat("step ", step, " (p=", p, ") as one batch"));
+    } else {
+      for (size_t i = 0; i < messages.size(); ++i) {
+        RunAndExpect(*engine, {messages[i].get()},
+                     absl::StrCat("step ", step, " (p=", p, ") layer ", c.layers[i]));
+      }
+    }
+  }
+  // Layers outside the sample are still at the prompt's end.
+  ExpectListed(*engine, {seq.get()});
+  EXPECT_EQ(engine->ListSessions(kT0).front().next_position, c.prompt);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Profiles, DecodeStepsTest,
+    ::testing::Values(
+        StepsCase{kFlash, 4, SinkMode::kWhole, 60, 508, 9, false,
+                  {kFlashSwa, kFlashC4a, kFlashC128a, kFlashMtpC4a, kFlashMtpSwa}, 11},
+        StepsCase{kFlash, 16, SinkMode::kRank, 16, 508, 9, true,
+                  {kFlashSwa, kFlashC4a, kFlashC128a}, 12},
+        StepsCase{kFlash, 64, SinkMode::kNone, 0, 380, 5, false,
+                  {kFlashSwa, kFlashC4a, kFlashC128a}, 13},
+        StepsCase{kPro, 16, SinkMode::kWhole, 112, 508, 9, true,
+                  {kProC128a, kProC4a, kProMidC128a, kProMtpSwa}, 14},
+        StepsCase{kPro, 128, SinkMode::kWhole, 0, 382, 3, false,
+                  {kProC128a, kProC4a, kProMtpSwa}, 15},
+        StepsCase{kPro, 4, SinkMode::kNone, 0, 126, 4, false, {kProC4a, kProC128a, kProMtpSwa},
+                  16}),
+    [](const ::testing::TestParamInfo<StepsCase>& info) {
+      return absl::StrCat(info.param.model == std::string(kFlash) ? "flash" : "pro", "_h",
+                          info.param.heads, "_p", info.param.prompt);
+    });
+
+// ---- Batches.
+
+// A session with sinks and one without, in one engine: each call's output
+// uses its own session's sinks (and none for the session without).
+TEST(EngineTest, SessionsWithAndWithoutSinksInOneEngine) {
+  std::unique_ptr<Engine> engine = NewEngine(1000);
+  ASSERT_NE(engine, nullptr);
+  std::unique_ptr<Seq> with = NewSeq(*engine, kFlash, 16, SinkMode::kWhole, 21);
+  std::unique_ptr<Seq> without = NewSeq(*engine, kFlash, 16, SinkMode::kNone, 22);
+  ASSERT_TRUE(with && without);
+  ASSERT_TRUE(Append(*engine, *with, 0, 200).ok());
+  ASSERT_TRUE(Append(*engine, *without, 0, 200).ok());
+  int32_t p = 200;
+  for (int layer : {kFlashSwa, kFlashC4a, kFlashC128a}) {
+    MessageOptions options;
+    options.seed = 2100 + layer;
+    auto a = Build(layer, {{with.get(), p}}, options);
+    options.seed = 2200 + layer;
+    auto b = Build(layer, {{without.get(), p}}, options);
+    RunAndExpect(*engine, {a.get()}, absl::StrCat("layer ", layer, ", session with sinks"));
+    RunAndExpect(*engine, {b.get()},
+                 absl::StrCat("layer ", layer, ", session without sinks, after one with"));
+  }
+  // Both in one launch.
+  p = 201;
+  for (int layer : {kFlashSwa, kFlashC4a, kFlashC128a}) {
+    MessageOptions options;
+    options.seed = 2300 + layer;
+    auto a = Build(layer, {{without.get(), p}, {with.get(), p}}, options);
+    RunAndExpect(*engine, {a.get()}, absl::StrCat("layer ", layer, ", both in one message"));
+  }
+}
+
+// One message with two sessions (their compressed rows one after the other in
+// compressed_kv), and batches of messages of several sessions, layers, models
+// and options in one Engine::Attend call.
+TEST(EngineTest, SeveralSessionsInOneMessageAndInOneBatch) {
+  std::unique_ptr<Engine> engine = NewEngine(1400);
+  ASSERT_NE(engine, nullptr);
+  std::unique_ptr<Seq> s1 = NewSeq(*engine, kFlash, 16, SinkMode::kWhole, 31);
+  std::unique_ptr<Seq> s2 = NewSeq(*engine, kFlash, 16, SinkMode::kNone, 32);
+  std::unique_ptr<Seq> s3 = NewSeq(*engine, kFlash, 16, SinkMode::kRank, 33);
+  std::unique_ptr<Seq> s4 = NewSeq(*engine, kPro, 16, SinkMode::kWhole, 34);
+  ASSERT_TRUE(s1 && s2 && s3 && s4);
+  // Row 75 of s1's C4A layers is due at 303, row 74 of s2's at 299; s3's
+  // C128A row 2 at 383; s4 (pro) gets C4A row 74 at 299.
+  ASSERT_TRUE(Append(*engine, *s1, 0, 303).ok());
+  ASSERT_TRUE(Append(*engine, *s2, 0, 299).ok());
+  ASSERT_TRUE(Append(*engine, *s3, 0, 383).ok());
+  ASSERT_TRUE(Append(*engine, *s4, 0, 299).ok());
+  const std::vector<const Seq*> all = {s1.get(), s2.get(), s3.get(), s4.get()};
+
+  for (int round = 0; round < 2; ++round) {
+    const int32_t r = round;
+    MessageOptions o;
+    o.seed = 3100 + round * 10;
+    o.derotate = true;
+    o.head_offset = 32;
+    auto m1 = Build(kFlashC4a, {{s1.get(), 303 + r}, {s2.get(), 299 + r}}, o);
+    o.seed++;
+    o.derotate = false;
+    o.head_offset = 48;
+    auto m2 = Build(kFlashC128a, {{s3.get(), 383 + r}}, o);
+    o.seed++;
+    o.lse = false;
+    o.head_offset = 0;
+    auto m3 = Build(kFlashSwa, {{s1.get(), 303 + r}}, o);
+    o.seed++;
+    o.derotate = true;
+    o.lse = true;
+    o.head_offset = 64;
+    auto m4 = Build(kProC4a, {{s4.get(), 299 + r}}, o);  // same launch group as m1
+    o.seed++;
+    o.head_offset = 16;
+    auto m5 = Build(kFlashMtpSwa, {{s2.get(), 299 + r}, {s3.get(), 383 + r}}, o);
+    o.seed++;
+    o.derotate = false;
+    auto m6 = Build(kProC128a, {{s4.get(), 299 + r}}, o);
+    std::vector<const Message*> batch = {m1.get(), m2.get(), m3.get(),
+                                         m4.get(), m5.get(), m6.get()};
+    if (round == 1) std::reverse(batch.begin(), batch.end());
+    RunAndExpect(*engine, batch, absl::StrCat("round ", round));
+  }
+  ExpectListed(*engine, all);
+}
+
+// Consecutive positions of one session and layer in one batch run in waves:
+// the outputs match the reference and are bit for bit those of a twin
+// session (same rows, same queries) fed one message per call.
+TEST(EngineTest, ConsecutivePositionsInOneBatchEqualOneByOne) {
+  std::unique_ptr<Engine> engine = NewEngine(1000);
+  ASSERT_NE(engine, nullptr);
+  std::unique_ptr<Seq> batched = NewSeq(*engine, kFlash, 4, SinkMode::kWhole, 41);
+  std::unique_ptr<Seq> single = NewSeq(*engine, kFlash, 4, SinkMode::kWhole, 41);
+  ASSERT_TRUE(batched && single);
+  // Same salt: same rows and sinks in both models.
+  ASSERT_EQ(batched->sinks, single->sinks);
+  ASSERT_TRUE(Append(*engine, *batched, 0, 254).ok());
+  ASSERT_TRUE(Append(*engine, *single, 0, 254).ok());
+
+  // C4A 254..261 (row 63 at 255, row 64 on a new page at 259), C128A 254..256
+  // (row 1 at 255), SWA 254..256, interleaved.
+  struct Item {
+    int layer;
+    int32_t position;
+  };
+  std::vector<Item> items;
+  for (int32_t p = 254; p < 262; ++p) {
+    items.push_back({kFlashC4a, p});
+    if (p < 257) items.push_back({kFlashC128a, p});
+    if (p < 257) items.push_back({kFlashSwa, p});
+  }
+  std::vector<std::unique_ptr<Message>> for_batch, for_single;
+  std::vector<const Message*> batch;
+  for (size_t i = 0; i < items.size(); ++i) {
+    MessageOptions o;
+    o.seed = 4100 + i;
+    o.head_offset = 8;
+    o.derotate = i % 3 == 0;
+    for_batch.push_back(Build(items[i].layer, {{batched.get(), items[i].position}}, o));
+    for_single.push_back(Build(items[i].layer, {{single.get(), items[i].position}}, o));
+    batch.push_back(for_batch.back().get());
+  }
+  const std::vector<AttendResult> batch_results = AttendBatch(*engine, batch);
+  for (size_t i = 0; i < items.size(); ++i) {
+    const std::string what =
+        absl::StrCat("layer ", items[i].layer, " p=", items[i].position, " in one batch");
+    ExpectMatches(*for_batch[i], batch_results[i], what);
+    if (batch_results[i].status.ok()) Advance(*for_batch[i]);
+    const std::vector<AttendResult> single_result = AttendBatch(*engine, {for_single[i].get()});
+    ExpectMatches(*for_single[i], single_result[0], what + " (twin, alone)");
+    if (!single_result[0].status.ok() || !batch_results[i].status.ok()) continue;
+    Advance(*for_single[i]);
+    EXPECT_EQ(std::memcmp(batch_results[i].out, single_result[0].out,
+                          batch_results[i].out_bytes()),
+              0)
+        << what << ": batched and one-by-one outputs differ";
+  }
+  ExpectListed(*engine, {batched.get(), single.get()});
+
+  // A message placed after its successor fails as it would one by one.
+  MessageOptions o;
+  o.seed = 4200;
+  auto late = Build(kFlashC4a, {{batched.get(), 262}}, o);
+  o.seed = 4201;
+  auto early = Build(kFlashC4a, {{batched.get(), 263}}, o);
+  const std::vector<AttendResult> results = AttendBatch(*engine, {early.get(), late.get()});
+  ExpectError(results[0].status, absl::StatusCode::kFailedPrecondition, "position",
+              "successor first");
+  ExpectMatches(*late, results[1], "its predecessor after it");
+}
+
+// Several consecutive positions of a session in one segment, compared token
+// by token with the reference, up to the largest segment (129 tokens, whose
+// first token still needs the 127 rows before it after the last is written).
+TEST(EngineTest, MultiTokenSegments) {
+  std::unique_ptr<Engine> engine = NewEngine(1400);
+  ASSERT_NE(engine, nullptr);
+  std::unique_ptr<Seq> seq = NewSeq(*engine, kFlash, 4, SinkMode::kRank, 51);
+  std::unique_ptr<Seq> other = NewSeq(*engine, kFlash, 4, SinkMode::kWhole, 52);
+  std::unique_ptr<Seq> pro = NewSeq(*engine, kPro, 8, SinkMode::kWhole, 53);
+  ASSERT_TRUE(seq && other && pro);
+  ASSERT_TRUE(Append(*engine, *seq, 0, 380).ok());
+  ASSERT_TRUE(Append(*engine, *other, 0, 130).ok());
+  ASSERT_TRUE(Append(*engine, *pro, 0, 250).ok());
+
+  MessageOptions o;
+  o.seed = 5100;
+  o.head_offset = 4;
+  // C4A: row 95 due at 383 (tokens 380..382 see 95 rows, 383..384 see 96).
+  auto c4a = Build(kFlashC4a, {{seq.get(), 380, 5}}, o);
+  ASSERT_EQ(c4a->input.segments[0].num_compressed_rows, 1);
+  RunAndExpect(*engine, {c4a.get()}, "C4A, 5 tokens");
+  // C128A: row 2 due at 383.
+  o.seed++;
+  o.derotate = true;
+  auto c128a = Build(kFlashC128a, {{seq.get(), 380, 5}}, o);
+  RunAndExpect(*engine, {c128a.get()}, "C128A, 5 tokens");
+  // SWA: 129 tokens.
+  o.seed++;
+  auto swa = Build(kFlashSwa, {{seq.get(), 380, 129}}, o);
+  RunAndExpect(*engine, {swa.get()}, "SWA, 129 tokens");
+  // Two multi-token segments of two sessions, C4A rows due in both.
+  o.seed++;
+  o.derotate = false;
+  o.topk_width = 40;
+  auto two = Build(kFlashC4a, {{seq.get(), 385, 7}, {other.get(), 130, 6}}, o);
+  ASSERT_EQ(two->input.segments[0].num_compressed_rows, 2);
+  ASSERT_EQ(two->input.segments[1].num_compressed_rows, 2);
+  RunAndExpect(*engine, {two.get()}, "C4A, two segments of 7 and 6 tokens");
+  // Pro C128A: 129 tokens across row 1 (due at 255), and C4A with 129 tokens
+  // across a new page (row 64 at 259).
+  o.seed++;
+  auto pro_c128a = Build(kProC128a, {{pro.get(), 250, 129}}, o);
+  RunAndExpect(*engine, {pro_c128a.get()}, "pro C128A, 129 tokens");
+  o.seed++;
+  o.topk_width = 96;
+  auto pro_c4a = Build(kProC4a, {{pro.get(), 250, 129}}, o);
+  RunAndExpect(*engine, {pro_c4a.get()}, "pro C4A, 129 tokens");
+  // A segment right after the 129 continues from the ring.
+  o.seed++;
+  auto after = Build(kFlashSwa, {{seq.get(), 509, 3}}, o);
+  RunAndExpect(*engine, {after.get()}, "SWA after 129 tokens");
+  ExpectListed(*engine, {seq.get(), other.get(), pro.get()});
+}
+
+// ---- Tensor-parallel ranks.
+
+// Ranks of one session send the same positions with their own head ranges:
+// each gets its heads' output with its slice of the sinks, and the KV is
+// stored once (the blocks used do not grow for the other ranks, and rows a
+// repeating rank sends are not written again).
+TEST(EngineTest, TensorParallelRanksShareOneSession) {
+  std::unique_ptr<Engine> engine = NewEngine(1000);
+  ASSERT_NE(engine, nullptr);
+  std::unique_ptr<Seq> seq = NewSeq(*engine, kPro, 32, SinkMode::kWhole, 61);
+  ASSERT_NE(seq, nullptr);
+  ASSERT_TRUE(Append(*engine, *seq, 0, 259).ok());  // C4A row 64 (a new page) due at 259
+
+  for (int layer : {kProC4a, kProC128a, kProMtpSwa}) {
+    // Ranks 0, 1 and 3 in one batch; rank 1 sends no kv and no rows.
+    MessageOptions o;
+    o.seed = 6100 + layer;
+    o.head_offset = 0;
+    auto rank0 = Build(layer, {{seq.get(), 259}}, o);
+    o.seed++;
+    o.head_offset = 32;
+    o.kv = false;
+    o.derotate = true;
+    auto rank1 = Build(layer, {{seq.get(), 259, 1, false}}, o);
+    o.seed++;
+    o.head_offset = 96;
+    o.kv = true;
+    o.derotate = false;
+    auto rank3 = Build(layer, {{seq.get(), 259}}, o);
+    const int64_t used = engine->kv_blocks_used();
+    RunAndExpect(*engine, {rank0.get(), rank1.get(), rank3.get()},
+                 absl::StrCat("layer ", layer, ", three ranks in one batch"));
+    EXPECT_EQ(engine->kv_blocks_used(), used + (layer == kProC4a ? 1 : 0))
+        << "layer " << layer << ": only the new page of the first rank";
+    ExpectListed(*engine, {seq.get()});
+
+    // Position 260 in consecutive batches: rank 2 after rank 0 without kv,
+    // rank 3 last with rows that are not the session's (not written again).
+    for (int32_t p = 260; p < 264; ++p) {
+      o = MessageOptions();
+      o.seed = 6200 + layer * 10 + p;
+      o.lse = p % 2 == 0;
+      auto first = Build(layer, {{seq.get(), p}}, o);
+      RunAndExpect(*engine, {first.get()}, absl::StrCat("layer ", layer, " p=", p, " rank 0"));
+      const Snapshot after_first = Snap(*engine);
+      o.seed++;
+      o.head_offset = 64;
+      o.kv = false;
+      auto second = Build(layer, {{seq.get(), p, 1, false}}, o);
+      RunAndExpect(*engine, {second.get()}, absl::StrCat("layer ", layer, " p=", p, " rank 2"));
+      o.seed++;
+      o.head_offset = 96;
+      o.kv = true;
+      o.garbage = 999;
+      auto third = Build(layer, {{seq.get(), p}}, o);
+      RunAndExpect(*engine, {third.get()},
+                   absl::StrCat("layer ", layer, " p=", p, " rank 3, rows not the session's"));
+      EXPECT_EQ(Snap(*engine), after_first) << "layer " << layer << " p=" << p;
+    }
+    // The next step shows that rank 3's rows were not stored.
+    o = MessageOptions();
+    o.seed = 6300 + layer;
+    o.head_offset = 32;
+    auto next = Build(layer, {{seq.get(), 264}}, o);
+    RunAndExpect(*engine, {next.get()}, absl::StrCat("layer ", layer, " p=264"));
+  }
+  ExpectListed(*engine, {seq.get()});
+
+  // A rank without kv that arrives first would have to insert: rejected, and
+  // the session is unchanged for the rank that brings the rows.
+  MessageOptions o;
+  o.seed = 6400;
+  o.kv = false;
+  o.head_offset = 32;
+  auto without_kv = Build(kProC4a, {{seq.get(), 265}}, o);
+  const Snapshot before = Snap(*engine);
+  ExpectError(AttendBatch(*engine, {without_kv.get()})[0].status, absl::StatusCode::kInvalidArgument,
+              "kv", "first rank without kv");
+  EXPECT_EQ(Snap(*engine), before);
+  // A rank two steps behind is out of order.
+  o.seed++;
+  auto stale = Build(kProC4a, {{seq.get(), 263, 1, false}}, o);
+  ExpectError(AttendBatch(*engine, {stale.get()})[0].status, absl::StatusCode::kFailedPrecondition,
+              "position", "stale rank");
+  EXPECT_EQ(Snap(*engine), before);
+  o = MessageOptions();
+  o.seed = 6402;
+  auto with_kv = Build(kProC4a, {{seq.get(), 265}}, o);
+  RunAndExpect(*engine, {with_kv.get()}, "after the rejected ranks");
+}
+
+// The first rank's message inserts the step's rows; a repeating rank in the
+// same batch must see them whatever launch group its options put it in.
+TEST(EngineTest, RepeatingRankWithOtherOptionsInTheSameBatch) {
+  std::unique_ptr<Engine> engine = NewEngine(600);
+  ASSERT_NE(engine, nullptr);
+  std::unique_ptr<Seq> seq = NewSeq(*engine, kFlash, 16, SinkMode::kWhole, 71);
+  ASSERT_NE(seq, nullptr);
+  ASSERT_TRUE(Append(*engine, *seq, 0, 259).ok());
+  int32_t p = 259;
+  for (bool first_derotates : {false, true}) {
+    for (int layer : {kFlashC4a, kFlashSwa}) {
+      MessageOptions o;
+      o.seed = 7100 + p;
+      o.derotate = first_derotates;
+      auto first = Build(layer, {{seq.get(), p}}, o);
+      o.seed++;
+      o.head_offset = 16;
+      o.kv = false;
+      o.derotate = !first_derotates;
+      auto repeat = Build(layer, {{seq.get(), p, 1, false}}, o);
+      RunAndExpect(*engine, {first.get(), repeat.get()},
+                   absl::StrCat("layer ", layer, " p=", p, ", first rank ",
+                                first_derotates ? "de-rotates" : "does not de-rotate"));
+    }
+    ++p;
+  }
+}
+
+// ---- Rejected requests.
+
+struct BadCase {
+  std::string name;
+  std::unique_ptr<Message> message;
+  absl::StatusCode code;
+  std::string field;
+};
+
+// Every bad Attend message fails with its code and a message naming the
+// field, and changes nothing: the pool, the session list, and the output of
+// the correct message sent afterwards.
+TEST(EngineTest, BadAttendMessagesChangeNothing) {
+  std::unique_ptr<Engine> engine = NewEngine(1000, kMaxPosition, /*max_tokens=*/100);
+  ASSERT_NE(engine, nullptr);
+  std::unique_ptr<Seq> seq = NewSeq(*engine, kFlash, 4, SinkMode::kWhole, 81);
+  std::unique_ptr<Seq> other = NewSeq(*engine, kFlash, 4, SinkMode::kNone, 82);
+  std::unique_ptr<Seq> pro = NewSeq(*engine, kPro, 4, SinkMode::kNone, 83);
+  ASSERT_TRUE(seq && other && pro);
+  // At 255: C4A row 63 and C128A row 1 due.
+  ASSERT_TRUE(Append(*engine, *seq, 0, 255).ok());
+  ASSERT_TRUE(Append(*engine, *other, 0, 255).ok());
+  ASSERT_TRUE(Append(*engine, *pro, 0, 255).ok());
+
+  const uint64_t kGarbage = 4242;
+  auto good = [&](int layer, int32_t p, uint64_t seed) {
+    MessageOptions o;
+    o.seed = seed;
+    o.head_offset = 60;
+    o.derotate = true;
+    return Build(layer, {{seq.get(), p}}, o);
+  };
+  auto bad = [&](int layer, int32_t p, uint64_t seed) {
+    MessageOptions o;
+    o.seed = seed;
+    o.head_offset = 60;
+    o.garbage = kGarbage;
+    return Build(layer, {{seq.get(), p}}, o);
+  };
+  auto with = [](std::unique_ptr<Message> m, auto change) {
+    change(*m);
+    return m;
+  };
+  using Code = absl::StatusCode;
+  const Code kInvalid = Code::kInvalidArgument;
+  std::vector<BadCase> cases;
+  auto add = [&](std::string name, std::unique_ptr<Message> m, Code code, std::string field) {
+    cases.push_back({std::move(name), std::move(m), code, std::move(field)});
+  };
+  for (int layer : {kFlashC4a, kFlashC128a, kFlashSwa}) {
+    const uint64_t s = 8000 + layer * 100;
+    const std::string l = absl::StrCat("layer ", layer, ": ");
+    add(l + "unknown session",
+        with(bad(layer, 255, s + 1), [](Message& m) { m.input.segments[0].session_id = "nope"; }),
+        Code::kNotFound, "segments[0]");
+    add(l + "layer -1", with(bad(layer, 255, s + 2), [](Message& m) { m.input.layer = -1; }),
+        kInvalid, "layer");
+    add(l + "layer 44", with(bad(layer, 255, s + 3), [](Message& m) { m.input.layer = 44; }),
+        kInvalid, "layer");
+    add(l + "q as f32",
+        with(bad(layer, 255, s + 4), [](Message& m) { m.input.q.dtype = int(DType::kF32); }),
+        kInvalid, "q");
+    add(l + "q [1, 4, 256]",
+        with(bad(layer, 255, s + 5), [](Message& m) { m.input.q.shape = {1, 4, 256}; }),
+        kInvalid, "q");
+    add(l + "q short of bytes",
+        with(bad(layer, 255, s + 6),
+             [](Message& m) {
+               auto& pieces = m.input.q.pieces;
+               std::max_element(pieces.begin(), pieces.end(), [](const auto& x, const auto& y) {
+                 return x.second < y.second;
+               })->second -= 2;
+             }),
+        kInvalid, "q");
+    add(l + "q with 8 heads", with(bad(layer, 255, s + 7), [](Message& m) {
+          m.q = Rows(1, 8);
+          m.input.q = Tensor(DType::kBf16, {1, 8, kHeadDim}, m.q, 7);
+        }),
+        kInvalid, "q");
+    add(l + "head_offset -1",
+        with(bad(layer, 255, s + 8), [](Message& m) { m.input.head_offset = -1; }), kInvalid,
+        "head_offset");
+    add(l + "head_offset 61",
+        with(bad(layer, 255, s + 9), [](Message& m) { m.input.head_offset = 61; }), kInvalid,
+        "head_offset");
+    add(l + "position 256 (ahead)", bad(layer, 256, s + 10), Code::kFailedPrecondition,
+        "position");
+    add(l + "position 253 (behind)", bad(layer, 253, s + 11), Code::kFailedPrecondition,
+        "position");
+    add(l + "position -1",
+        with(bad(layer, 255, s + 12), [](Message& m) { m.input.segments[0].position = -1; }),
+        kInvalid, "position");
+    add(l + "no kv", with(bad(layer, 255, s + 13), [](Message& m) { m.input.kv = TensorInput(); }),
+        kInvalid, "kv");
+    add(l + "kv [2, 512]",
+        with(bad(layer, 255, s + 14), [](Message& m) { m.input.kv.shape = {2, kHeadDim}; }),
+        kInvalid, "kv");
+    add(l + "kv as i32",
+        with(bad(layer, 255, s + 15), [](Message& m) { m.input.kv.dtype = int(DType::kI32); }),
+        kInvalid, "kv");
+    add(l + "0 tokens",
+        with(bad(layer, 255, s + 16), [](Message& m) { m.input.segments[0].num_tokens = 0; }),
+        kInvalid, "num_tokens");
+    add(l + "130 tokens", bad(layer, 255, s + 17), kInvalid, "num_tokens");
+    cases.back().message->input.segments[0].num_tokens = 130;
+    add(l + "101 tokens (the limit is 100)", bad(layer, 255, s + 18), kInvalid, "segments");
+    {
+      MessageOptions o;
+      o.seed = s + 18;
+      o.garbage = kGarbage;
+      cases.back().message = Build(layer, {{seq.get(), 255, 101}}, o);
+    }
+    add(l + "no segments",
+        with(bad(layer, 255, s + 19), [](Message& m) { m.input.segments.clear(); }), kInvalid,
+        "segments");
+    {
+      MessageOptions o;
+      o.seed = s + 20;
+      o.garbage = kGarbage;
+      add(l + "session twice", Build(layer, {{seq.get(), 255}, {seq.get(), 255}}, o), kInvalid,
+          "segments[1]");
+      add(l + "two models", Build(layer, {{seq.get(), 255}, {pro.get(), 255}}, o), kInvalid,
+          "segments[1]");
+      add(l + "bad second segment", Build(layer, {{other.get(), 255}, {seq.get(), 256}}, o),
+          Code::kFailedPrecondition, "segments[1].position");
+      add(l + "unknown second session",
+          with(Build(layer, {{other.get(), 255}, {seq.get(), 255}}, o),
+               [](Message& m) { m.input.segments[1].session_id = "gone"; }),
+          Code::kNotFound, "segments[1]");
+    }
+    add(l + "position beyond max_position",
+        with(bad(layer, 255, s + 21), [](Message& m) { m.input.segments[0].position = 4096; }),
+        kInvalid, "position");
+    if (layer != kFlashSwa) {
+      add(l + "compressed rows missing", with(bad(layer, 255, s + 30), [](Message& m) {
+            m.input.segments[0].num_compressed_rows = 0;
+            m.input.compressed_kv = TensorInput();
+          }),
+          kInvalid, "num_compressed_rows");
+      add(l + "an extra compressed row", with(bad(layer, 255, s + 31), [](Message& m) {
+            m.input.segments[0].num_compressed_rows = 2;
+            m.compressed = Rows(31, 2);
+            m.input.compressed_kv = Tensor(DType::kBf16, {2, kHeadDim}, m.compressed, 31);
+          }),
+          kInvalid, "num_compressed_rows");
+      add(l + "wrong first compressed row", with(bad(layer, 255, s + 32), [](Message& m) {
+            m.input.segments[0].first_compressed_row += 1;
+          }),
+          kInvalid, "first_compressed_row");
+      add(l + "compressed_kv missing", with(bad(layer, 255, s + 33), [](Message& m) {
+            m.input.compressed_kv = TensorInput();
+          }),
+          kInvalid, "compressed_kv");
+      add(l + "compressed_kv [2, 512] for one row", with(bad(layer, 255, s + 34), [](Message& m) {
+            m.compressed = Rows(34, 2);
+            m.input.compressed_kv = Tensor(DType::kBf16, {2, kHeadDim}, m.compressed, 34);
+          }),
+          kInvalid, "compressed_kv");
+    } else {
+      add(l + "compressed rows on an SWA-only layer", with(bad(layer, 255, s + 35), [](Message& m) {
+            m.input.segments[0].num_compressed_rows = 1;
+            m.compressed = Rows(35, 1);
+            m.input.compressed_kv = Tensor(DType::kBf16, {1, kHeadDim}, m.compressed, 35);
+          }),
+          kInvalid, "num_compressed_rows");
+    }
+    if (layer == kFlashC4a) {
+      auto topk = [&](uint64_t seed, int width, std::vector<int32_t> values) {
+        auto m = bad(layer, 255, seed);
+        m->topk = std::move(values);
+        m->topk_width = width;
+        m->input.topk = Tensor(DType::kI32, {1, width}, m->topk, seed);
+        return m;
+      };
+      add(l + "topk row 64 of 64", topk(s + 40, 3, {0, 64, -1}), kInvalid, "topk[0][1]");
+      add(l + "topk row -2", topk(s + 41, 3, {5, -1, -2}), kInvalid, "topk[0][2]");
+      add(l + "topk width 513", topk(s + 42, 513, std::vector<int32_t>(513, -1)), kInvalid,
+          "topk");
+      add(l + "topk width 0", topk(s + 43, 0, {}), kInvalid, "topk");
+      add(l + "topk as bf16",
+          with(bad(layer, 255, s + 44), [](Message& m) { m.input.topk.dtype = int(DType::kBf16); }),
+          kInvalid, "topk");
+      add(l + "topk for 2 tokens", with(bad(layer, 255, s + 45), [](Message& m) {
+            m.topk.resize(2 * m.topk_width, 0);
+            m.input.topk = Tensor(DType::kI32, {2, m.topk_width}, m.topk, 45);
+          }),
+          kInvalid, "topk");
+    } else {
+      add(l + "topk on a non-C4A layer", with(bad(layer, 255, s + 46), [](Message& m) {
+            m.topk = {0, 1, -1};
+            m.input.topk = Tensor(DType::kI32, {1, 3}, m.topk, 46);
+          }),
+          kInvalid, "topk");
+    }
+  }
+
+  for (BadCase& c : cases) {
+    const Snapshot before = Snap(*engine);
+    const std::vector<AttendResult> results =
+        AttendBatch(*engine, {c.message.get()}, kT0 + absl::Seconds(1));
+    ExpectError(results[0].status, c.code, c.field, c.name);
+    EXPECT_EQ(results[0].out, nullptr) << c.name;
+    EXPECT_EQ(Snap(*engine), before) << c.name;
+  }
+  // The correct messages after all that.
+  for (int layer : {kFlashC4a, kFlashC128a, kFlashSwa}) {
+    auto m = good(layer, 255, 8900 + layer);
+    RunAndExpect(*engine, {m.get()}, absl::StrCat("layer ", layer, " after the bad messages"));
+  }
+  ExpectListed(*engine, {seq.get(), other.get(), pro.get()});
+
+  // At 259 a C4A message needs a new page: a bad one takes none.
+  for (int32_t p = 256; p < 259; ++p) {
+    auto m = good(kFlashC4a, p, 8950 + p);
+    RunAndExpect(*engine, {m.get()}, absl::StrCat("C4A p=", p));
+  }
+  const Snapshot before = Snap(*engine);
+  std::vector<std::unique_ptr<Message>> at_page;
+  // (The tensors point into the message's vectors: changing a value there
+  // changes what is sent.)
+  at_page.push_back(with(bad(kFlashC4a, 259, 8960), [](Message& m) { m.topk[0] = 65; }));
+  at_page.push_back(with(bad(kFlashC4a, 259, 8961),
+                         [](Message& m) { m.input.q.shape = {1, 4, 511}; }));
+  at_page.push_back(with(bad(kFlashC4a, 259, 8962), [](Message& m) {
+    m.input.compressed_kv = TensorInput();
+  }));
+  at_page.push_back(with(bad(kFlashC4a, 259, 8963), [](Message& m) { m.input.kv = TensorInput(); }));
+  for (const auto& m : at_page) {
+    const std::vector<AttendResult> results = AttendBatch(*engine, {m.get()});
+    EXPECT_EQ(results[0].status.code(), kInvalid) << results[0].status;
+    EXPECT_EQ(Snap(*engine), before) << results[0].status;
+  }
+  auto at_page_good = good(kFlashC4a, 259, 8970);
+  RunAndExpect(*engine, {at_page_good.get()}, "C4A p=259 after the bad messages");
+  EXPECT_EQ(engine->kv_blocks_used(), before.used + 1);
+  ExpectListed(*engine, {seq.get(), other.get(), pro.get()});
+}
+
+// A bad message in a batch fails alone: the others run and match.
+TEST(EngineTest, BadMessageInABatchFailsAlone) {
+  std::unique_ptr<Engine> engine = NewEngine(1000);
+  ASSERT_NE(engine, nullptr);
+  std::unique_ptr<Seq> a = NewSeq(*engine, kFlash, 16, SinkMode::kWhole, 91);
+  std::unique_ptr<Seq> b = NewSeq(*engine, kFlash, 16, SinkMode::kRank, 92);
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(Append(*engine, *a, 0, 255).ok());
+  ASSERT_TRUE(Append(*engine, *b, 0, 300).ok());
+  MessageOptions o;
+  o.seed = 9100;
+  auto good1 = Build(kFlashSwa, {{a.get(), 255}}, o);
+  o.seed++;
+  o.garbage = 17;
+  auto bad_topk = Build(kFlashC4a, {{a.get(), 255}}, o);
+  bad_topk->topk[0] = 64;
+  o.seed++;
+  o.garbage = 0;
+  auto good2 = Build(kFlashC128a, {{a.get(), 255}}, o);
+  o.seed++;
+  o.garbage = 18;
+  auto unknown = Build(kFlashC128a, {{b.get(), 300}}, o);
+  unknown->input.segments[0].session_id = "unknown";
+  o.seed++;
+  o.garbage = 0;
+  auto good3 = Build(kFlashC4a, {{b.get(), 300}, {a.get(), 255}}, o);
+  o.seed++;
+  o.garbage = 19;
+  auto bad_heads = Build(kFlashC4a, {{b.get(), 301}}, o);
+  bad_heads->input.head_offset = 49;
+  o.seed++;
+  o.garbage = 0;
+  auto good4 = Build(kFlashC4a, {{b.get(), 301}}, o);  // after the bad one, same position
+  const std::vector<AttendResult> results =
+      AttendBatch(*engine, {good1.get(), bad_topk.get(), good2.get(), unknown.get(), good3.get(),
+                    bad_heads.get(), good4.get()});
+  ExpectMatches(*good1, results[0], "good 1");
+  ExpectError(results[1].status, absl::StatusCode::kInvalidArgument, "topk[0][0]", "bad topk");
+  ExpectMatches(*good2, results[2], "good 2");
+  ExpectError(results[3].status, absl::StatusCode::kNotFound, "segments[0]", "unknown");
+  ExpectMatches(*good3, results[4], "good 3");
+  ExpectError(results[5].status, absl::StatusCode::kInvalidArgument, "head_offset", "bad heads");
+  ExpectMatches(*good4, results[6], "good 4");
+  for (const Message* m : {good1.get(), good2.get(), good3.get(), good4.get()}) Advance(*m);
+  ExpectListed(*engine, {a.get(), b.get()});
+}
+
+// Positions must stay below the server's max_position.
+TEST(EngineTest, PositionsBeyondMaxPosition) {
+  std::unique_ptr<Engine> engine = NewEngine(400, /*max_position=*/300);
+  ASSERT_NE(engine, nullptr);
+  std::unique_ptr<Seq> seq = NewSeq(*engine, kFlash, 4, SinkMode::kWhole, 101);
+  ASSERT_NE(seq, nullptr);
+  const std::unique_ptr<AppendRequest> too_long = BuildAppend(*seq, 0, 301, 1);
+  ExpectError(engine->AppendKV(too_long->input, kT0).status(), absl::StatusCode::kInvalidArgument,
+              "position", "append beyond max_position");
+  ASSERT_TRUE(Append(*engine, *seq, 0, 298).ok());
+  MessageOptions o;
+  o.seed = 10100;
+  auto two = Build(kFlashC4a, {{seq.get(), 298, 3}}, o);
+  const Snapshot before = Snap(*engine);
+  ExpectError(AttendBatch(*engine, {two.get()})[0].status, absl::StatusCode::kInvalidArgument,
+              "position", "tokens 298..300");
+  EXPECT_EQ(Snap(*engine), before);
+  o.seed++;
+  auto last = Build(kFlashC4a, {{seq.get(), 298, 2}}, o);
+  RunAndExpect(*engine, {last.get()}, "tokens 298..299");
+  o.seed++;
+  auto swa_last = Build(kFlashSwa, {{seq.get(), 298, 2}}, o);
+  RunAndExpect(*engine, {swa_last.get()}, "SWA 298..299");
+  o.seed++;
+  auto at_max = Build(kFlashSwa, {{seq.get(), 300}}, o);
+  ExpectError(AttendBatch(*engine, {at_max.get()})[0].status, absl::StatusCode::kInvalidArgument,
+              "position", "token 300");
+  const std::unique_ptr<AppendRequest> at_end = BuildAppend(*seq, 300, 1, 2);
+  ExpectError(engine->AppendKV(at_end->input, kT0).status(), absl::StatusCode::kInvalidArgument,
+              "position", "append at max_position");
+}
+
+// Bad AppendKV and CreateSession requests fail with their code and field and
+// change nothing.
+TEST(EngineTest, BadAppendAndCreateRequestsChangeNothing) {
+  std::unique_ptr<Engine> engine = NewEngine(1000);
+  ASSERT_NE(engine, nullptr);
+  std::unique_ptr<Seq> seq = NewSeq(*engine, kFlash, 4, SinkMode::kRank, 111);
+  ASSERT_NE(seq, nullptr);
+  ASSERT_TRUE(Append(*engine, *seq, 0, 100).ok());
+  using Code = absl::StatusCode;
+
+  // AppendKV 100..299: garbage variants of the correct request.
+  auto request = [&](uint64_t seed) {
+    Seq garbage = *seq;
+    garbage.salt = 55555;  // rows that are not the session's
+    return BuildAppend(garbage, 100, 200, seed);
+  };
+  auto index_of = [](const AppendRequest& r, int layer) {
+    for (size_t e = 0; e < r.input.layers.size(); ++e) {
+      if (r.input.layers[e].layer == layer) return static_cast<int>(e);
+    }
+    return -1;
+  };
+  struct AppendCase {
+    std::string name;
+    std::unique_ptr<AppendRequest> request;
+    Code code;
+    std::string field;
+  };
+  std::vector<AppendCase> cases;
+  auto add = [&](std::string name, uint64_t seed, auto change, Code code, std::string field) {
+    std::unique_ptr<AppendRequest> r = request(seed);
+    change(*r);
+    cases.push_back({std::move(name), std::move(r), code, std::move(field)});
+  };
+  add("unknown session", 1, [](AppendRequest& r) { r.input.session_id = "x"; }, Code::kNotFound,
+      "session");
+  add("first_position 99", 2, [](AppendRequest& r) { r.input.first_position = 99; },
+      Code::kFailedPrecondition, "first_position");
+  add("first_position 101", 3, [](AppendRequest& r) { r.input.first_position = 101; },
+      Code::kFailedPrecondition, "first_position");
+  add("num_positions 0", 4, [](AppendRequest& r) { r.input.num_positions = 0; },
+      Code::kInvalidArgument, "num_positions");
+  add("a layer missing", 5, [](AppendRequest& r) { r.input.layers.pop_back(); },
+      Code::kInvalidArgument, "layers");
+  add("a layer twice", 6, [](AppendRequest& r) { r.input.layers[7] = r.input.layers[8]; },
+      Code::kInvalidArgument, "layers[layer=");
+  add("layer 44", 7, [](AppendRequest& r) { r.input.layers[3].layer = 44; },
+      Code::kInvalidArgument, "layers[layer=44]");
+  add("layer -1", 8, [](AppendRequest& r) { r.input.layers[3].layer = -1; },
+      Code::kInvalidArgument, "layers[layer=-1]");
+  add("swa_kv of 199 rows", 9,
+      [&](AppendRequest& r) {
+        const int e = index_of(r, kFlashC128a);
+        r.input.layers[e].swa_kv.shape = {199, kHeadDim};
+      },
+      Code::kInvalidArgument, absl::StrCat("layers[layer=", kFlashC128a, "].swa_kv"));
+  add("swa_kv missing", 10,
+      [&](AppendRequest& r) { r.input.layers[index_of(r, kFlashSwa)].swa_kv = TensorInput(); },
+      Code::kInvalidArgument, absl::StrCat("layers[layer=", kFlashSwa, "].swa_kv"));
+  add("compressed rows one short", 11,
+      [&](AppendRequest& r) {
+        const int e = index_of(r, kFlashC4a);
+        r.input.layers[e].compressed_kv.shape = {49, kHeadDim};
+        r.input.layers[e].compressed_kv.pieces.back().second = 0;
+        r.input.layers[e].compressed_kv.pieces[1].second = 0;
+        r.input.layers[e].compressed_kv.pieces[0].second = 49 * kRowBytes;
+      },
+      Code::kInvalidArgument, absl::StrCat("layers[layer=", kFlashC4a, "].compressed_kv"));
+  add("compressed rows missing", 12,
+      [&](AppendRequest& r) {
+        r.input.layers[index_of(r, kFlashC128a)].compressed_kv = TensorInput();
+      },
+      Code::kInvalidArgument, absl::StrCat("layers[layer=", kFlashC128a, "].compressed_kv"));
+  add("compressed rows from row 24", 13,
+      [&](AppendRequest& r) { r.input.layers[index_of(r, kFlashC4a)].first_compressed_row = 24; },
+      Code::kInvalidArgument, absl::StrCat("layers[layer=", kFlashC4a, "].compressed_kv"));
+  add("compressed rows on an SWA layer", 14,
+      [&](AppendRequest& r) {
+        const int e = index_of(r, kFlashMtpSwa);
+        r.compressed[e] = Rows(14, 3);
+        r.input.layers[e].compressed_kv = Tensor(DType::kBf16, {3, kHeadDim}, r.compressed[e], 14);
+      },
+      Code::kInvalidArgument, absl::StrCat("layers[layer=", kFlashMtpSwa, "].compressed_kv"));
+  add("swa_kv as f32", 15,
+      [&](AppendRequest& r) {
+        r.input.layers[index_of(r, kFlashSwa)].swa_kv.dtype = int(DType::kF32);
+      },
+      Code::kInvalidArgument, "swa_kv");
+  add("beyond max_position", 16, [](AppendRequest& r) { r.input.num_positions = 4000; },
+      Code::kInvalidArgument, "num_positions");
+
+  for (AppendCase& c : cases) {
+    const Snapshot before = Snap(*engine);
+    absl::StatusOr<AppendResult> result = engine->AppendKV(c.request->input, kT0 + absl::Seconds(3));
+    ExpectError(result.status(), c.code, c.field, c.name);
+    EXPECT_EQ(Snap(*engine), before) << c.name;
+  }
+  ASSERT_TRUE(Append(*engine, *seq, 100, 200).ok());
+  ExpectListed(*engine, {seq.get()});
+  for (int layer : {kFlashSwa, kFlashC4a, kFlashC128a}) {
+    MessageOptions o;
+    o.seed = 11100 + layer;
+    auto m = Build(layer, {{seq.get(), 300}}, o);
+    RunAndExpect(*engine, {m.get()}, absl::StrCat("layer ", layer, " after the bad appends"));
+  }
+
+  // AppendKV must continue every layer: after an Attend in one layer only,
+  // the positions disagree.
+  const std::unique_ptr<AppendRequest> behind = BuildAppend(*seq, 300, 10, 3);
+  const Snapshot before_behind = Snap(*engine);
+  ExpectError(engine->AppendKV(behind->input, kT0).status(), Code::kFailedPrecondition,
+              "first_position", "layers at different positions");
+  EXPECT_EQ(Snap(*engine), before_behind);
+
+  // CreateSession.
+  const std::vector<float> sinks_5(44 * 5, 1.0f);
+  const std::vector<float> sinks_44x4(44 * 4, 1.0f);
+  struct CreateCase {
+    std::string name;
+    CreateSessionInput input;
+    std::string field;
+  };
+  std::vector<CreateCase> creates;
+  auto create = [&](std::string name, std::string model, int heads, std::string field) {
+    CreateSessionInput input;
+    input.model = std::move(model);
+    input.num_heads = heads;
+    creates.push_back({std::move(name), input, std::move(field)});
+    return &creates.back().input;
+  };
+  create("unknown model", "deepseek-v5", 4, "model");
+  create("H = 0", kFlash, 0, "num_heads");
+  create("H = 129 (pro)", kPro, 129, "num_heads");
+  create("H = 65 (flash)", kFlash, 65, "num_heads");
+  create("H = -4", kFlash, -4, "num_heads");
+  create("sinks [44, 5] for H = 4", kFlash, 4, "sinks")->sinks =
+      Tensor(DType::kF32, {44, 5}, sinks_5, 1);
+  create("sinks [43, 4]", kFlash, 4, "sinks")->sinks = Tensor(DType::kF32, {43, 4}, sinks_44x4, 2);
+  create("sinks as bf16", kFlash, 4, "sinks")->sinks = Tensor(DType::kBf16, {44, 4}, sinks_44x4, 3);
+  create("sinks [44, 4] for pro", kPro, 4, "sinks")->sinks =
+      Tensor(DType::kF32, {44, 4}, sinks_44x4, 4);
+  create("negative TTL", kFlash, 4, "idle_ttl_seconds")->idle_ttl_seconds = -1;
+  for (const CreateCase& c : creates) {
+    const Snapshot before = Snap(*engine);
+    ExpectError(engine->CreateSession(c.input, kT0).status(), absl::StatusCode::kInvalidArgument,
+                c.field, c.name);
+    EXPECT_EQ(Snap(*engine), before) << c.name;
+  }
+}
+
+// ---- The pool.
+
+// A pool too small for a new session, an AppendKV or the next compressed
+// page: RESOURCE_EXHAUSTED, nothing taken, the session attends as before.
+TEST(EngineTest, PoolExhaustion) {
+  // A flash session: 44 rings of 4 blocks; 256 positions add one page to each
+  // of its 21 C4A and 20 C128A layers.
+  constexpr int64_t kRings = 176, kPages256 = 41;
+  std::unique_ptr<Engine> engine = NewEngine(2 * kRings + kPages256);
+  ASSERT_NE(engine, nullptr);
+  std::unique_ptr<Seq> a = NewSeq(*engine, kFlash, 4, SinkMode::kWhole, 121);
+  ASSERT_NE(a, nullptr);
+  ASSERT_TRUE(Append(*engine, *a, 0, 256).ok());
+  EXPECT_EQ(engine->kv_blocks_used(), kRings + kPages256);
+  const int64_t before_b = engine->kv_blocks_used();
+  std::unique_ptr<Seq> b = NewSeq(*engine, kFlash, 4, SinkMode::kNone, 122);
+  ASSERT_NE(b, nullptr);
+  ASSERT_EQ(engine->kv_blocks_used(), engine->kv_blocks_total());
+
+  // Positions 256..258 need no page; 259 (C4A row 64) does.
+  for (int32_t p = 256; p < 259; ++p) {
+    MessageOptions o;
+    o.seed = 12100 + p;
+    auto m = Build(kFlashC4a, {{a.get(), p}}, o);
+    RunAndExpect(*engine, {m.get()}, absl::StrCat("C4A p=", p));
+  }
+  MessageOptions o;
+  o.seed = 12200;
+  auto needs_page = Build(kFlashC4a, {{a.get(), 259}}, o);
+  Snapshot before = Snap(*engine);
+  ExpectError(AttendBatch(*engine, {needs_page.get()})[0].status, absl::StatusCode::kResourceExhausted,
+              "KV cache full", "a new page");
+  EXPECT_EQ(Snap(*engine), before);
+  // Other layers still run (no new blocks), C128A included.
+  for (int layer : {kFlashSwa, kFlashC128a, kFlashMtpSwa}) {
+    o.seed++;
+    auto m = Build(layer, {{a.get(), 256}}, o);
+    RunAndExpect(*engine, {m.get()}, absl::StrCat("layer ", layer, " with a full pool"));
+  }
+  before = Snap(*engine);
+  // A new session, and AppendKV that needs pages.
+  CreateSessionInput create;
+  create.model = kFlash;
+  create.num_heads = 4;
+  ExpectError(engine->CreateSession(create, kT0).status(), absl::StatusCode::kResourceExhausted,
+              "KV cache full", "new session");
+  EXPECT_EQ(Snap(*engine), before);
+  const std::unique_ptr<AppendRequest> needs_pages = BuildAppend(*b, 0, 4, 5);
+  ExpectError(engine->AppendKV(needs_pages->input, kT0).status(),
+              absl::StatusCode::kResourceExhausted, "KV cache full", "append with pages");
+  EXPECT_EQ(Snap(*engine), before);
+  ASSERT_TRUE(Append(*engine, *b, 0, 3).ok());  // no compressed rows yet: no page
+  ExpectListed(*engine, {a.get(), b.get()});
+
+  // Closing b frees its blocks; then the page is there.
+  absl::StatusOr<int64_t> freed = engine->CloseSession(b->id);
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  EXPECT_EQ(*freed, kRings);
+  EXPECT_EQ(engine->kv_blocks_used(), before_b);
+  RunAndExpect(*engine, {needs_page.get()}, "C4A p=259 after a close");
+  EXPECT_EQ(engine->kv_blocks_used(), before_b + 1);
+  ExpectListed(*engine, {a.get()});
+  freed = engine->CloseSession(a->id);
+  ASSERT_TRUE(freed.ok());
+  EXPECT_EQ(*freed, kRings + kPages256 + 1);
+  EXPECT_EQ(engine->kv_blocks_used(), 0);
+}
+
+// With one free block, the first of two messages that need a page gets it;
+// a two-segment message whose second segment needs the page fails whole.
+TEST(EngineTest, PoolExhaustionWithinOneBatch) {
+  constexpr int64_t kSession = 176 + 41;
+  std::unique_ptr<Engine> engine = NewEngine(2 * kSession + 1);
+  ASSERT_NE(engine, nullptr);
+  std::unique_ptr<Seq> a = NewSeq(*engine, kFlash, 4, SinkMode::kWhole, 131);
+  std::unique_ptr<Seq> b = NewSeq(*engine, kFlash, 4, SinkMode::kWhole, 132);
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(Append(*engine, *a, 0, 259).ok());
+  ASSERT_TRUE(Append(*engine, *b, 0, 259).ok());
+  ASSERT_EQ(engine->kv_blocks_used(), 2 * kSession);
+  MessageOptions o;
+  o.seed = 13100;
+  auto a259 = Build(kFlashC4a, {{a.get(), 259}}, o);
+  o.seed++;
+  auto b259 = Build(kFlashC4a, {{b.get(), 259}}, o);
+  std::vector<AttendResult> results = AttendBatch(*engine, {a259.get(), b259.get()});
+  ExpectMatches(*a259, results[0], "a at 259 gets the last block");
+  if (results[0].status.ok()) Advance(*a259);
+  ExpectError(results[1].status, absl::StatusCode::kResourceExhausted, "KV cache full",
+              "b at 259");
+  ExpectListed(*engine, {a.get(), b.get()});
+
+  o.seed++;
+  auto both = Build(kFlashC4a, {{a.get(), 260}, {b.get(), 259}}, o);
+  const Snapshot before = Snap(*engine);
+  ExpectError(AttendBatch(*engine, {both.get()})[0].status, absl::StatusCode::kResourceExhausted,
+              "KV cache full", "two segments");
+  EXPECT_EQ(Snap(*engine), before);
+  o.seed++;
+  auto a260 = Build(kFlashC4a, {{a.get(), 260}}, o);
+  RunAndExpect(*engine, {a260.get()}, "a at 260 alone");
+  ASSERT_TRUE(engine->CloseSession(a->id).ok());
+  EXPECT_EQ(engine->kv_blocks_used(), kSession);
+  RunAndExpect(*engine, {b259.get()}, "b at 259 after a closed");
+  ExpectListed(*engine, {b.get()});
+}
+
+// ---- Session lifetime.
+
+TEST(EngineTest, CloseExpireAndList) {
+  std::unique_ptr<Engine> engine =
+      NewEngine(2000, kMaxPosition, 1024, /*idle_ttl=*/absl::Seconds(60));
+  ASSERT_NE(engine, nullptr);
+  EXPECT_EQ(engine->kv_blocks_used(), 0);
+  EXPECT_TRUE(engine->ListSessions(kT0).empty());
+  std::unique_ptr<Seq> a = NewSeq(*engine, kFlash, 4, SinkMode::kNone, 141, 10);
+  std::unique_ptr<Seq> b = NewSeq(*engine, kFlash, 4, SinkMode::kNone, 142, 10);
+  std::unique_ptr<Seq> c = NewSeq(*engine, kPro, 8, SinkMode::kWhole, 143);  // default 60 s
+  std::unique_ptr<Seq> d = NewSeq(*engine, kPro, 4, SinkMode::kNone, 144, 100);
+  ASSERT_TRUE(a && b && c && d);
+  EXPECT_EQ(engine->num_sessions(), 4);
+  ExpectListed(*engine, {a.get(), b.get(), c.get(), d.get()});
+  EXPECT_EQ(engine->kv_blocks_used(), 2 * 44 * 4 + 2 * 62 * 4);
+  ASSERT_TRUE(Append(*engine, *a, 0, 130).ok());
+  ASSERT_TRUE(Append(*engine, *c, 0, 300, kT0 + absl::Seconds(2)).ok());
+  ExpectListed(*engine, {a.get(), b.get(), c.get(), d.get()});
+
+  // a is used at +5 s: idle 7 s at +12 s, when b (idle 12 s > 10 s) expires.
+  MessageOptions o;
+  o.seed = 14100;
+  auto m = Build(kFlashSwa, {{a.get(), 130}}, o);
+  RunAndExpect(*engine, {m.get()}, "a at +5 s", kT0 + absl::Seconds(5));
+  for (const SessionSummary& s : engine->ListSessions(kT0 + absl::Seconds(12))) {
+    const double expected = s.session_id == a->id ? 7 : s.session_id == c->id ? 10 : 12;
+    EXPECT_DOUBLE_EQ(s.idle_seconds, expected) << s.session_id;
+  }
+  // A failed request does not count as use.
+  auto bad = Build(kFlashSwa, {{b.get(), 5}}, o);
+  EXPECT_FALSE(AttendBatch(*engine, {bad.get()}, kT0 + absl::Seconds(9))[0].status.ok());
+
+  EXPECT_THAT(engine->ExpireIdle(kT0 + absl::Seconds(10)), ::testing::IsEmpty());
+  const int64_t used_before = engine->kv_blocks_used();
+  EXPECT_THAT(engine->ExpireIdle(kT0 + absl::Seconds(12)), ::testing::ElementsAre(b->id));
+  EXPECT_EQ(engine->kv_blocks_used(), used_before - b->ExpectedBlocks());
+  ExpectListed(*engine, {a.get(), c.get(), d.get()});
+  EXPECT_THAT(engine->ExpireIdle(kT0 + absl::Seconds(15)), ::testing::IsEmpty());  // a: 10 s
+  EXPECT_THAT(engine->ExpireIdle(kT0 + absl::Seconds(16)), ::testing::ElementsAre(a->id));
+  EXPECT_THAT(engine->ExpireIdle(kT0 + absl::Seconds(62)), ::testing::IsEmpty());  // c: 60 s
+  EXPECT_THAT(engine->ExpireIdle(kT0 + absl::Seconds(63)), ::testing::ElementsAre(c->id));
+  ExpectListed(*engine, {d.get()});
+  // An expired session is gone for every request.
+  auto late = Build(kFlashSwa, {{a.get(), 131}}, o);
+  ExpectError(AttendBatch(*engine, {late.get()})[0].status, absl::StatusCode::kNotFound, "segments[0]",
+              "attend after expiry");
+  ExpectError(Append(*engine, *a, 131, 1), absl::StatusCode::kNotFound, "session",
+              "append after expiry");
+  ExpectError(engine->CloseSession(a->id).status(), absl::StatusCode::kNotFound, "session",
+              "close after expiry");
+
+  // CloseSession frees every block; a second close is NOT_FOUND.
+  const int64_t used_before_e = engine->kv_blocks_used();
+  std::unique_ptr<Seq> e = NewSeq(*engine, kPro, 16, SinkMode::kWhole, 145);
+  ASSERT_NE(e, nullptr);
+  ASSERT_TRUE(Append(*engine, *e, 0, 700).ok());
+  MessageOptions eo;
+  eo.seed = 14200;
+  auto em = Build(kProC4a, {{e.get(), 700}}, eo);
+  RunAndExpect(*engine, {em.get()}, "e");
+  ExpectListed(*engine, {d.get(), e.get()});
+  absl::StatusOr<int64_t> freed = engine->CloseSession(e->id);
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  EXPECT_EQ(*freed, e->ExpectedBlocks());
+  EXPECT_EQ(engine->kv_blocks_used(), used_before_e);
+  ExpectError(engine->CloseSession(e->id).status(), absl::StatusCode::kNotFound, "session",
+              "second close");
+  ExpectListed(*engine, {d.get()});
+  ASSERT_TRUE(engine->CloseSession(d->id).ok());
+  EXPECT_EQ(engine->kv_blocks_used(), 0);
+  EXPECT_EQ(engine->num_sessions(), 0);
+}
+
+}  // namespace
+}  // namespace mla

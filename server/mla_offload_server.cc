@@ -1,0 +1,192 @@
+// mla_offload_server: serves DeepSeek-V4 sparse MLA attention over gRPC.
+#include <csignal>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "kernels/backend_factory.h"
+#include "kernels/geometry.h"
+#include "kernels/model_profile.h"
+#include "server/engine.h"
+#include "server/metrics/http_exporter.h"
+#include "server/metrics/registry.h"
+#include "server/scheduler.h"
+#include "server/server_metrics.h"
+#include "server/service.h"
+
+ABSL_FLAG(std::string, listen, "0.0.0.0:50051",
+          "HOST:PORT to serve gRPC on (port 0 picks a free port, printed at start).");
+ABSL_FLAG(std::string, backend, "cpu",
+          "Compute backend: cpu (any machine) or cuda (an NVIDIA Hopper GPU).");
+ABSL_FLAG(int, device, 0, "GPU ordinal for --backend=cuda.");
+ABSL_FLAG(int, cpu_threads, 0, "Threads of the CPU backend; 0 uses every hardware thread.");
+ABSL_FLAG(std::string, model, "deepseek-v4-flash,deepseek-v4-pro",
+          "Comma-separated model profiles this server accepts sessions for.");
+ABSL_FLAG(double, kv_cache_gb, 4.0,
+          "KV cache size in GB (1e9 bytes): blocks of 64 tokens x 584 bytes, shared by every "
+          "session, layer and pool.");
+ABSL_FLAG(int, max_position, 1 << 18,
+          "Positions must be below this; sizes the RoPE tables (256 bytes a position per "
+          "layer kind).");
+ABSL_FLAG(int, max_tokens_per_message, 1024, "Largest number of query tokens in one Attend message.");
+ABSL_FLAG(int, max_message_mb, 256, "Largest gRPC message accepted or sent, in MiB.");
+ABSL_FLAG(int, max_batch_tokens, 1024,
+          "Tokens the scheduler gathers into one kernel launch across streams.");
+ABSL_FLAG(int, batch_wait_us, 200,
+          "How long the scheduler waits for more Attend messages before launching a batch.");
+ABSL_FLAG(int, max_queued_messages, 4096,
+          "Attend messages that may wait for the engine; beyond it new ones get "
+          "RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int, max_messages_in_flight, 8,
+          "Attend messages one stream may have read but not yet answered (read-ahead).");
+ABSL_FLAG(int, session_idle_ttl_s, 600,
+          "Sessions idle longer than this are closed (a session may ask for its own TTL).");
+ABSL_FLAG(int, metrics_port, 9090,
+          "Port of the Prometheus /metrics endpoint on the --listen host; -1 turns it off.");
+ABSL_FLAG(int, drain_seconds, 30,
+          "On SIGTERM: stop taking sessions, report NOT_SERVING, and give in-flight streams "
+          "this long before shutting down.");
+
+namespace mla {
+namespace {
+
+constexpr char kVersion[] = "mla-offload 0.1.0 (mla_offload.v1)";
+
+volatile std::sig_atomic_t g_signal = 0;
+void OnSignal(int signal) { g_signal = signal; }
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "mla_offload_server: %s\n", std::string(status.message()).c_str());
+  return 1;
+}
+
+int Main() {
+  std::vector<const ModelProfile*> models;
+  for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_model), ',', absl::SkipEmpty())) {
+    absl::StatusOr<const ModelProfile*> profile = FindModelProfile(name);
+    if (!profile.ok()) return Fail(absl::InvalidArgumentError(absl::StrCat("--model: ", profile.status().message())));
+    models.push_back(*profile);
+  }
+  if (models.empty()) return Fail(absl::InvalidArgumentError("--model names no profile"));
+  const int64_t kv_blocks = static_cast<int64_t>(absl::GetFlag(FLAGS_kv_cache_gb) * 1e9 / kBlockBytes);
+
+  BackendOptions backend_options;
+  backend_options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  backend_options.device = absl::GetFlag(FLAGS_device);
+  absl::StatusOr<std::unique_ptr<ComputeBackend>> backend =
+      CreateBackend(absl::GetFlag(FLAGS_backend), backend_options);
+  if (!backend.ok()) return Fail(absl::InvalidArgumentError(absl::StrCat("--backend: ", backend.status().message())));
+  const std::string backend_text = (*backend)->Describe();
+
+  EngineOptions engine_options;
+  engine_options.kv_blocks = kv_blocks;
+  engine_options.max_position = absl::GetFlag(FLAGS_max_position);
+  engine_options.max_tokens_per_message = absl::GetFlag(FLAGS_max_tokens_per_message);
+  engine_options.default_idle_ttl = absl::Seconds(absl::GetFlag(FLAGS_session_idle_ttl_s));
+  engine_options.models = models;
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*std::move(backend), engine_options);
+  if (!engine.ok()) return Fail(engine.status());
+
+  metrics::Registry registry;
+  absl::StatusOr<std::unique_ptr<ServerMetrics>> server_metrics = ServerMetrics::Create(registry);
+  if (!server_metrics.ok()) return Fail(server_metrics.status());
+
+  SchedulerOptions scheduler_options;
+  scheduler_options.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  scheduler_options.batch_wait = absl::Microseconds(absl::GetFlag(FLAGS_batch_wait_us));
+  scheduler_options.max_queued_messages = absl::GetFlag(FLAGS_max_queued_messages);
+  auto scheduler = std::make_unique<Scheduler>(*std::move(engine), scheduler_options);
+  ServerMetrics& metrics_ref = **server_metrics;
+  scheduler->SetBatchObserver([&metrics_ref](const BatchStats& stats) { metrics_ref.RecordBatch(stats); });
+
+  ServiceOptions service_options;
+  service_options.max_messages_in_flight = absl::GetFlag(FLAGS_max_messages_in_flight);
+  service_options.max_message_bytes = int64_t{absl::GetFlag(FLAGS_max_message_mb)} << 20;
+  service_options.version = kVersion;
+  service_options.devices = backend_text;
+  MlaOffloadService service(*scheduler, **server_metrics, service_options);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  const int max_bytes = static_cast<int>(std::min<int64_t>(service_options.max_message_bytes, INT32_MAX));
+  builder.SetMaxReceiveMessageSize(max_bytes);
+  builder.SetMaxSendMessageSize(max_bytes);
+  // Large tensor messages: big HTTP/2 windows and frames keep a stream from
+  // stalling on flow control every 64 KiB.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 16 << 20);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, 8 << 20);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return Fail(absl::UnavailableError(absl::StrCat(
+        "cannot listen on --listen=", listen, " (address in use or not local?)")));
+  }
+  server->GetHealthCheckService()->SetServingStatus(true);
+
+  metrics::HttpExporter exporter(&registry);
+  const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  if (metrics_port >= 0) {
+    const std::string host = listen.substr(0, listen.rfind(':'));
+    const std::string metrics_host = host == "localhost" ? "127.0.0.1" : host;
+    if (absl::Status status = exporter.Start(metrics_host.empty() ? "0.0.0.0" : metrics_host, metrics_port);
+        !status.ok()) {
+      server->Shutdown();
+      return Fail(absl::Status(status.code(), absl::StrCat("--metrics_port: ", status.message())));
+    }
+  }
+  std::printf("mla_offload_server: serving on %s:%d (backend %s, models %s, KV cache %lld blocks = %.2f GB)",
+              listen.substr(0, listen.rfind(':')).c_str(), port, backend_text.c_str(),
+              absl::GetFlag(FLAGS_model).c_str(), static_cast<long long>(kv_blocks),
+              kv_blocks * kBlockBytes / 1e9);
+  if (metrics_port >= 0) std::printf(", metrics on port %d", exporter.port());
+  std::printf("\n");
+  std::fflush(stdout);
+
+  std::signal(SIGTERM, OnSignal);
+  std::signal(SIGINT, OnSignal);
+  while (g_signal == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+
+  const int drain_seconds = absl::GetFlag(FLAGS_drain_seconds);
+  std::printf("mla_offload_server: signal %d: draining (NOT_SERVING, no new sessions) for up to %d s\n",
+              static_cast<int>(g_signal), drain_seconds);
+  std::fflush(stdout);
+  service.StartDraining();
+  server->GetHealthCheckService()->SetServingStatus(false);
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(drain_seconds));
+  exporter.Stop();
+  std::printf("mla_offload_server: stopped\n");
+  return 0;
+}
+
+}  // namespace
+}  // namespace mla
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Serves DeepSeek-V4 sparse MLA attention over gRPC (mla_offload.v1.MlaOffload).\n"
+      "Serving nodes create a session per sequence, append its prompt KV, then stream one\n"
+      "Attend message per layer step; the server keeps the FP8 KV cache, runs the fused\n"
+      "prologue and the sparse decode, and streams the output back.\n\n"
+      "  mla_offload_server --listen=0.0.0.0:50051 --backend=cpu --kv_cache_gb=4\n\n"
+      "Health: grpc.health.v1 (NOT_SERVING while draining). Metrics: Prometheus text on\n"
+      "http://HOST:--metrics_port/metrics. SIGTERM drains, then stops.");
+  absl::ParseCommandLine(argc, argv);
+  return mla::Main();
+}

@@ -1,0 +1,94 @@
+// The scheduler of one device: a queue in front of the engine and the one
+// thread that runs it.
+//
+// Attend messages from every stream wait in one FIFO queue. The engine thread
+// takes the message at the head and, for up to `batch_wait`, gathers the
+// messages behind it until `max_batch_tokens` tokens are in hand, then runs
+// them as one batch (one prologue and one decode launch per compatible
+// group). Other work (create, append, close, list, info) is queued in the
+// same FIFO and runs between batches, so every request sees the effects of
+// all requests queued before it, and the messages of one stream run in the
+// order they arrived. A full queue rejects new Attend messages at once with
+// RESOURCE_EXHAUSTED rather than letting latency grow without bound; a slow
+// consumer never blocks the engine, which hands each result to a callback.
+//
+// Thread-safe. Callbacks run on the engine thread and must not block.
+#ifndef MLA_OFFLOAD_SERVER_SCHEDULER_H_
+#define MLA_OFFLOAD_SERVER_SCHEDULER_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "server/engine.h"
+#include "server/requests.h"
+
+namespace mla {
+
+struct SchedulerOptions {
+  int max_batch_tokens = 1024;
+  absl::Duration batch_wait = absl::Microseconds(200);
+  int max_queued_messages = 4096;
+  absl::Duration expiry_interval = absl::Seconds(1);  // how often idle sessions are closed
+};
+
+// What the scheduler reports about each batch it runs (for metrics).
+struct BatchStats {
+  int messages = 0;
+  int64_t tokens = 0;
+  double run_us = 0;
+};
+
+class Scheduler {
+ public:
+  using AttendDone = std::function<void(AttendResult)>;
+  using Task = std::function<void(Engine&)>;
+
+  Scheduler(std::unique_ptr<Engine> engine, const SchedulerOptions& options);
+  // Runs everything still queued, then stops the engine thread.
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues one Attend message; `done` is called exactly once with its result
+  // unless this returns an error (queue full, or stopped).
+  absl::Status SubmitAttend(std::shared_ptr<const AttendInput> input, AttendDone done);
+  // Queues work that needs the engine; it runs on the engine thread.
+  void Run(Task task);
+  // Called on the engine thread after every batch.
+  void SetBatchObserver(std::function<void(const BatchStats&)> observer);
+
+  int queued_messages() const;
+
+ private:
+  struct Item {
+    std::shared_ptr<const AttendInput> attend;
+    int64_t tokens = 0;
+    AttendDone done;
+    Task task;
+  };
+
+  void Loop();
+  void RunBatch(std::vector<Item>& batch);
+
+  std::unique_ptr<Engine> engine_;
+  const SchedulerOptions options_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Item> queue_;
+  int queued_attends_ = 0;
+  bool stopping_ = false;
+  std::function<void(const BatchStats&)> batch_observer_;
+  std::thread thread_;
+};
+
+}  // namespace mla
+
+#endif  // MLA_OFFLOAD_SERVER_SCHEDULER_H_

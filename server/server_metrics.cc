@@ -1,0 +1,118 @@
+#include "server/server_metrics.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace mla {
+namespace {
+
+template <typename T>
+absl::Status Assign(absl::StatusOr<T> value, T* target) {
+  if (!value.ok()) return value.status();
+  *target = *value;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::Create(metrics::Registry& registry) {
+  std::unique_ptr<ServerMetrics> m(new ServerMetrics());
+  metrics::HistogramFamily* stages = nullptr;
+  metrics::HistogramFamily* batch_tokens = nullptr;
+  metrics::HistogramFamily* batch_messages = nullptr;
+  metrics::CounterFamily* tokens = nullptr;
+  metrics::GaugeFamily* streams = nullptr;
+  metrics::GaugeFamily* blocks = nullptr;
+  metrics::GaugeFamily* sessions = nullptr;
+  metrics::GaugeFamily* queued = nullptr;
+  metrics::GaugeFamily* draining = nullptr;
+  std::vector<double> counts;
+  for (double c = 1; c <= 65536; c *= 2) counts.push_back(c);
+  for (absl::Status status : {
+           Assign(registry.AddCounter("mla_requests_total", "Requests answered, by method and code.",
+                                      {"method", "code"}),
+                  &m->requests_),
+           Assign(registry.AddHistogram("mla_attend_stage_seconds",
+                                        "Attend message latency by server stage.", {"stage"},
+                                        metrics::OneTwoFiveBuckets(-6, 1)),
+                  &stages),
+           Assign(registry.AddCounter("mla_attend_tokens_total", "Query tokens attended."),
+                  &tokens),
+           Assign(registry.AddGauge("mla_attend_streams", "Attend streams open."), &streams),
+           Assign(registry.AddHistogram("mla_batch_tokens", "Tokens per engine batch.", {},
+                                        counts),
+                  &batch_tokens),
+           Assign(registry.AddHistogram("mla_batch_messages", "Attend messages per engine batch.",
+                                        {}, counts),
+                  &batch_messages),
+           Assign(registry.AddGauge("mla_kv_blocks", "KV cache blocks (64 tokens each).",
+                                    {"state"}),
+                  &blocks),
+           Assign(registry.AddGauge("mla_sessions", "Sessions held."), &sessions),
+           Assign(registry.AddGauge("mla_queue_messages",
+                                    "Attend messages waiting for the engine."),
+                  &queued),
+           Assign(registry.AddGauge("mla_draining", "1 once the server has begun to drain."),
+                  &draining),
+       }) {
+    if (!status.ok()) return status;
+  }
+  auto child = [](auto* family, std::vector<std::string> labels, auto** target) {
+    auto found = family->WithLabels(labels);
+    if (found.ok()) *target = *found;
+    return found.status();
+  };
+  for (absl::Status status : {
+           child(stages, {"queue"}, &m->queue_seconds_),
+           child(stages, {"prologue"}, &m->prologue_seconds_),
+           child(stages, {"decode"}, &m->decode_seconds_),
+           child(stages, {"total"}, &m->total_seconds_),
+           child(tokens, {}, &m->tokens_),
+           child(streams, {}, &m->streams_),
+           child(batch_tokens, {}, &m->batch_tokens_),
+           child(batch_messages, {}, &m->batch_messages_),
+           child(blocks, {"used"}, &m->blocks_used_),
+           child(blocks, {"free"}, &m->blocks_free_),
+           child(sessions, {}, &m->sessions_),
+           child(queued, {}, &m->queued_),
+           child(draining, {}, &m->draining_),
+       }) {
+    if (!status.ok()) return status;
+  }
+  return m;
+}
+
+void ServerMetrics::RecordRequest(absl::string_view method, absl::StatusCode code) {
+  absl::StatusOr<metrics::Counter*> counter =
+      requests_->WithLabels({std::string(method), absl::StatusCodeToString(code)});
+  if (counter.ok()) (*counter)->Increment();
+}
+
+void ServerMetrics::RecordAttend(const AttendResult& result) {
+  RecordRequest("Attend", result.status.code());
+  queue_seconds_->Observe(result.timing.queue_us * 1e-6);
+  total_seconds_->Observe(result.timing.total_us * 1e-6);
+  if (!result.status.ok()) return;
+  prologue_seconds_->Observe(result.timing.prologue_us * 1e-6);
+  decode_seconds_->Observe(result.timing.decode_us * 1e-6);
+  tokens_->Increment(static_cast<uint64_t>(result.num_tokens));
+}
+
+void ServerMetrics::RecordBatch(const BatchStats& stats) {
+  batch_tokens_->Observe(static_cast<double>(stats.tokens));
+  batch_messages_->Observe(stats.messages);
+}
+
+void ServerMetrics::SetEngineState(int64_t blocks_used, int64_t blocks_free, int64_t sessions) {
+  blocks_used_->Set(static_cast<double>(blocks_used));
+  blocks_free_->Set(static_cast<double>(blocks_free));
+  sessions_->Set(static_cast<double>(sessions));
+}
+
+void ServerMetrics::SetQueued(int messages) { queued_->Set(messages); }
+void ServerMetrics::StreamOpened() { streams_->Add(1); }
+void ServerMetrics::StreamClosed() { streams_->Add(-1); }
+void ServerMetrics::SetDraining() { draining_->Set(1); }
+
+}  // namespace mla

@@ -1,0 +1,65 @@
+// The server's metrics: every family it exports on /metrics, registered once,
+// with the children of the hot path looked up once.
+//
+// Families (all prefixed mla_):
+//   requests_total{method,code}          requests answered, by gRPC method and status code
+//   attend_stage_seconds{stage}          Attend latency by stage: queue, prologue, decode, total
+//   attend_tokens_total                  query tokens attended
+//   attend_streams                       Attend streams open
+//   batch_tokens, batch_messages         tokens and messages per engine batch (histograms)
+//   kv_blocks{state}                     KV cache blocks used and free
+//   sessions                             sessions held
+//   queue_messages                       Attend messages waiting for the engine
+//   draining                             1 once a drain has begun
+// Thread-safe; updates are lock-free after the first use of a label value.
+#ifndef MLA_OFFLOAD_SERVER_SERVER_METRICS_H_
+#define MLA_OFFLOAD_SERVER_SERVER_METRICS_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "server/metrics/registry.h"
+#include "server/requests.h"
+#include "server/scheduler.h"
+
+namespace mla {
+
+class ServerMetrics {
+ public:
+  static absl::StatusOr<std::unique_ptr<ServerMetrics>> Create(metrics::Registry& registry);
+
+  void RecordRequest(absl::string_view method, absl::StatusCode code);
+  void RecordAttend(const AttendResult& result);
+  void RecordBatch(const BatchStats& stats);
+  // Engine state, published by the engine thread after each change.
+  void SetEngineState(int64_t blocks_used, int64_t blocks_free, int64_t sessions);
+  void SetQueued(int messages);
+  void StreamOpened();
+  void StreamClosed();
+  void SetDraining();
+
+ private:
+  ServerMetrics() = default;
+
+  metrics::CounterFamily* requests_ = nullptr;
+  metrics::Histogram* queue_seconds_ = nullptr;
+  metrics::Histogram* prologue_seconds_ = nullptr;
+  metrics::Histogram* decode_seconds_ = nullptr;
+  metrics::Histogram* total_seconds_ = nullptr;
+  metrics::Counter* tokens_ = nullptr;
+  metrics::Gauge* streams_ = nullptr;
+  metrics::Histogram* batch_tokens_ = nullptr;
+  metrics::Histogram* batch_messages_ = nullptr;
+  metrics::Gauge* blocks_used_ = nullptr;
+  metrics::Gauge* blocks_free_ = nullptr;
+  metrics::Gauge* sessions_ = nullptr;
+  metrics::Gauge* queued_ = nullptr;
+  metrics::Gauge* draining_ = nullptr;
+};
+
+}  // namespace mla
+
+#endif  // MLA_OFFLOAD_SERVER_SERVER_METRICS_H_
