@@ -398,7 +398,7 @@ absl::StatusOr<AppendResult> Engine::AppendKV(const AppendInput& input, absl::Ti
 }
 
 absl::StatusOr<Engine::Plan> Engine::PlanAttend(const AttendInput& input,
-                                                absl::flat_hash_map<std::string, int>& touched) {
+                                                absl::flat_hash_set<std::string>& touched) {
   Plan plan;
   plan.input = &input;
   if (input.segments.empty()) {
@@ -426,6 +426,11 @@ absl::StatusOr<Engine::Plan> Engine::PlanAttend(const AttendInput& input,
       return absl::InvalidArgumentError(absl::StrCat(
           "segments[", s, "]: every session of a message must have the same model and head "
           "count; send sessions of other models or head counts in their own messages"));
+    }
+    if (segment.first_compressed_row < 0 || segment.num_compressed_rows < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "segments[", s, "].first_compressed_row/num_compressed_rows: must not be negative (got ",
+          segment.first_compressed_row, ", ", segment.num_compressed_rows, ")"));
     }
     if (segment.num_tokens < 1 || segment.num_tokens > kMaxSegmentTokens) {
       return absl::InvalidArgumentError(absl::StrCat("segments[", s, "].num_tokens: ",
@@ -477,13 +482,12 @@ absl::StatusOr<Engine::Plan> Engine::PlanAttend(const AttendInput& input,
     auto touch = touched.find(TouchKey(segment.session_id, input.layer));
     bool insert;
     if (touch != touched.end()) {
-      // An earlier message of this wave writes this session layer: only an
-      // exact repeat (another tensor-parallel rank) may run beside it.
-      if (touch->second != end || segment.position != state.next_position) {
-        plan.defer = true;
-        return plan;
-      }
-      insert = false;
+      // An earlier message of this wave writes rows of this session layer.
+      // Launch groups run in no particular order, so anything that would
+      // read those rows (the next step, or another rank repeating this one)
+      // waits for the next wave.
+      plan.defer = true;
+      return plan;
     } else if (segment.position == state.next_position) {
       insert = true;
     } else if (end == state.next_position) {
@@ -535,6 +539,11 @@ absl::StatusOr<Engine::Plan> Engine::PlanAttend(const AttendInput& input,
         !status.ok()) {
       return status;
     }
+  }
+  if (!input.topk.present && profile.layer_kind(input.layer) == LayerKind::kC4A) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "topk: layer ", input.layer, " is C4A; its queries attend the indexer's top-k "
+        "compressed rows, so the message must carry them ([T, K] int32, -1 pads)"));
   }
   if (input.topk.present) {
     if (profile.layer_kind(input.layer) != LayerKind::kC4A) {
@@ -592,8 +601,8 @@ absl::StatusOr<Engine::Plan> Engine::PlanAttend(const AttendInput& input,
       }
     }
   }
-  for (const SegmentInput& segment : input.segments) {
-    touched[TouchKey(segment.session_id, input.layer)] = segment.position + segment.num_tokens;
+  for (size_t s = 0; s < input.segments.size(); ++s) {
+    if (plan.inserts[s]) touched.insert(TouchKey(input.segments[s].session_id, input.layer));
   }
   return plan;
 }
@@ -608,7 +617,7 @@ std::vector<AttendResult> Engine::Attend(const std::vector<const AttendInput*>& 
     results[i].timing.queue_us = absl::ToDoubleMicroseconds(now - batch[i]->arrival);
   }
   while (!pending.empty()) {
-    absl::flat_hash_map<std::string, int> touched;
+    absl::flat_hash_set<std::string> touched;
     std::vector<Plan> plans;
     plans.reserve(pending.size());
     std::vector<int> deferred;
@@ -623,11 +632,13 @@ std::vector<AttendResult> Engine::Attend(const std::vector<const AttendInput*>& 
         plans.push_back(*std::move(plan));
       }
     }
-    std::map<std::tuple<int, int, int, bool>, LaunchGroup> groups;
+    // One launch per model, head counts, RoPE kind and output flags (eps and
+    // softmax scale come from the model).
+    std::map<std::tuple<std::string, int, int, int, bool>, LaunchGroup> groups;
     for (Plan& plan : plans) {
       const RopeKind rope = plan.profile->rope_kind(plan.input->layer);
-      LaunchGroup& group = groups[{plan.padded_heads, plan.num_heads, static_cast<int>(rope),
-                                   plan.input->derotate_output}];
+      LaunchGroup& group = groups[{plan.profile->name, plan.padded_heads, plan.num_heads,
+                                   static_cast<int>(rope), plan.input->derotate_output}];
       group.num_heads = plan.num_heads;
       group.padded_heads = plan.padded_heads;
       group.rope = rope;
@@ -827,7 +838,7 @@ void Engine::RunGroup(LaunchGroup& group, std::vector<AttendResult>& results) {
       decode.padded_heads = padded;
       decode.q = reinterpret_cast<const uint16_t*>(*q_out);
       decode.softmax_scale = group.plans.front()->profile->softmax_scale;
-      decode.sinks = sinks_d;
+      decode.sinks = any_sinks ? sinks_d : nullptr;
       decode.sinks_per_token = any_sinks;
       decode.main = {kSwaWindow, main_indices_d, main_lengths_d, pool_.view()};
       decode.extra = {extra_width, extra_indices_d, extra_lengths_d, pool_.view()};

@@ -7,10 +7,11 @@
 // group of messages sharing head counts, RoPE kind and output flags). Every
 // message is validated against the sessions before anything changes; a bad
 // message fails alone with a status naming its field and leaves every session
-// and the pool exactly as they were. Messages that touch the same session and
-// layer as an earlier one of the batch (the next position of the same
-// sequence) run in a later wave of the same call, so results never depend on
-// how requests were batched.
+// and the pool exactly as they were. Messages that touch a session layer whose
+// rows an earlier message of the batch writes (the next position of the same
+// sequence, or other tensor-parallel ranks repeating the step) run in a later
+// wave of the same call, so results never depend on how requests were
+// batched; the ranks that repeat a step share one wave.
 //
 // Not thread-safe: one thread (the scheduler's) makes every call.
 #ifndef MLA_OFFLOAD_SERVER_ENGINE_H_
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "kernels/backend.h"
@@ -115,7 +117,7 @@ class Engine {
   absl::Status UploadRopeTables();
   absl::StatusOr<Session*> FindSession(const std::string& id);
   absl::StatusOr<Plan> PlanAttend(const AttendInput& input,
-                                  absl::flat_hash_map<std::string, int>& touched);
+                                  absl::flat_hash_set<std::string>& touched);
   void RunGroup(LaunchGroup& group, std::vector<AttendResult>& results);
   RopeTableView rope_view(RopeKind kind) const;
 
