@@ -1,0 +1,201 @@
+#include "kernels/cuda/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/kernels.h"
+
+namespace mla {
+namespace {
+
+absl::Status CudaError(cudaError_t error, absl::string_view what) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("CUDA error in ", what, ": ", cudaGetErrorName(error),
+                                          " (", cudaGetErrorString(error), ")"));
+}
+
+cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); }
+
+}  // namespace
+
+CudaBackend::CudaBackend(int device) : device_(device) {
+  int count = 0;
+  cudaError_t error = cudaGetDeviceCount(&count);
+  if (error != cudaSuccess) {
+    init_status_ = absl::FailedPreconditionError(
+        absl::StrCat("no usable CUDA device: ", cudaGetErrorString(error)));
+    return;
+  }
+  if (device < 0 || device >= count) {
+    init_status_ = absl::InvalidArgumentError(
+        absl::StrCat("CUDA device ", device, " does not exist (", count, " found)"));
+    return;
+  }
+  cudaDeviceProp prop;
+  init_status_ = CudaError(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+  if (!init_status_.ok()) return;
+  if (prop.major != 9) {
+    init_status_ = absl::FailedPreconditionError(absl::StrCat(
+        "CUDA device ", device, " (", prop.name, ") is sm_", prop.major, prop.minor,
+        "; this build has kernels for sm_90a (Hopper) only"));
+    return;
+  }
+  num_sms_ = prop.multiProcessorCount;
+  name_ = prop.name;
+  init_status_ = CudaError(cudaSetDevice(device), "cudaSetDevice");
+  if (!init_status_.ok()) return;
+  cudaStream_t stream = nullptr;
+  init_status_ = CudaError(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                           "cudaStreamCreate");
+  if (!init_status_.ok()) return;
+  stream_ = stream;
+  bool fp8_ok = false;
+  init_status_ = CudaError(cuda::CheckFp8NegativeZero(stream, &fp8_ok), "fp8 self-check kernel");
+  if (init_status_.ok() && !fp8_ok) {
+    init_status_ = absl::InternalError(
+        "the GPU's e4m3 conversion does not give 0x80 for a negative value rounding to zero");
+  }
+}
+
+CudaBackend::~CudaBackend() {
+  if (stream_ != nullptr) {
+    cudaSetDevice(device_);
+    cudaStreamSynchronize(AsStream(stream_));
+    cudaStreamDestroy(AsStream(stream_));
+  }
+  if (scratch_ != nullptr) cudaFree(scratch_);
+}
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device) {
+  auto backend = std::make_unique<CudaBackend>(device);
+  if (!backend->init_status().ok()) return backend->init_status();
+  return backend;
+}
+
+int CudaBackend::DeviceCount() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) return 0;
+  return count;
+}
+
+std::string CudaBackend::Describe() const {
+  if (!init_status_.ok()) return absl::StrCat("cuda (device ", device_, ": unusable)");
+  return absl::StrCat("cuda (device ", device_, ": ", name_, ", ", num_sms_, " SMs)");
+}
+
+absl::Status CudaBackend::Activate() {
+  if (!init_status_.ok()) return init_status_;
+  return CudaError(cudaSetDevice(device_), "cudaSetDevice");
+}
+
+absl::Status CudaBackend::Launched(const char* kernel, int error) {
+  absl::StrAppend(&in_flight_, in_flight_.empty() ? "" : ", ", kernel);
+  const absl::Status status =
+      CudaError(static_cast<cudaError_t>(error), absl::StrCat("launching ", kernel));
+  if (!status.ok() && deferred_.ok()) deferred_ = status;
+  return status;
+}
+
+absl::StatusOr<DeviceBuffer> CudaBackend::Allocate(int64_t bytes) {
+  if (bytes < 0) return absl::InvalidArgumentError("cannot allocate a negative size");
+  if (absl::Status status = Activate(); !status.ok()) return status;
+  void* data = nullptr;
+  const cudaError_t error = cudaMalloc(&data, std::max<int64_t>(bytes, 1));
+  if (error != cudaSuccess) {
+    return absl::ResourceExhaustedError(absl::StrCat("cudaMalloc of ", bytes, " bytes on device ",
+                                                     device_, ": ", cudaGetErrorString(error)));
+  }
+  // Ordered before every later use of the buffer on the stream.
+  if (absl::Status status = CudaError(cudaMemsetAsync(data, 0, std::max<int64_t>(bytes, 1),
+                                                      AsStream(stream_)),
+                                      "cudaMemset");
+      !status.ok()) {
+    cudaFree(data);
+    return status;
+  }
+  if (absl::Status status =
+          CudaError(cudaStreamSynchronize(AsStream(stream_)), "cudaMemset (synchronize)");
+      !status.ok()) {
+    cudaFree(data);
+    return status;
+  }
+  const int device = device_;
+  return DeviceBuffer(data, bytes, [device](void* ptr) {
+    cudaSetDevice(device);
+    cudaFree(ptr);
+  });
+}
+
+absl::Status CudaBackend::CopyToDevice(void* device_dst, const void* host_src, int64_t bytes) {
+  if (bytes <= 0) return absl::OkStatus();
+  if (absl::Status status = Activate(); !status.ok()) return status;
+  if (absl::Status status = CudaError(cudaMemcpyAsync(device_dst, host_src, bytes,
+                                                      cudaMemcpyHostToDevice, AsStream(stream_)),
+                                      "cudaMemcpy to device");
+      !status.ok()) {
+    return status;
+  }
+  return CudaError(cudaStreamSynchronize(AsStream(stream_)), "cudaMemcpy to device");
+}
+
+absl::Status CudaBackend::CopyToHost(void* host_dst, const void* device_src, int64_t bytes) {
+  if (bytes <= 0) return absl::OkStatus();
+  if (absl::Status status = Activate(); !status.ok()) return status;
+  if (absl::Status status = CudaError(cudaMemcpyAsync(host_dst, device_src, bytes,
+                                                      cudaMemcpyDeviceToHost, AsStream(stream_)),
+                                      "cudaMemcpy to host");
+      !status.ok()) {
+    return status;
+  }
+  return CudaError(cudaStreamSynchronize(AsStream(stream_)),
+                   in_flight_.empty() ? std::string("cudaMemcpy to host")
+                                      : absl::StrCat("cudaMemcpy to host after ", in_flight_));
+}
+
+absl::Status CudaBackend::Prologue(const PrologueParams& params) {
+  if (absl::Status status = CheckPrologueParams(params); !status.ok()) return status;
+  if (absl::Status status = Activate(); !status.ok()) return status;
+  return Launched("prologue kernel", cuda::LaunchPrologue(params, AsStream(stream_)));
+}
+
+absl::Status CudaBackend::Decode(const DecodeParams& params) {
+  if (absl::Status status = CheckDecodeParams(params); !status.ok()) return status;
+  if (absl::Status status = Activate(); !status.ok()) return status;
+  const size_t scratch = cuda::DecodeScratchBytes(params, num_sms_);
+  if (scratch > scratch_bytes_) {
+    // Earlier decodes may still read the old scratch: wait for them.
+    if (absl::Status status = CudaError(cudaStreamSynchronize(AsStream(stream_)),
+                                        absl::StrCat("synchronize before growing scratch after ",
+                                                     in_flight_));
+        !status.ok()) {
+      return status;
+    }
+    if (scratch_ != nullptr) cudaFree(scratch_);
+    scratch_ = nullptr;
+    scratch_bytes_ = 0;
+    if (absl::Status status = CudaError(cudaMalloc(&scratch_, scratch), "decode scratch cudaMalloc");
+        !status.ok()) {
+      scratch_ = nullptr;
+      return status;
+    }
+    scratch_bytes_ = scratch;
+  }
+  return Launched("decode kernel", cuda::LaunchDecode(params, num_sms_, scratch_,
+                                                      AsStream(stream_)));
+}
+
+absl::Status CudaBackend::Synchronize() {
+  if (absl::Status status = Activate(); !status.ok()) return status;
+  absl::Status status = CudaError(
+      cudaStreamSynchronize(AsStream(stream_)),
+      in_flight_.empty() ? std::string("synchronize") : absl::StrCat("synchronize after ", in_flight_));
+  if (status.ok()) status = CudaError(cudaGetLastError(), "synchronize");
+  if (status.ok() && !deferred_.ok()) status = deferred_;
+  in_flight_.clear();
+  deferred_ = absl::OkStatus();
+  return status;
+}
+
+}  // namespace mla

@@ -1,0 +1,69 @@
+// The CUDA backend: spec sections 4 and 5 on one NVIDIA GPU (built for
+// Hopper, sm_90a).
+//
+// Memory is device memory of the backend's GPU (cudaMalloc, zero-filled).
+// Prologue() and Decode() check the structure of their parameters
+// (CheckPrologueParams / CheckDecodeParams), then enqueue their kernels on the
+// backend's stream and return; values inside index, slot and position arrays
+// are the caller's contract and are not read on the host. Synchronize() waits
+// for the stream and reports the first CUDA error, naming the kernels that
+// were in flight. Copies are synchronous with respect to the stream.
+#ifndef MLA_OFFLOAD_KERNELS_CUDA_CUDA_BACKEND_H_
+#define MLA_OFFLOAD_KERNELS_CUDA_CUDA_BACKEND_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+
+namespace mla {
+
+class CudaBackend : public ComputeBackend {
+ public:
+  // Uses GPU `device`. A failure (no such device, no driver) is kept and
+  // returned by every call; Create() reports it at once.
+  explicit CudaBackend(int device);
+  ~CudaBackend() override;
+
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(int device);
+
+  // OK when the device could be set up.
+  const absl::Status& init_status() const { return init_status_; }
+
+  std::string Describe() const override;
+  bool host_accessible() const override { return false; }
+  absl::StatusOr<DeviceBuffer> Allocate(int64_t bytes) override;
+  absl::Status CopyToDevice(void* device_dst, const void* host_src, int64_t bytes) override;
+  absl::Status CopyToHost(void* host_dst, const void* device_src, int64_t bytes) override;
+  absl::Status Prologue(const PrologueParams& params) override;
+  absl::Status Decode(const DecodeParams& params) override;
+  absl::Status Synchronize() override;
+
+  // The backend's stream (a cudaStream_t), for timing and interop: work
+  // enqueued on it is ordered with the backend's kernels.
+  void* native_stream() const { return stream_; }
+
+  // The number of GPUs the driver reports (0 when there is none or no driver).
+  static int DeviceCount();
+
+ private:
+  absl::Status Activate();
+  absl::Status Launched(const char* kernel, int error);
+
+  int device_;
+  absl::Status init_status_;
+  void* stream_ = nullptr;  // cudaStream_t
+  int num_sms_ = 0;
+  std::string name_;
+  // Kernels enqueued since the last Synchronize, for error messages.
+  std::string in_flight_;
+  // The first error seen by an asynchronous call, returned by Synchronize.
+  absl::Status deferred_;
+  void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
+};
+
+}  // namespace mla
+
+#endif  // MLA_OFFLOAD_KERNELS_CUDA_CUDA_BACKEND_H_

@@ -1,0 +1,810 @@
+// Sparse MLA decode with attention sink (spec section 5).
+//
+// Two implementations of the same algorithm: DecodeMmaKernel (tensor cores,
+// mma.sync bf16 -> fp32; the default, described further down) and
+// DecodeKernel (CUDA cores, fp32 throughout; selected with the environment
+// variable MLA_CUDA_DECODE=simt, kept as a cross-check). The CUDA-core one:
+//
+// One CTA of 256 threads handles one token, a group of HG heads (HG = 16, or
+// 8 when Hp = 8) and a range of its key entries (all of them, or one split of
+// them when there are too few tokens to fill the GPU; a combine kernel then
+// merges the splits). Keys are processed in chunks of KC = 512 / HG entries:
+//   1. dequantise the chunk's FP8 rows into shared memory as bf16 (exact: an
+//      e4m3 value times a power of two has 4 significant bits), each row read
+//      from global memory once for all HG heads; -1 entries and entries past
+//      the token's lengths become zero rows with -inf scores;
+//   2. scores S[h][c] = scale * <q_h, K_c> in fp32 (each thread a 4x4 tile of
+//      heads x keys over one eighth of the dims, reduced with shuffles);
+//   3. online softmax per head: running max m, running denominator l summed
+//      from unrounded fp32 probabilities;
+//   4. o[h] = o[h] * alpha + P[h] . V (each thread two dims of every head).
+// Main (SWA) and extra (compressed) entries form one list: entry e < main_len
+// is main entry e, the rest are extra entries; duplicates count twice.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/cuda/kernels.h"
+#include "kernels/geometry.h"
+
+namespace mla {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 256;
+// Row stride of the key chunk in 32-bit words (256 words of data + 2): makes
+// the score loop's loads from four key rows hit distinct banks.
+constexpr int kKeyStride = 258;
+constexpr int kChunksPerRow = 36;  // 28 x 16 e4m3 bytes + 8 x 16 bytes of bf16
+constexpr int kMaxSplits = 32;
+
+template <int HG>
+struct Layout {
+  static constexpr int KC = 512 / HG;
+  static constexpr int kKeyWords = KC * kKeyStride;
+  static constexpr int kQFloats = HG * kHeadDim;
+  static constexpr size_t kBytes =
+      sizeof(uint32_t) * kKeyWords + sizeof(float) * (kQFloats + 2 * HG * KC + 3 * HG) +
+      sizeof(int) * KC;
+};
+
+__device__ __forceinline__ float LowBf16(uint32_t word) { return __uint_as_float(word << 16); }
+__device__ __forceinline__ float HighBf16(uint32_t word) {
+  return __uint_as_float(word & 0xffff0000u);
+}
+
+// Round to nearest even, as kernels/bf16.h; NaN stays a quiet NaN.
+__device__ __forceinline__ uint32_t ToBf16Bits(float value) {
+  uint32_t bits = __float_as_uint(value);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return (bits >> 16) | 0x40u;
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return bits >> 16;
+}
+
+// The bf16 bits of a value that is exactly representable in bf16.
+__device__ __forceinline__ uint32_t ExactBf16Bits(float value) { return __float_as_uint(value) >> 16; }
+
+// e4m3 code -> float (exact): the code's bits placed in a float, times 2^120.
+__device__ __forceinline__ float E4m3(uint32_t code) {
+  const uint32_t bits = (code & 0x80u) << 24 | (code & 0x7fu) << 20;
+  return __uint_as_float(bits) * 0x1p120f;
+}
+
+__device__ __forceinline__ float ScaleOfByte(uint32_t byte) {
+  return byte != 0 ? __uint_as_float(byte << 23) : 0x1p-127f;
+}
+
+struct Entry {
+  const uint8_t* data;    // null: skipped entry
+  const uint8_t* scales;
+};
+
+__device__ __forceinline__ Entry LookUp(const DecodeParams& p, int64_t t, int e, int main_len) {
+  int32_t slot;
+  const uint8_t* base;
+  if (e < main_len) {
+    slot = __ldg(p.main.indices + t * p.main.width + e);
+    base = p.main.pool.base;
+  } else {
+    slot = __ldg(p.extra.indices + t * p.extra.width + (e - main_len));
+    base = p.extra.pool.base;
+  }
+  if (slot == -1) return {nullptr, nullptr};
+  const int64_t block = slot / kBlockTokens;
+  const int64_t offset = slot % kBlockTokens;
+  const uint8_t* block_base = base + block * kBlockBytes;
+  return {block_base + offset * kTokenDataBytes,
+          block_base + int64_t{kBlockTokens} * kTokenDataBytes + offset * kTokenScaleBytes};
+}
+
+__device__ __forceinline__ int ListLength(const KeyListParams& list, int64_t t) {
+  if (list.width == 0) return 0;
+  return list.lengths == nullptr ? list.width : __ldg(list.lengths + t);
+}
+
+__device__ __forceinline__ float SinkOf(const DecodeParams& p, int64_t t, int h) {
+  if (p.sinks == nullptr) return -INFINITY;
+  return p.sinks_per_token ? __ldg(p.sinks + t * p.num_heads + h) : __ldg(p.sinks + h);
+}
+
+// Final scaling, sink, de-rotation and bf16 rounding of dims (2w, 2w+1) of
+// head h of token t, from the unnormalised o and the softmax state (m, l).
+__device__ __forceinline__ void Finish(const DecodeParams& p, int64_t t, int h, int w, float m,
+                                       float l, float o0, float o1) {
+  float lse = INFINITY;
+  if (l > 0.0f) {
+    lse = m + logf(l);
+    const float factor = 1.0f / (l * (1.0f + expf(SinkOf(p, t, h) - lse)));
+    o0 *= factor;
+    o1 *= factor;
+    if (p.derotate && w >= kNopeDim / 2) {
+      const int pair = w - kNopeDim / 2;
+      const float* cos_sin = p.rope.data + int64_t{__ldg(p.positions + t)} * kRopeDim;
+      const float c = __ldg(cos_sin + pair);
+      const float s = -__ldg(cos_sin + kRopePairs + pair);
+      const float a = o0;
+      const float b = o1;
+      o0 = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+      o1 = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+    }
+  } else {
+    o0 = 0.0f;
+    o1 = 0.0f;
+  }
+  uint32_t* out = reinterpret_cast<uint32_t*>(p.out + (t * p.num_heads + h) * kHeadDim);
+  out[w] = ToBf16Bits(o0) | (ToBf16Bits(o1) << 16);
+  if (w == 0 && p.lse != nullptr) p.lse[t * p.num_heads + h] = lse;
+}
+
+// Partial results of one split: o [splits][512] fp32 and (m, l) per
+// (token, padded head, split).
+struct Partials {
+  float* o;   // [N, Hp, splits, 512]
+  float* ml;  // [N, Hp, splits, 2]
+};
+
+template <int HG>
+__global__ void __launch_bounds__(kThreads, 2)
+    DecodeKernel(const DecodeParams p, int splits, int split_entries, Partials partials) {
+  using L = Layout<HG>;
+  constexpr int KC = L::KC;
+  extern __shared__ __align__(16) unsigned char smem[];
+  uint32_t* keys = reinterpret_cast<uint32_t*>(smem);
+  float* qs = reinterpret_cast<float*>(keys + L::kKeyWords);
+  float* scores = qs + L::kQFloats;   // [HG][KC]
+  float* probs = scores + HG * KC;    // [KC][HG]
+  float* run_max = probs + HG * KC;   // [HG]
+  float* run_sum = run_max + HG;      // [HG]
+  float* alphas = run_sum + HG;       // [HG]
+  int* valid = reinterpret_cast<int*>(alphas + HG);  // [KC]
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int64_t t = blockIdx.x;
+  const int h0 = blockIdx.y * HG;
+  const int split = blockIdx.z;
+
+  const int main_len = ListLength(p.main, t);
+  const int total = main_len + ListLength(p.extra, t);
+  const int begin = split * split_entries;
+  const int end = min(total, begin + split_entries);
+
+  for (int i = tid; i < HG * kHeadDim / 2; i += kThreads) {
+    const uint32_t word = __ldg(reinterpret_cast<const uint32_t*>(
+                                    p.q + (t * p.padded_heads + h0) * kHeadDim) + i);
+    qs[2 * i] = LowBf16(word);
+    qs[2 * i + 1] = HighBf16(word);
+  }
+  if (tid < HG) {
+    run_max[tid] = -INFINITY;
+    run_sum[tid] = 0.0f;
+  }
+  // The epilogue reads the state even when the loop below runs no chunk.
+  __syncthreads();
+
+  float o[HG][2];
+#pragma unroll
+  for (int h = 0; h < HG; ++h) o[h][0] = o[h][1] = 0.0f;
+
+  // Score tile of this thread: heads hg*4..+3, keys kg*4..+3, words s + 8i.
+  const int s = tid & 7;
+  const int tile = tid >> 3;
+  const int hg = tile / (KC / 4);
+  const int kg = tile % (KC / 4);
+
+  for (int c0 = begin; c0 < end; c0 += KC) {
+    // 1. Dequantise the chunk.
+    for (int i = tid; i < KC * kChunksPerRow; i += kThreads) {
+      const int r = i / kChunksPerRow;
+      const int ch = i % kChunksPerRow;
+      const int e = c0 + r;
+      Entry entry{nullptr, nullptr};
+      if (e < end) entry = LookUp(p, t, e, main_len);
+      if (ch == 0) valid[r] = entry.data != nullptr;
+      uint32_t* row = keys + r * kKeyStride;
+      if (ch < 28) {
+        uint2* dst = reinterpret_cast<uint2*>(row + ch * 8);
+        if (entry.data == nullptr) {
+#pragma unroll
+          for (int k = 0; k < 4; ++k) dst[k] = make_uint2(0, 0);
+          continue;
+        }
+        const uint4 raw = __ldg(reinterpret_cast<const uint4*>(entry.data) + ch);
+        const float scale = ScaleOfByte(__ldg(entry.scales + (ch >> 2)));
+        const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const uint32_t w = words[k];
+          const uint32_t lo = ExactBf16Bits(E4m3(w & 0xffu) * scale) |
+                              ExactBf16Bits(E4m3((w >> 8) & 0xffu) * scale) << 16;
+          const uint32_t hi = ExactBf16Bits(E4m3((w >> 16) & 0xffu) * scale) |
+                              ExactBf16Bits(E4m3(w >> 24) * scale) << 16;
+          dst[k] = make_uint2(lo, hi);
+        }
+      } else {
+        uint2* dst = reinterpret_cast<uint2*>(row + 224 + (ch - 28) * 4);
+        if (entry.data == nullptr) {
+          dst[0] = make_uint2(0, 0);
+          dst[1] = make_uint2(0, 0);
+          continue;
+        }
+        const uint4 raw = __ldg(reinterpret_cast<const uint4*>(entry.data + kNopeDim) + (ch - 28));
+        dst[0] = make_uint2(raw.x, raw.y);
+        dst[1] = make_uint2(raw.z, raw.w);
+      }
+    }
+    __syncthreads();
+
+    // 2. Scores.
+    {
+      float acc[4][4];
+#pragma unroll
+      for (int a = 0; a < 4; ++a)
+#pragma unroll
+        for (int b = 0; b < 4; ++b) acc[a][b] = 0.0f;
+      const uint32_t* krow = keys + (kg * 4) * kKeyStride;
+      const float* qrow = qs + (hg * 4) * kHeadDim;
+#pragma unroll 4
+      for (int i = 0; i < 32; ++i) {
+        const int w = s + 8 * i;
+        float kx[4], ky[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const uint32_t word = krow[j * kKeyStride + w];
+          kx[j] = LowBf16(word);
+          ky[j] = HighBf16(word);
+        }
+#pragma unroll
+        for (int a = 0; a < 4; ++a) {
+          const float2 qv = *reinterpret_cast<const float2*>(qrow + a * kHeadDim + 2 * w);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) acc[a][j] = fmaf(qv.x, kx[j], fmaf(qv.y, ky[j], acc[a][j]));
+        }
+      }
+#pragma unroll
+      for (int a = 0; a < 4; ++a)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          float v = acc[a][j];
+          v += __shfl_xor_sync(0xffffffffu, v, 1);
+          v += __shfl_xor_sync(0xffffffffu, v, 2);
+          v += __shfl_xor_sync(0xffffffffu, v, 4);
+          acc[a][j] = v;
+        }
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const int idx = 2 * s + k;  // of the 16 outputs of the tile
+        const int a = idx >> 2;
+        const int j = idx & 3;
+        float v = 0.0f;
+#pragma unroll
+        for (int aa = 0; aa < 4; ++aa)
+#pragma unroll
+          for (int jj = 0; jj < 4; ++jj)
+            if (aa == a && jj == j) v = acc[aa][jj];
+        const int c = kg * 4 + j;
+        scores[(hg * 4 + a) * KC + c] = valid[c] ? p.softmax_scale * v : -INFINITY;
+      }
+    }
+    __syncthreads();
+
+    // 3. Online softmax, one warp per head.
+    for (int h = warp; h < HG; h += kThreads / 32) {
+      float z[KC / 32];
+      float chunk_max = -INFINITY;
+#pragma unroll
+      for (int k = 0; k < KC / 32; ++k) {
+        z[k] = scores[h * KC + lane + 32 * k];
+        chunk_max = fmaxf(chunk_max, z[k]);
+      }
+#pragma unroll
+      for (int offset = 16; offset > 0; offset >>= 1) {
+        chunk_max = fmaxf(chunk_max, __shfl_xor_sync(0xffffffffu, chunk_max, offset));
+      }
+      const float old_max = run_max[h];
+      const float new_max = fmaxf(old_max, chunk_max);
+      float sum = 0.0f;
+#pragma unroll
+      for (int k = 0; k < KC / 32; ++k) {
+        const float prob = z[k] == -INFINITY ? 0.0f : expf(z[k] - new_max);
+        probs[(lane + 32 * k) * HG + h] = prob;
+        sum += prob;
+      }
+#pragma unroll
+      for (int offset = 16; offset > 0; offset >>= 1) {
+        sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+      }
+      __syncwarp();
+      if (lane == 0) {
+        const float alpha = new_max == -INFINITY ? 1.0f : expf(old_max - new_max);
+        alphas[h] = alpha;
+        run_sum[h] = run_sum[h] * alpha + sum;
+        run_max[h] = new_max;
+      }
+    }
+    __syncthreads();
+
+    // 4. o = o * alpha + P . V, dims (2 tid, 2 tid + 1) of every head.
+#pragma unroll
+    for (int h = 0; h < HG; ++h) {
+      const float alpha = alphas[h];
+      o[h][0] *= alpha;
+      o[h][1] *= alpha;
+    }
+#pragma unroll 2
+    for (int c = 0; c < KC; ++c) {
+      const uint32_t word = keys[c * kKeyStride + tid];
+      const float vx = LowBf16(word);
+      const float vy = HighBf16(word);
+#pragma unroll
+      for (int hq = 0; hq < HG / 4; ++hq) {
+        const float4 pp = *reinterpret_cast<const float4*>(probs + c * HG + 4 * hq);
+        o[4 * hq + 0][0] = fmaf(pp.x, vx, o[4 * hq + 0][0]);
+        o[4 * hq + 0][1] = fmaf(pp.x, vy, o[4 * hq + 0][1]);
+        o[4 * hq + 1][0] = fmaf(pp.y, vx, o[4 * hq + 1][0]);
+        o[4 * hq + 1][1] = fmaf(pp.y, vy, o[4 * hq + 1][1]);
+        o[4 * hq + 2][0] = fmaf(pp.z, vx, o[4 * hq + 2][0]);
+        o[4 * hq + 2][1] = fmaf(pp.z, vy, o[4 * hq + 2][1]);
+        o[4 * hq + 3][0] = fmaf(pp.w, vx, o[4 * hq + 3][0]);
+        o[4 * hq + 3][1] = fmaf(pp.w, vy, o[4 * hq + 3][1]);
+      }
+    }
+    __syncthreads();
+  }
+
+  if (splits == 1) {
+#pragma unroll
+    for (int h = 0; h < HG; ++h) {
+      const int head = h0 + h;
+      if (head < p.num_heads) Finish(p, t, head, tid, run_max[h], run_sum[h], o[h][0], o[h][1]);
+    }
+  } else {
+#pragma unroll
+    for (int h = 0; h < HG; ++h) {
+      const int64_t item = (t * p.padded_heads + h0 + h) * splits + split;
+      reinterpret_cast<float2*>(partials.o + item * kHeadDim)[tid] = make_float2(o[h][0], o[h][1]);
+      if (tid == 0) {
+        partials.ml[2 * item] = run_max[h];
+        partials.ml[2 * item + 1] = run_sum[h];
+      }
+    }
+  }
+}
+
+// ---- Tensor-core version (mma.sync m16n8k16, bf16 in, fp32 accumulate).
+//
+// One CTA of 8 warps: one token, 16 heads (the M of the MMA; with Hp = 8 the
+// upper 8 rows are zero queries whose results are dropped), a range of key
+// entries in chunks of 64. Per chunk:
+//   1. dequantise 64 rows into shared memory as bf16 (as above);
+//   2. S = Q K^T: warp w computes the 16 x 8 tile of keys 8w..8w+7 over the
+//      512 dims (32 MMAs), writes scale * S (or -inf) to shared memory;
+//   3. online softmax per head in fp32 (denominator from unrounded
+//      probabilities); P rounded to bf16 for the product only;
+//   4. O += P V: warp w owns dims 64w..64w+63 (8 n-tiles), 4 k-steps of 16
+//      keys; V fragments come from the bf16 rows with ldmatrix.trans.
+constexpr int kMmaHeads = 16;
+constexpr int kMmaChunk = 64;
+constexpr int kRowHalves = 520;  // bf16 row stride: 1040 bytes, 16-byte aligned, conflict-free
+constexpr int kRowWords = kRowHalves / 2;
+constexpr int kProbHalves = 72;  // P row stride in bf16
+
+// MT M-tiles of 16 heads a CTA (MT = 2 for Hp >= 32: 512 threads, each
+// dequantised chunk serves 32 heads).
+template <int MT>
+struct MmaLayout {
+  static constexpr int kHeads = kMmaHeads * MT;
+  static constexpr int kThreadCount = kThreads * MT;
+  static constexpr size_t kKeys = sizeof(uint16_t) * kMmaChunk * kRowHalves;
+  static constexpr size_t kQ = sizeof(uint16_t) * kHeads * kRowHalves;
+  static constexpr size_t kScores = sizeof(float) * kHeads * kMmaChunk;
+  static constexpr size_t kProbs = sizeof(uint16_t) * kHeads * kProbHalves;
+  static constexpr size_t kState = sizeof(float) * 3 * kHeads;
+  static constexpr size_t kValid = sizeof(int) * kMmaChunk;
+  static constexpr size_t kBytes = kKeys + kQ + kScores + kProbs + kState + kValid;
+};
+
+__device__ __forceinline__ void Mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                    uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void LdMatrixX4Trans(const void* smem_ptr, uint32_t& r0, uint32_t& r1,
+                                                uint32_t& r2, uint32_t& r3) {
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(smem_ptr));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(address));
+}
+
+template <int MT>
+__global__ void __launch_bounds__(kThreads * MT, 2 / MT)
+    DecodeMmaKernel(const DecodeParams p, int splits, int split_entries, Partials partials) {
+  using L = MmaLayout<MT>;
+  constexpr int kHeadsHere = L::kHeads;
+  constexpr int kCtaThreads = L::kThreadCount;
+  extern __shared__ __align__(16) unsigned char smem[];
+  uint16_t* keys = reinterpret_cast<uint16_t*>(smem);
+  uint16_t* qs = reinterpret_cast<uint16_t*>(smem + L::kKeys);
+  float* scores = reinterpret_cast<float*>(smem + L::kKeys + L::kQ);
+  uint16_t* probs = reinterpret_cast<uint16_t*>(scores + kHeadsHere * kMmaChunk);
+  float* run_max = reinterpret_cast<float*>(probs + kHeadsHere * kProbHalves);
+  float* run_sum = run_max + kHeadsHere;
+  float* alphas = run_sum + kHeadsHere;
+  int* valid = reinterpret_cast<int*>(alphas + kHeadsHere);
+  uint32_t* key_words = reinterpret_cast<uint32_t*>(keys);
+  const uint32_t* q_words = reinterpret_cast<const uint32_t*>(qs);
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int mt = warp >> 3;     // the M-tile (16 heads) this warp multiplies
+  const int wl = warp & 7;      // the warp's place among the 8 of its M-tile
+  const int g = lane >> 2;   // MMA group id
+  const int tig = lane & 3;  // thread in group
+  const int64_t t = blockIdx.x;
+  const int h0 = blockIdx.y * kHeadsHere;
+  const int heads_here = min(kHeadsHere, p.padded_heads - h0);
+  const int split = blockIdx.z;
+
+  const int main_len = ListLength(p.main, t);
+  const int total = main_len + ListLength(p.extra, t);
+  const int begin = split * split_entries;
+  const int end = min(total, begin + split_entries);
+
+  for (int i = tid; i < kHeadsHere * kHeadDim / 2; i += kCtaThreads) {
+    const int h = i / (kHeadDim / 2);
+    const int w = i % (kHeadDim / 2);
+    uint32_t word = 0;
+    if (h < heads_here) {
+      word = __ldg(reinterpret_cast<const uint32_t*>(p.q + (t * p.padded_heads + h0 + h) * kHeadDim) +
+                   w);
+    }
+    reinterpret_cast<uint32_t*>(qs)[h * kRowWords + w] = word;
+  }
+  if (tid < kHeadsHere) {
+    run_max[tid] = -INFINITY;
+    run_sum[tid] = 0.0f;
+  }
+  __syncthreads();
+
+  float acc[8][4];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+
+  // The raw bytes of the next chunk are loaded into registers while the
+  // current one is computed (kPerThread 16-byte pieces a thread).
+  constexpr int kPieces = kMmaChunk * kChunksPerRow;  // 2304
+  constexpr int kPerThread = (kPieces + kCtaThreads - 1) / kCtaThreads;  // 9 or 5
+  uint4 raw[kPerThread];
+  uint32_t raw_scale[kPerThread];
+  uint32_t raw_valid = 0;
+  auto load_chunk = [&](int c0) {
+    raw_valid = 0;
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int i = tid + k * kCtaThreads;
+      const int r = i / kChunksPerRow;
+      const int ch = i % kChunksPerRow;
+      const int e = c0 + r;
+      raw[k] = make_uint4(0, 0, 0, 0);
+      raw_scale[k] = 0;
+      if (i < kPieces && e < end) {
+        const Entry entry = LookUp(p, t, e, main_len);
+        if (entry.data != nullptr) {
+          raw_valid |= 1u << k;
+          if (ch < 28) {
+            raw[k] = __ldg(reinterpret_cast<const uint4*>(entry.data) + ch);
+            raw_scale[k] = __ldg(entry.scales + (ch >> 2));
+          } else {
+            raw[k] = __ldg(reinterpret_cast<const uint4*>(entry.data + kNopeDim) + (ch - 28));
+          }
+        }
+      }
+    }
+  };
+  auto store_chunk = [&]() {
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int i = tid + k * kCtaThreads;
+      if (kPieces % kCtaThreads != 0 && i >= kPieces) break;
+      const int r = i / kChunksPerRow;
+      const int ch = i % kChunksPerRow;
+      const bool ok = (raw_valid >> k) & 1u;
+      if (ch == 0) valid[r] = ok;
+      uint32_t* row = key_words + r * kRowWords;
+      if (ch < 28) {
+        uint2* dst = reinterpret_cast<uint2*>(row + ch * 8);
+        const float scale = ScaleOfByte(raw_scale[k]);
+        const uint32_t words[4] = {raw[k].x, raw[k].y, raw[k].z, raw[k].w};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const uint32_t w = words[q];
+          // A skipped entry has zero bytes: +0 values (scale irrelevant).
+          const uint32_t lo = ExactBf16Bits(E4m3(w & 0xffu) * scale) |
+                              ExactBf16Bits(E4m3((w >> 8) & 0xffu) * scale) << 16;
+          const uint32_t hi = ExactBf16Bits(E4m3((w >> 16) & 0xffu) * scale) |
+                              ExactBf16Bits(E4m3(w >> 24) * scale) << 16;
+          dst[q] = make_uint2(lo, hi);
+        }
+      } else {
+        uint2* dst = reinterpret_cast<uint2*>(row + 224 + (ch - 28) * 4);
+        dst[0] = make_uint2(raw[k].x, raw[k].y);
+        dst[1] = make_uint2(raw[k].z, raw[k].w);
+      }
+    }
+  };
+
+  if (begin < end) load_chunk(begin);
+  for (int c0 = begin; c0 < end; c0 += kMmaChunk) {
+    // 1. Dequantise the chunk (bf16 rows, stride kRowWords words), then
+    //    start loading the next one.
+    store_chunk();
+    __syncthreads();
+    if (c0 + kMmaChunk < end) load_chunk(c0 + kMmaChunk);
+
+    // 2. S = Q K^T for keys 8w..8w+7.
+    {
+      float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      const uint32_t* krow = key_words + (wl * 8 + g) * kRowWords + tig;
+      const uint32_t* qrow0 = q_words + (mt * 16 + g) * kRowWords + tig;
+      const uint32_t* qrow1 = q_words + (mt * 16 + g + 8) * kRowWords + tig;
+#pragma unroll 8
+      for (int k = 0; k < kHeadDim / 2; k += 8) {  // k in words: 16 dims a step
+        Mma(s, qrow0[k], qrow1[k], qrow0[k + 4], qrow1[k + 4], krow[k], krow[k + 4]);
+      }
+      const int c = wl * 8 + 2 * tig;
+      const bool v0 = valid[c] != 0;
+      const bool v1 = valid[c + 1] != 0;
+      const int r0 = mt * 16 + g;
+      scores[r0 * kMmaChunk + c] = v0 ? p.softmax_scale * s[0] : -INFINITY;
+      scores[r0 * kMmaChunk + c + 1] = v1 ? p.softmax_scale * s[1] : -INFINITY;
+      scores[(r0 + 8) * kMmaChunk + c] = v0 ? p.softmax_scale * s[2] : -INFINITY;
+      scores[(r0 + 8) * kMmaChunk + c + 1] = v1 ? p.softmax_scale * s[3] : -INFINITY;
+    }
+    __syncthreads();
+
+    // 3. Online softmax: warp w handles heads 2w and 2w+1, a lane keys
+    //    lane and lane + 32.
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int h = 2 * warp + hh;
+      const float z0 = scores[h * kMmaChunk + lane];
+      const float z1 = scores[h * kMmaChunk + lane + 32];
+      float chunk_max = fmaxf(z0, z1);
+#pragma unroll
+      for (int offset = 16; offset > 0; offset >>= 1) {
+        chunk_max = fmaxf(chunk_max, __shfl_xor_sync(0xffffffffu, chunk_max, offset));
+      }
+      const float old_max = run_max[h];
+      const float new_max = fmaxf(old_max, chunk_max);
+      const float p0 = z0 == -INFINITY ? 0.0f : expf(z0 - new_max);
+      const float p1 = z1 == -INFINITY ? 0.0f : expf(z1 - new_max);
+      probs[h * kProbHalves + lane] = static_cast<uint16_t>(ToBf16Bits(p0));
+      probs[h * kProbHalves + lane + 32] = static_cast<uint16_t>(ToBf16Bits(p1));
+      float sum = p0 + p1;
+#pragma unroll
+      for (int offset = 16; offset > 0; offset >>= 1) {
+        sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+      }
+      __syncwarp();
+      if (lane == 0) {
+        const float alpha = new_max == -INFINITY ? 1.0f : expf(old_max - new_max);
+        alphas[h] = alpha;
+        run_sum[h] = run_sum[h] * alpha + sum;
+        run_max[h] = new_max;
+      }
+    }
+    __syncthreads();
+
+    // 4. O = O * alpha + P V for dims 64w..64w+63.
+    {
+      const float alpha0 = alphas[mt * 16 + g];
+      const float alpha1 = alphas[mt * 16 + g + 8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        acc[j][0] *= alpha0;
+        acc[j][1] *= alpha0;
+        acc[j][2] *= alpha1;
+        acc[j][3] *= alpha1;
+      }
+      const uint32_t* prob_words = reinterpret_cast<const uint32_t*>(probs);
+      const int mat = lane >> 3;
+      const int mrow = lane & 7;
+#pragma unroll
+      for (int ks = 0; ks < kMmaChunk / 16; ++ks) {
+        const int kw = ks * 8 + tig;  // word of P rows
+        const int pr = mt * 16 + g;
+        const uint32_t a0 = prob_words[pr * (kProbHalves / 2) + kw];
+        const uint32_t a1 = prob_words[(pr + 8) * (kProbHalves / 2) + kw];
+        const uint32_t a2 = prob_words[pr * (kProbHalves / 2) + kw + 4];
+        const uint32_t a3 = prob_words[(pr + 8) * (kProbHalves / 2) + kw + 4];
+        const int key = ks * 16 + mrow + 8 * (mat & 1);
+#pragma unroll
+        for (int j = 0; j < 8; j += 2) {
+          const int dim = wl * 64 + j * 8 + 8 * (mat >> 1);
+          uint32_t b0, b1, b2, b3;
+          LdMatrixX4Trans(keys + key * kRowHalves + dim, b0, b1, b2, b3);
+          Mma(acc[j], a0, a1, a2, a3, b0, b1);
+          Mma(acc[j + 1], a0, a1, a2, a3, b2, b3);
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+  // Thread holds heads mt*16 + g and + 8, dims wl*64 + 8j + 2tig (+1).
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int h = mt * 16 + g + 8 * half;
+    const float m = run_max[h];
+    const float l = run_sum[h];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int word = (wl * 64 + j * 8 + 2 * tig) / 2;
+      const float o0 = acc[j][2 * half];
+      const float o1 = acc[j][2 * half + 1];
+      if (splits == 1) {
+        if (h0 + h < p.num_heads) Finish(p, t, h0 + h, word, m, l, o0, o1);
+      } else if (h < heads_here) {
+        const int64_t item = (t * p.padded_heads + h0 + h) * splits + split;
+        reinterpret_cast<float2*>(partials.o + item * kHeadDim)[word] = make_float2(o0, o1);
+        if (word == 0) {
+          partials.ml[2 * item] = m;
+          partials.ml[2 * item + 1] = l;
+        }
+      }
+    }
+  }
+}
+
+// Merges the splits of one (token, head < H): one CTA, two dims a thread.
+__global__ void __launch_bounds__(kThreads)
+    CombineKernel(const DecodeParams p, int splits, Partials partials) {
+  const int64_t t = blockIdx.x / p.num_heads;
+  const int h = static_cast<int>(blockIdx.x % p.num_heads);
+  const int64_t first = (t * p.padded_heads + h) * splits;
+  float m = -INFINITY;
+  for (int s = 0; s < splits; ++s) m = fmaxf(m, partials.ml[2 * (first + s)]);
+  float l = 0.0f, o0 = 0.0f, o1 = 0.0f;
+  if (m != -INFINITY) {
+    for (int s = 0; s < splits; ++s) {
+      const float ms = partials.ml[2 * (first + s)];
+      if (ms == -INFINITY) continue;
+      const float w = expf(ms - m);
+      l += w * partials.ml[2 * (first + s) + 1];
+      const float2 os = reinterpret_cast<const float2*>(partials.o + (first + s) * kHeadDim)[threadIdx.x];
+      o0 += w * os.x;
+      o1 += w * os.y;
+    }
+  }
+  Finish(p, t, h, threadIdx.x, m, l, o0, o1);
+}
+
+struct Plan {
+  int hg;
+  int groups;
+  int splits;
+  int split_entries;
+};
+
+// The tensor-core kernel, unless MLA_CUDA_DECODE=simt asks for the CUDA-core
+// one (kept as a cross-check).
+bool UseMma() {
+  static const bool use = [] {
+    const char* env = std::getenv("MLA_CUDA_DECODE");
+    return env == nullptr || std::strcmp(env, "simt") != 0;
+  }();
+  return use;
+}
+
+Plan MakePlan(const DecodeParams& p, int num_sms) {
+  Plan plan;
+  plan.hg = UseMma() ? 16 : (p.padded_heads >= 16 ? 16 : 8);
+  if (UseMma()) {
+    plan.hg = p.padded_heads >= 32 ? 2 * kMmaHeads : kMmaHeads;
+    plan.groups = (p.padded_heads + plan.hg - 1) / plan.hg;
+    const int kc = kMmaChunk;
+    const int width = p.main.width + p.extra.width;
+    const int64_t ctas = p.num_tokens * plan.groups;
+    const int64_t wanted = 2 * int64_t{num_sms};
+    int splits = 1;
+    if (ctas > 0 && ctas < wanted && width > 2 * kc) {
+      splits = static_cast<int>((wanted + ctas - 1) / ctas);
+      splits = min(splits, (width + 2 * kc - 1) / (2 * kc));
+      splits = max(1, min(splits, kMaxSplits));
+    }
+    const int chunks = (width + kc - 1) / kc;
+    const int chunks_per_split = (chunks + splits - 1) / splits;
+    plan.split_entries = splits == 1 ? (width > 0 ? width : 1) : chunks_per_split * kc;
+    plan.splits = splits == 1 ? 1 : (width + plan.split_entries - 1) / plan.split_entries;
+    return plan;
+  }
+  plan.groups = p.padded_heads / plan.hg;
+  const int kc = 512 / plan.hg;
+  const int width = p.main.width + p.extra.width;
+  const int64_t ctas = p.num_tokens * plan.groups;
+  const int64_t wanted = 2 * int64_t{num_sms};
+  int splits = 1;
+  if (ctas > 0 && ctas < wanted && width > 2 * kc) {
+    splits = static_cast<int>((wanted + ctas - 1) / ctas);
+    splits = min(splits, (width + 2 * kc - 1) / (2 * kc));  // at least 2 chunks a split
+    splits = max(1, min(splits, kMaxSplits));
+  }
+  // Split boundaries on whole chunks.
+  const int chunks = (width + kc - 1) / kc;
+  const int chunks_per_split = (chunks + splits - 1) / splits;
+  plan.split_entries = splits == 1 ? (width > 0 ? width : 1) : chunks_per_split * kc;
+  plan.splits = splits == 1 ? 1 : (width + plan.split_entries - 1) / plan.split_entries;
+  return plan;
+}
+
+template <int HG>
+cudaError_t LaunchWith(const DecodeParams& p, const Plan& plan, Partials partials,
+                       cudaStream_t stream) {
+  const size_t bytes = Layout<HG>::kBytes;
+  cudaError_t error =
+      cudaFuncSetAttribute(DecodeKernel<HG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(bytes));
+  if (error != cudaSuccess) return error;
+  const dim3 grid(static_cast<unsigned>(p.num_tokens), plan.groups, plan.splits);
+  DecodeKernel<HG><<<grid, kThreads, bytes, stream>>>(p, plan.splits, plan.split_entries,
+                                                      partials);
+  return cudaGetLastError();
+}
+
+template <int MT>
+cudaError_t LaunchMma(const DecodeParams& p, const Plan& plan, Partials partials,
+                      cudaStream_t stream) {
+  const size_t bytes = MmaLayout<MT>::kBytes;
+  cudaError_t error = cudaFuncSetAttribute(
+      DecodeMmaKernel<MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (error != cudaSuccess) return error;
+  const dim3 grid(static_cast<unsigned>(p.num_tokens), plan.groups, plan.splits);
+  DecodeMmaKernel<MT><<<grid, kThreads * MT, bytes, stream>>>(p, plan.splits, plan.split_entries,
+                                                              partials);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+size_t DecodeScratchBytes(const DecodeParams& p, int num_sms) {
+  const Plan plan = MakePlan(p, num_sms);
+  if (plan.splits == 1) return 0;
+  const size_t items = static_cast<size_t>(p.num_tokens) * p.padded_heads * plan.splits;
+  return items * (kHeadDim + 2) * sizeof(float);
+}
+
+cudaError_t LaunchDecode(const DecodeParams& p, int num_sms, void* scratch, cudaStream_t stream) {
+  if (p.num_tokens == 0) return cudaSuccess;
+  const Plan plan = MakePlan(p, num_sms);
+  Partials partials{nullptr, nullptr};
+  if (plan.splits > 1) {
+    const size_t items = static_cast<size_t>(p.num_tokens) * p.padded_heads * plan.splits;
+    partials.o = static_cast<float*>(scratch);
+    partials.ml = partials.o + items * kHeadDim;
+  }
+  cudaError_t error;
+  if (UseMma()) {
+    error = plan.hg == 2 * kMmaHeads ? LaunchMma<2>(p, plan, partials, stream)
+                                     : LaunchMma<1>(p, plan, partials, stream);
+  } else {
+    error = plan.hg == 16 ? LaunchWith<16>(p, plan, partials, stream)
+                          : LaunchWith<8>(p, plan, partials, stream);
+  }
+  if (error != cudaSuccess || plan.splits == 1) return error;
+  CombineKernel<<<static_cast<unsigned>(p.num_tokens * p.num_heads), kThreads, 0, stream>>>(
+      p, plan.splits, partials);
+  return cudaGetLastError();
+}
+
+}  // namespace cuda
+}  // namespace mla

@@ -1,0 +1,31 @@
+// Host entry points of the CUDA kernels (prologue.cu, decode.cu). Each one
+// enqueues its kernel(s) on `stream` and returns the launch error, if any;
+// parameters were checked by the caller (CudaBackend) beforehand.
+#ifndef MLA_OFFLOAD_KERNELS_CUDA_KERNELS_H_
+#define MLA_OFFLOAD_KERNELS_CUDA_KERNELS_H_
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/backend.h"
+
+namespace mla {
+namespace cuda {
+
+// Spec section 4 in one launch: q rows (norm, RoPE, padding heads) and the
+// rows of both insert lists (RoPE, bf16, quantise, write).
+cudaError_t LaunchPrologue(const PrologueParams& params, cudaStream_t stream);
+
+// Spec section 5. `scratch` is device memory of at least DecodeScratchBytes()
+// for the split-key partial results (may be null when that is 0).
+size_t DecodeScratchBytes(const DecodeParams& params, int num_sms);
+cudaError_t LaunchDecode(const DecodeParams& params, int num_sms, void* scratch,
+                         cudaStream_t stream);
+
+// Runs a self-check of the fp8 conversion on the device (a negative value
+// rounding to zero must give 0x80); false when the hardware disagrees.
+cudaError_t CheckFp8NegativeZero(cudaStream_t stream, bool* ok);
+
+}  // namespace cuda
+}  // namespace mla
+
+#endif  // MLA_OFFLOAD_KERNELS_CUDA_KERNELS_H_

@@ -1,0 +1,206 @@
+// Fused prologue (spec section 4) in one launch.
+//
+// One warp handles one 512-wide row: a (token, head) query row, or a KV row
+// of the SWA or compressed insert list. Lane l holds dims 16l..16l+15, so
+// lanes 0..27 hold the seven 64-dim NoPE tiles (four lanes each) and lanes
+// 28..31 the 64 RoPE dims (8 GPT-J pairs each). The rotation uses explicitly
+// rounded multiplies and adds (no fused multiply-add), the same operations as
+// the CPU backend, so both produce the same bf16 RoPE values.
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/kernels.h"
+#include "kernels/geometry.h"
+
+namespace mla {
+namespace cuda {
+namespace {
+
+constexpr int kWarpsPerBlock = 8;
+
+__device__ __forceinline__ float Bf16Bits(uint32_t bits16) { return __uint_as_float(bits16 << 16); }
+
+// Round to nearest even, as kernels/bf16.h (inputs here are finite).
+__device__ __forceinline__ uint32_t ToBf16Bits(float value) {
+  return static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(value)));
+}
+
+__device__ __forceinline__ void LoadRow16(const uint16_t* row, int lane, float (&x)[16]) {
+  const uint4* src = reinterpret_cast<const uint4*>(row + lane * 16);
+  const uint4 a = src[0];
+  const uint4 b = src[1];
+  const uint32_t words[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    x[2 * i] = Bf16Bits(words[i] & 0xffffu);
+    x[2 * i + 1] = Bf16Bits(words[i] >> 16);
+  }
+}
+
+__device__ __forceinline__ void PackBf16(const float (&x)[16], uint4& a, uint4& b) {
+  uint32_t w[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) w[i] = ToBf16Bits(x[2 * i]) | (ToBf16Bits(x[2 * i + 1]) << 16);
+  a = make_uint4(w[0], w[1], w[2], w[3]);
+  b = make_uint4(w[4], w[5], w[6], w[7]);
+}
+
+// Rotates this lane's 8 pairs (lanes 28..31 only) by table row `cos_sin`.
+__device__ __forceinline__ void RopeLane(const float* cos_sin, int lane, float (&x)[16]) {
+  if (lane < 28) return;
+  const int pair0 = (lane - 28) * 8;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float a = x[2 * i];
+    const float b = x[2 * i + 1];
+    const float c = __ldg(cos_sin + pair0 + i);
+    const float s = __ldg(cos_sin + kRopePairs + pair0 + i);
+    x[2 * i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    x[2 * i + 1] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+  }
+}
+
+__device__ void QueryRow(const PrologueParams& p, int64_t t, int h, int lane) {
+  uint16_t* out = p.q_out + (t * p.padded_heads + h) * kHeadDim + lane * 16;
+  if (h >= p.num_heads) {
+    reinterpret_cast<uint4*>(out)[0] = make_uint4(0, 0, 0, 0);
+    reinterpret_cast<uint4*>(out)[1] = make_uint4(0, 0, 0, 0);
+    return;
+  }
+  float x[16];
+  LoadRow16(p.q + (t * p.num_heads + h) * kHeadDim, lane, x);
+  float squares = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) squares = __fmaf_rn(x[i], x[i], squares);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    squares += __shfl_xor_sync(0xffffffffu, squares, offset);
+  }
+  const float inv_rms = 1.0f / sqrtf(squares / kHeadDim + p.rms_norm_eps);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) x[i] *= inv_rms;
+  RopeLane(p.rope.data + int64_t{__ldg(p.positions + t)} * kRopeDim, lane, x);
+  uint4 a, b;
+  PackBf16(x, a, b);
+  reinterpret_cast<uint4*>(out)[0] = a;
+  reinterpret_cast<uint4*>(out)[1] = b;
+}
+
+__device__ void KvRow(const KvInsertParams& insert, const RopeTableView& rope, int64_t r,
+                      int lane) {
+  const int32_t slot = __ldg(insert.slots + r);
+  if (slot < 0) return;  // -1: nothing to write (the whole warp agrees)
+  float x[16];
+  LoadRow16(insert.rows + r * kHeadDim, lane, x);
+  RopeLane(rope.data + int64_t{__ldg(insert.positions + r)} * kRopeDim, lane, x);
+  // Round to bf16 and back (the model materialises K in bf16).
+#pragma unroll
+  for (int i = 0; i < 16; ++i) x[i] = Bf16Bits(ToBf16Bits(x[i]));
+
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(x[i]));
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+
+  uint8_t* base = insert.pool.base;
+  const int64_t block = slot / kBlockTokens;
+  const int64_t offset = slot % kBlockTokens;
+  uint8_t* data = base + block * kBlockBytes + offset * kTokenDataBytes;
+  uint8_t* scales = base + block * kBlockBytes + int64_t{kBlockTokens} * kTokenDataBytes +
+                    offset * kTokenScaleBytes;
+  if (lane < 28) {
+    // e: the smallest integer with 2^e >= max(amax, 1e-4) / 448, from the bits.
+    const float quotient = fmaxf(amax, 1e-4f) / 448.0f;
+    const uint32_t bits = __float_as_uint(quotient);
+    const int e = static_cast<int>((bits >> 23) & 0xffu) - 127 + ((bits & 0x7fffffu) != 0 ? 1 : 0);
+    const float inv_scale = __uint_as_float(static_cast<uint32_t>(127 - e) << 23);  // 2^-e, exact
+    uint32_t words[4];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      uint32_t word = 0;
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const float lo = fminf(fmaxf(x[4 * w + 2 * k] * inv_scale, -448.0f), 448.0f);
+        const float hi = fminf(fmaxf(x[4 * w + 2 * k + 1] * inv_scale, -448.0f), 448.0f);
+        const __nv_fp8x2_storage_t pair =
+            __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
+        word |= static_cast<uint32_t>(pair) << (16 * k);
+      }
+      words[w] = word;
+    }
+    reinterpret_cast<uint4*>(data)[lane] = make_uint4(words[0], words[1], words[2], words[3]);
+    if ((lane & 3) == 0) {
+      const int byte = min(max(e + 127, 0), 255);
+      scales[lane >> 2] = static_cast<uint8_t>(byte);
+    }
+  } else {
+    uint4 a, b;
+    PackBf16(x, a, b);
+    uint4* rope_out = reinterpret_cast<uint4*>(data + kNopeDim + (lane - 28) * 32);
+    rope_out[0] = a;
+    rope_out[1] = b;
+    if (lane == 28) scales[kNopeTiles] = 0;  // pad byte
+  }
+}
+
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    PrologueKernel(const PrologueParams p, int64_t query_rows) {
+  const int lane = threadIdx.x & 31;
+  const int64_t item = int64_t{blockIdx.x} * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (item < query_rows) {
+    QueryRow(p, item / p.padded_heads, static_cast<int>(item % p.padded_heads), lane);
+    return;
+  }
+  int64_t r = item - query_rows;
+  if (r < p.swa.num_rows) {
+    KvRow(p.swa, p.rope, r, lane);
+    return;
+  }
+  r -= p.swa.num_rows;
+  if (r < p.compressed.num_rows) KvRow(p.compressed, p.rope, r, lane);
+}
+
+__global__ void Fp8NegativeZeroKernel(uint32_t* out) {
+  const __nv_fp8x2_storage_t pair =
+      __nv_cvt_float2_to_fp8x2(make_float2(-1e-9f, -0.0009765625f), __NV_SATFINITE, __NV_E4M3);
+  const __nv_fp8x2_storage_t big =
+      __nv_cvt_float2_to_fp8x2(make_float2(448.0f, -448.0f), __NV_SATFINITE, __NV_E4M3);
+  *out = static_cast<uint32_t>(pair) | (static_cast<uint32_t>(big) << 16);
+}
+
+}  // namespace
+
+cudaError_t LaunchPrologue(const PrologueParams& params, cudaStream_t stream) {
+  const int64_t query_rows = params.num_tokens * params.padded_heads;
+  const int64_t items = query_rows + params.swa.num_rows + params.compressed.num_rows;
+  if (items == 0) return cudaSuccess;
+  const int64_t blocks = (items + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  PrologueKernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, stream>>>(params,
+                                                                                   query_rows);
+  return cudaGetLastError();
+}
+
+cudaError_t CheckFp8NegativeZero(cudaStream_t stream, bool* ok) {
+  uint32_t* device = nullptr;
+  cudaError_t error = cudaMalloc(&device, sizeof(uint32_t));
+  if (error != cudaSuccess) return error;
+  Fp8NegativeZeroKernel<<<1, 1, 0, stream>>>(device);
+  uint32_t host = 0;
+  error = cudaGetLastError();
+  if (error == cudaSuccess) {
+    error = cudaMemcpyAsync(&host, device, sizeof(host), cudaMemcpyDeviceToHost, stream);
+  }
+  if (error == cudaSuccess) error = cudaStreamSynchronize(stream);
+  cudaFree(device);
+  // -1e-9 and -2^-10 (half the smallest subnormal, a tie to the even code 0)
+  // both round to zero and must keep the sign: 0x80. 448 -> 0x7e, -448 -> 0xfe.
+  *ok = (host & 0xffffu) == 0x8080u && ((host >> 16) & 0xffu) == 0x7eu && (host >> 24) == 0xfeu;
+  return error;
+}
+
+}  // namespace cuda
+}  // namespace mla

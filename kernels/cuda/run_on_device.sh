@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Runs on the lent GPU machine (from the repository root, after
+# kernels/cuda/prepare_device.sh filled .device/ here): the CUDA backend's
+# tests, compute-sanitizer memcheck and racecheck on a smaller case set, then
+# the benchmark. Logs and results.json go to $OUT.
+#   run_on_device.sh [test|simt|sanitize|tool|bench|all]...   (default: all)
+set -uo pipefail
+cd "$(dirname "$0")"
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$PWD/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+# cuBLAS for the benchmark's matmul ceiling (dlopen), wherever the image has it.
+cublas=$(ls /usr/local/cuda/lib64/libcublas.so.13 2>/dev/null ||
+         find / -name 'libcublas.so.13' -not -path '*/proc/*' 2>/dev/null | head -1)
+[ -n "$cublas" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$cublas")"
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+steps=${*:-all}
+status=0
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+
+# Cases small enough for the sanitizers (they slow kernels 10-100x).
+SMALL='*h8_n24*:*h16_n12*:*h32_n5*:*h64_n3*:*h128_n2*:*_n1_*:*LayerStep*:*Reject*:*Prologue*h4_n64*:*Prologue*h16_n17*:*Prologue*h128_n1'
+
+if [[ $steps == *all* || $steps == *test* ]]; then
+  echo "== cuda_backend_test"
+  ./cuda_backend_test 2>&1 | tee "$OUT/test.log" | grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|FAILED|Failure|error' | head -80
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if [[ $steps == *all* || $steps == *simt* ]]; then
+  echo "== cuda_backend_test, CUDA-core decode kernel (MLA_CUDA_DECODE=simt)"
+  MLA_CUDA_DECODE=simt ./cuda_backend_test --gtest_filter='*Decode*:*LayerStep*' 2>&1 | tee "$OUT/test_simt.log" | grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|FAILED|Failure' | head -40
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if [[ $steps == *all* || $steps == *sanitize* ]]; then
+  for tool in memcheck racecheck; do
+    echo "== compute-sanitizer --tool $tool"
+    timeout 170 "$sanitizer" --tool "$tool" --error-exitcode 9 ./cuda_backend_test \
+      --gtest_filter="$SMALL" > "$OUT/sanitizer_$tool.log" 2>&1
+    rc=$?
+    echo "exit $rc"
+    grep -E '^\[==========\]|^\[  PASSED|^\[  FAILED|ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race' "$OUT/sanitizer_$tool.log" | sort | uniq -c | head -20
+    [ $rc -eq 0 ] || status=1
+  done
+fi
+if [[ $steps == *all* || $steps == *tool* ]]; then
+  echo "== mla_kernel_tool demo --backend=cuda (checked against the float64 reference)"
+  for model in deepseek-v4-flash deepseek-v4-pro; do
+    ./mla_kernel_tool demo --backend=cuda --model=$model --tp=4 --batch=8 2>&1 | tee -a "$OUT/tool.log" | tail -8
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  done
+fi
+if [[ $steps == *all* || $steps == *bench* ]]; then
+  echo "== cuda_bench"
+  ./cuda_bench --out="$OUT/results.json" --iters=30 --commit="$(cat commit.txt 2>/dev/null || echo unknown)" 2>&1 | tee "$OUT/bench.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+exit $status
