@@ -117,6 +117,7 @@ int Main() {
   service_options.version = kVersion;
   service_options.devices = backend_text;
   MlaOffloadService service(*scheduler, **server_metrics, service_options);
+  scheduler->SetStateObserver([&service](const Engine& engine) { service.PublishEngineState(engine); });
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -167,9 +168,18 @@ int Main() {
   std::printf("mla_offload_server: signal %d: draining (NOT_SERVING, no new sessions) for up to %d s\n",
               static_cast<int>(g_signal), drain_seconds);
   std::fflush(stdout);
+  // Drain: report NOT_SERVING and refuse new sessions while the server still
+  // answers, let open Attend streams finish, then stop taking calls; what is
+  // still open at the deadline is cancelled.
+  const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(drain_seconds);
   service.StartDraining();
   server->GetHealthCheckService()->SetServingStatus(false);
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(drain_seconds));
+  while (service.open_streams() > 0 && std::chrono::system_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  // With the streams gone only short unary calls can be in flight: give them
+  // a moment, not the rest of the drain.
+  server->Shutdown(std::min(deadline, std::chrono::system_clock::now() + std::chrono::milliseconds(500)));
   exporter.Stop();
   std::printf("mla_offload_server: stopped\n");
   return 0;

@@ -57,6 +57,23 @@ void Scheduler::SetBatchObserver(std::function<void(const BatchStats&)> observer
   batch_observer_ = std::move(observer);
 }
 
+void Scheduler::SetStateObserver(std::function<void(const Engine&)> observer) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    state_observer_ = std::move(observer);
+  }
+  Run([](Engine&) {});  // publishes the state once, from the engine thread
+}
+
+void Scheduler::NotifyState() {
+  std::function<void(const Engine&)> observer;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    observer = state_observer_;
+  }
+  if (observer) observer(*engine_);
+}
+
 int Scheduler::queued_messages() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return queued_attends_;
@@ -70,7 +87,7 @@ void Scheduler::Loop() {
     wake_.wait_until(lock, next_expiry, [&] { return stopping_ || !queue_.empty(); });
     if (std::chrono::steady_clock::now() >= next_expiry) {
       lock.unlock();
-      engine_->ExpireIdle(absl::Now());
+      if (!engine_->ExpireIdle(absl::Now()).empty()) NotifyState();
       lock.lock();
       next_expiry = std::chrono::steady_clock::now() + expiry_interval;
     }
@@ -83,6 +100,7 @@ void Scheduler::Loop() {
       queue_.pop_front();
       lock.unlock();
       task(*engine_);
+      NotifyState();
       lock.lock();
       continue;
     }
@@ -133,6 +151,7 @@ void Scheduler::RunBatch(std::vector<Item>& batch) {
     observer = batch_observer_;
   }
   if (observer) observer(stats);
+  NotifyState();
 }
 
 }  // namespace mla

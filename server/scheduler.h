@@ -64,6 +64,9 @@ class Scheduler {
   void Run(Task task);
   // Called on the engine thread after every batch.
   void SetBatchObserver(std::function<void(const BatchStats&)> observer);
+  // Called on the engine thread after anything that may change the engine's
+  // state (a batch, a task, an idle-session sweep), and once at the start.
+  void SetStateObserver(std::function<void(const Engine&)> observer);
 
   int queued_messages() const;
 
@@ -86,6 +89,8 @@ class Scheduler {
   int queued_attends_ = 0;
   bool stopping_ = false;
   std::function<void(const BatchStats&)> batch_observer_;
+  std::function<void(const Engine&)> state_observer_;
+  void NotifyState();
   std::thread thread_;
 };
 

@@ -70,6 +70,23 @@ std::shared_ptr<const AttendInput> ToAttendInput(wire::AttendRequestView view) {
   return std::shared_ptr<const AttendInput>(parsed, &parsed->input);
 }
 
+// The request_id of a message the parser refused, so that its error answer
+// can still be matched: serializers write fields in number order, so a
+// request_id (field 1, a varint) leads the message. 0 when it does not.
+uint64_t LeadingRequestId(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  if (!buffer.Dump(&slices).ok() || slices.empty()) return 0;
+  const uint8_t* bytes = slices.front().begin();
+  const size_t size = slices.front().size();
+  if (size < 2 || bytes[0] != 0x08) return 0;
+  uint64_t value = 0;
+  for (size_t i = 1; i < size && i <= 10; ++i) {
+    value |= static_cast<uint64_t>(bytes[i] & 0x7f) << (7 * (i - 1));
+    if ((bytes[i] & 0x80) == 0) return value;
+  }
+  return 0;
+}
+
 grpc::ByteBuffer ErrorResponse(uint64_t request_id, const absl::Status& status) {
   wire::AttendResponseView response;
   response.request_id = request_id;
@@ -105,6 +122,7 @@ class MlaOffloadService::AttendReactor final
  public:
   explicit AttendReactor(MlaOffloadService& service) : service_(service) {
     service_.metrics_.StreamOpened();
+    service_.open_streams_.fetch_add(1);
     reading_ = true;
     StartRead(&read_buffer_);
   }
@@ -127,9 +145,9 @@ class MlaOffloadService::AttendReactor final
     }
     absl::StatusOr<wire::AttendRequestView> view =
         wire::ParseAttendRequest(read_buffer_, service_.options_.max_message_bytes);
-    read_buffer_.Clear();
     absl::Status status = view.status();
-    uint64_t request_id = view.ok() ? view->request_id : 0;
+    const uint64_t request_id = view.ok() ? view->request_id : LeadingRequestId(read_buffer_);
+    read_buffer_.Clear();
     if (status.ok()) {
       status = service_.scheduler_.SubmitAttend(
           ToAttendInput(*std::move(view)), [this, sequence](AttendResult result) {
@@ -161,6 +179,7 @@ class MlaOffloadService::AttendReactor final
 
   void OnDone() override {
     service_.metrics_.StreamClosed();
+    service_.open_streams_.fetch_sub(1);
     std::unique_lock<std::mutex> lock(mutex_);
     done_ = true;
     const bool last = engine_pending_ == 0;
@@ -281,7 +300,6 @@ grpc::ServerUnaryReactor* MlaOffloadService::RunUnary(grpc::CallbackServerContex
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   scheduler_.Run([this, reactor, method, work = std::move(work)](Engine& engine) {
     const absl::Status status = work(engine);
-    PublishEngineState(engine);
     metrics_.RecordRequest(method, status.code());
     reactor->Finish(ToGrpc(status));
   });

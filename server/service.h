@@ -47,6 +47,11 @@ class MlaOffloadService final : public MlaOffloadBase {
 
   void StartDraining();
   bool draining() const { return draining_.load(); }
+  // Attend streams open now (a drain waits for them to end).
+  int open_streams() const { return open_streams_.load(); }
+  // Publishes the engine's pool and session counts as metrics; call on the
+  // engine thread (Scheduler::SetStateObserver).
+  void PublishEngineState(const Engine& engine);
 
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
                                           const mla_offload::v1::GetServerInfoRequest* request,
@@ -75,12 +80,12 @@ class MlaOffloadService final : public MlaOffloadBase {
   // Runs `work` on the engine thread, then finishes the call with its status.
   grpc::ServerUnaryReactor* RunUnary(grpc::CallbackServerContext* context, const char* method,
                                      std::function<absl::Status(Engine&)> work);
-  void PublishEngineState(const Engine& engine);
 
   Scheduler& scheduler_;
   ServerMetrics& metrics_;
   const ServiceOptions options_;
   std::atomic<bool> draining_{false};
+  std::atomic<int> open_streams_{0};
 };
 
 }  // namespace mla
