@@ -181,6 +181,8 @@ int Main() {
   // a moment, not the rest of the drain.
   server->Shutdown(std::min(deadline, std::chrono::system_clock::now() + std::chrono::milliseconds(500)));
   exporter.Stop();
+  // The engine thread calls into the service (state observer): stop it first.
+  scheduler.reset();
   std::printf("mla_offload_server: stopped\n");
   return 0;
 }

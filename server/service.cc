@@ -136,18 +136,21 @@ class MlaOffloadService::AttendReactor final
       return;
     }
     uint64_t sequence;
+    // The message leaves read_buffer_ before reading_ drops: from then on the
+    // engine thread may start the next read into it.
+    grpc::ByteBuffer received;
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      received.Swap(&read_buffer_);
       reading_ = false;
       sequence = next_sequence_++;
       ++unanswered_;
       ++engine_pending_;
     }
     absl::StatusOr<wire::AttendRequestView> view =
-        wire::ParseAttendRequest(read_buffer_, service_.options_.max_message_bytes);
+        wire::ParseAttendRequest(received, service_.options_.max_message_bytes);
     absl::Status status = view.status();
-    const uint64_t request_id = view.ok() ? view->request_id : LeadingRequestId(read_buffer_);
-    read_buffer_.Clear();
+    const uint64_t request_id = view.ok() ? view->request_id : LeadingRequestId(received);
     if (status.ok()) {
       status = service_.scheduler_.SubmitAttend(
           ToAttendInput(*std::move(view)), [this, sequence](AttendResult result) {

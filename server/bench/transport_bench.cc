@@ -335,6 +335,9 @@ class OffloadServer {
     service_options.devices = server->backend_text_;
     server->service_ =
         std::make_unique<MlaOffloadService>(*server->scheduler_, *server->metrics_, service_options);
+    MlaOffloadService& service_ref = *server->service_;
+    server->scheduler_->SetStateObserver(
+        [&service_ref](const Engine& engine) { service_ref.PublishEngineState(engine); });
 
     grpc::ServerBuilder builder;
     ConfigureServerBuilder(builder, options.max_message_bytes, options.transport, &server->port_);
@@ -345,8 +348,13 @@ class OffloadServer {
     }
     return server;
   }
+  // The scheduler goes before the service: its engine thread still calls the
+  // service's state observer and the reactors' callbacks while it drains.
   ~OffloadServer() {
     if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    server_.reset();
+    scheduler_.reset();
+    service_.reset();
   }
   int port() const { return port_; }
   const std::string& backend_text() const { return backend_text_; }
@@ -354,7 +362,7 @@ class OffloadServer {
  private:
   OffloadServer() = default;
 
-  // Destroyed bottom up: the server first, the metrics last.
+  // The metrics outlive everything that records into them.
   metrics::Registry registry_;
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<Scheduler> scheduler_;
