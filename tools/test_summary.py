@@ -51,7 +51,10 @@ def main(argv):
     broken = []
     for label in argv[3:]:
         directory = target_dir(testlogs, label)
-        xmls = sorted(directory.rglob("test.xml"))
+        # This run's results: test.xml, or one per shard. Leftover
+        # run_N_of_M folders of an earlier --runs_per_test are not this run.
+        top = directory / "test.xml"
+        xmls = [top] if top.exists() else sorted(directory.glob("shard_*_of_*/test.xml"))
         passed = failed = 0
         for xml in xmls:
             try:
