@@ -520,6 +520,20 @@ absl::Status CheckTensorBytes(const TensorView& tensor,
   return absl::OkStatus();
 }
 
+uint64_t LeadingRequestId(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  if (!buffer.Dump(&slices).ok() || slices.empty()) return 0;
+  const uint8_t* bytes = slices.front().begin();
+  const size_t size = slices.front().size();
+  if (size < 2 || bytes[0] != 0x08) return 0;
+  uint64_t value = 0;
+  for (size_t i = 1; i < size && i <= 10; ++i) {
+    value |= static_cast<uint64_t>(bytes[i] & 0x7f) << (7 * (i - 1));
+    if ((bytes[i] & 0x80) == 0) return value;
+  }
+  return 0;
+}
+
 absl::StatusOr<AttendRequestView> ParseAttendRequest(
     const grpc::ByteBuffer& buffer, size_t max_message_bytes) {
   return ParseMessage(buffer, max_message_bytes, "AttendRequest",

@@ -149,6 +149,12 @@ absl::StatusOr<AttendRequestView> ParseAttendRequest(
 absl::StatusOr<AttendResponseView> ParseAttendResponse(
     const grpc::ByteBuffer& buffer, size_t max_message_bytes);
 
+// The request_id of a message ParseAttendRequest refused, so that the error
+// answer can still be matched to it: serializers write fields in number
+// order, so request_id (field 1, a varint) leads the message when set. 0 when
+// the first field is not a complete request_id.
+uint64_t LeadingRequestId(const grpc::ByteBuffer& buffer);
+
 grpc::ByteBuffer SerializeAttendRequest(const AttendRequestView& request);
 grpc::ByteBuffer SerializeAttendResponse(const AttendResponseView& response);
 

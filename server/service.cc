@@ -70,23 +70,6 @@ std::shared_ptr<const AttendInput> ToAttendInput(wire::AttendRequestView view) {
   return std::shared_ptr<const AttendInput>(parsed, &parsed->input);
 }
 
-// The request_id of a message the parser refused, so that its error answer
-// can still be matched: serializers write fields in number order, so a
-// request_id (field 1, a varint) leads the message. 0 when it does not.
-uint64_t LeadingRequestId(const grpc::ByteBuffer& buffer) {
-  std::vector<grpc::Slice> slices;
-  if (!buffer.Dump(&slices).ok() || slices.empty()) return 0;
-  const uint8_t* bytes = slices.front().begin();
-  const size_t size = slices.front().size();
-  if (size < 2 || bytes[0] != 0x08) return 0;
-  uint64_t value = 0;
-  for (size_t i = 1; i < size && i <= 10; ++i) {
-    value |= static_cast<uint64_t>(bytes[i] & 0x7f) << (7 * (i - 1));
-    if ((bytes[i] & 0x80) == 0) return value;
-  }
-  return 0;
-}
-
 grpc::ByteBuffer ErrorResponse(uint64_t request_id, const absl::Status& status) {
   wire::AttendResponseView response;
   response.request_id = request_id;
@@ -150,7 +133,7 @@ class MlaOffloadService::AttendReactor final
     absl::StatusOr<wire::AttendRequestView> view =
         wire::ParseAttendRequest(received, service_.options_.max_message_bytes);
     absl::Status status = view.status();
-    const uint64_t request_id = view.ok() ? view->request_id : LeadingRequestId(received);
+    const uint64_t request_id = view.ok() ? view->request_id : wire::LeadingRequestId(received);
     if (status.ok()) {
       status = service_.scheduler_.SubmitAttend(
           ToAttendInput(*std::move(view)), [this, sequence](AttendResult result) {
