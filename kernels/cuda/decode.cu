@@ -146,6 +146,25 @@ struct Partials {
   float* ml;  // [N, Hp, splits, 2]
 };
 
+// One head's online-softmax step, run by a whole warp: sums the lanes' new
+// probabilities and, in lane 0, rescales the head's running sum by
+// alpha = exp(old_max - new_max) and records alpha for the output rescale.
+__device__ __forceinline__ void UpdateRunningSoftmax(float sum, float old_max, float new_max,
+                                                     int lane, int h, float* alphas,
+                                                     float* run_sum, float* run_max) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  }
+  __syncwarp();
+  if (lane == 0) {
+    const float alpha = new_max == -INFINITY ? 1.0f : expf(old_max - new_max);
+    alphas[h] = alpha;
+    run_sum[h] = run_sum[h] * alpha + sum;
+    run_max[h] = new_max;
+  }
+}
+
 template <int HG>
 __global__ void __launch_bounds__(kThreads, 2)
     DecodeKernel(const DecodeParams p, int splits, int split_entries, Partials partials) {
@@ -314,17 +333,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         probs[(lane + 32 * k) * HG + h] = prob;
         sum += prob;
       }
-#pragma unroll
-      for (int offset = 16; offset > 0; offset >>= 1) {
-        sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-      }
-      __syncwarp();
-      if (lane == 0) {
-        const float alpha = new_max == -INFINITY ? 1.0f : expf(old_max - new_max);
-        alphas[h] = alpha;
-        run_sum[h] = run_sum[h] * alpha + sum;
-        run_max[h] = new_max;
-      }
+      UpdateRunningSoftmax(sum, old_max, new_max, lane, h, alphas, run_sum, run_max);
     }
     __syncthreads();
 
@@ -591,17 +600,7 @@ __global__ void __launch_bounds__(kThreads * MT, 2 / MT)
       probs[h * kProbHalves + lane] = static_cast<uint16_t>(ToBf16Bits(p0));
       probs[h * kProbHalves + lane + 32] = static_cast<uint16_t>(ToBf16Bits(p1));
       float sum = p0 + p1;
-#pragma unroll
-      for (int offset = 16; offset > 0; offset >>= 1) {
-        sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-      }
-      __syncwarp();
-      if (lane == 0) {
-        const float alpha = new_max == -INFINITY ? 1.0f : expf(old_max - new_max);
-        alphas[h] = alpha;
-        run_sum[h] = run_sum[h] * alpha + sum;
-        run_max[h] = new_max;
-      }
+      UpdateRunningSoftmax(sum, old_max, new_max, lane, h, alphas, run_sum, run_max);
     }
     __syncthreads();
 
