@@ -12,6 +12,11 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcivetweb-dev
   # Test summary and scripts.
   python3
+  # Python client (client/python/): numpy, gRPC and protobuf runtimes; its
+  # stubs come from protoc and grpc_python_plugin (protobuf-compiler-grpc).
+  python3-numpy python3-grpcio python3-protobuf
+  # Load-test latency pictures.
+  gnuplot-nox
 )
 
 missing=()
