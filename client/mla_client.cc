@@ -1,0 +1,967 @@
+#include "client/mla_client.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <limits>
+#include <optional>
+#include <utility>
+
+#include <grpcpp/create_channel.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/impl/client_unary_call.h>
+#include <grpcpp/impl/rpc_method.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/support/channel_arguments.h>
+#include <grpcpp/support/client_callback.h>
+
+#include "absl/base/call_once.h"
+#include "absl/strings/str_cat.h"
+#include "proto/mla_offload.grpc.pb.h"
+#include "proto/wire_reader.h"
+#include "proto/wire_writer.h"
+
+namespace mla::client {
+namespace {
+
+constexpr char kAttendMethod[] = "/mla_offload.v1.MlaOffload/Attend";
+constexpr char kEchoMethod[] = "/mla_offload.v1.MlaOffload/Echo";
+constexpr char kAppendKVMethod[] = "/mla_offload.v1.MlaOffload/AppendKV";
+constexpr char kHealthCheckMethod[] = "/grpc.health.v1.Health/Check";
+
+std::chrono::system_clock::time_point DeadlineAfter(absl::Duration timeout) {
+  if (timeout == absl::InfiniteDuration()) return std::chrono::system_clock::time_point::max();
+  return std::chrono::system_clock::now() +
+         std::chrono::duration_cast<std::chrono::system_clock::duration>(
+             absl::ToChronoNanoseconds(timeout));
+}
+
+// A keep-alive that owns nothing: the caller guarantees the memory's life
+// (see the header), and a non-null keep-alive makes the codec reference the
+// bytes instead of copying them.
+std::shared_ptr<const void> Borrowed(const void* data) {
+  return std::shared_ptr<const void>(std::shared_ptr<const void>(), data != nullptr ? data : "");
+}
+
+uint64_t Fnv1a64(absl::string_view bytes) {
+  uint64_t hash = 0xcbf29ce484222325ull;
+  for (unsigned char c : bytes) {
+    hash ^= c;
+    hash *= 0x100000001b3ull;
+  }
+  return hash;
+}
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// A view of a received tensor as one aligned span of T: the bytes where they
+// lie when gRPC delivered them in one aligned piece, else one copy into
+// `copy`, made on first use.
+template <typename T>
+absl::Span<const T> FlatView(const wire::TensorView& view, absl::once_flag& once,
+                             std::vector<T>& copy) {
+  const size_t count = view.size_bytes() / sizeof(T);
+  if (count == 0) return {};
+  const std::optional<wire::Piece> piece = view.contiguous();
+  if (piece.has_value() && reinterpret_cast<uintptr_t>(piece->data()) % alignof(T) == 0) {
+    return absl::MakeConstSpan(reinterpret_cast<const T*>(piece->data()), count);
+  }
+  absl::call_once(once, [&] {
+    copy.resize(count);
+    view.CopyTo(copy.data());
+  });
+  return copy;
+}
+
+}  // namespace
+
+absl::Status StatusFromGrpc(const grpc::Status& status, absl::string_view what) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      absl::StrCat(what, ": ", status.error_message()));
+}
+
+absl::string_view HealthStatusName(HealthStatus status) {
+  switch (status) {
+    case HealthStatus::kServing:
+      return "SERVING";
+    case HealthStatus::kNotServing:
+      return "NOT_SERVING";
+    case HealthStatus::kServiceUnknown:
+      return "SERVICE_UNKNOWN";
+    case HealthStatus::kUnknown:
+      break;
+  }
+  return "UNKNOWN";
+}
+
+// ---- Streams.
+
+namespace internal {
+
+// One bidirectional stream of raw messages: writes queued and sent one at a
+// time, reads always posted (so the server is never blocked on answers the
+// caller has not taken yet), answers matched to messages in order, and the
+// step deadline. AttendStream and EchoStream give the messages meaning.
+class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  struct Answer {
+    uint64_t id = 0;
+    grpc::ByteBuffer buffer;
+  };
+
+  RawStream(std::string what, const StreamOptions& options)
+      : what_(std::move(what)), options_(options) {}
+
+  ~RawStream() override {
+    bool release_hold = false;
+    {
+      absl::MutexLock lock(&mutex_);
+      release_hold = holding_;
+      holding_ = false;
+    }
+    if (release_hold) {
+      context_.TryCancel();
+      RemoveHold();
+    }
+    absl::MutexLock lock(&mutex_);
+    mutex_.Await(absl::Condition(&done_));
+  }
+
+  void Start(const std::shared_ptr<grpc::Channel>& channel, const std::string& method) {
+    if (options_.stream_timeout != absl::InfiniteDuration()) {
+      context_.set_deadline(DeadlineAfter(options_.stream_timeout));
+    }
+    grpc::GenericStub stub(channel);
+    stub.PrepareBidiStreamingCall(&context_, method, grpc::StubOptions(), this);
+    holding_ = true;
+    AddHold();
+    StartRead(&read_buffer_);
+    StartCall();
+  }
+
+  // Numbers the message, builds it with `build(id)` and queues it for
+  // writing; waits while max_in_flight messages are unanswered.
+  template <typename Build>
+  absl::StatusOr<uint64_t> Send(Build&& build) {
+    grpc::ByteBuffer* start = nullptr;
+    uint64_t id = 0;
+    {
+      absl::MutexLock lock(&mutex_);
+      auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+        return !Usable().ok() ||
+               static_cast<int>(unanswered_.size()) < std::max(1, options_.max_in_flight) ||
+               Overdue();
+      };
+      while (!room()) {
+        mutex_.AwaitWithDeadline(absl::Condition(&room), unanswered_.front().deadline);
+      }
+      if (Overdue()) BreakOverdue();
+      if (absl::Status usable = Usable(); !usable.ok()) return usable;
+      id = ++last_id_;
+      absl::StatusOr<grpc::ByteBuffer> message = build(id);
+      if (!message.ok()) {
+        --last_id_;
+        return message.status();
+      }
+      unanswered_.push_back({id, absl::Now() + options_.step_timeout});
+      writes_.push_back(*std::move(message));
+      if (!writing_) {
+        writing_ = true;
+        start = &writes_.front();
+      }
+    }
+    if (start != nullptr) StartWrite(start);
+    return id;
+  }
+
+  // The oldest answer not yet taken.
+  absl::StatusOr<Answer> Receive() {
+    absl::MutexLock lock(&mutex_);
+    if (answers_.empty() && unanswered_.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(what_, ": Receive with no message outstanding (Send first)"));
+    }
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+      return !answers_.empty() || done_ || Overdue();
+    };
+    while (!ready()) {
+      mutex_.AwaitWithDeadline(absl::Condition(&ready), unanswered_.front().deadline);
+    }
+    if (!answers_.empty()) {
+      Answer answer = std::move(answers_.front());
+      answers_.pop_front();
+      return answer;
+    }
+    if (!done_) BreakOverdue();
+    if (!broken_.ok()) return broken_;
+    return absl::InternalError(absl::StrCat(what_, ": the server ended the stream (",
+                                            final_status_.ok() ? "OK" : final_status_.message(),
+                                            ") without answering message ",
+                                            unanswered_.front().id));
+  }
+
+  int outstanding() const {
+    absl::MutexLock lock(&mutex_);
+    return static_cast<int>(unanswered_.size() + answers_.size());
+  }
+
+  absl::Status status() const {
+    absl::MutexLock lock(&mutex_);
+    return Usable();
+  }
+
+  absl::Status Finish() {
+    bool writes_done_now = false;
+    bool release_hold = false;
+    {
+      absl::MutexLock lock(&mutex_);
+      if (!finishing_) {
+        finishing_ = true;
+        writes_done_now = !writing_ && !done_;
+        release_hold = holding_;
+        holding_ = false;
+      }
+    }
+    if (writes_done_now) StartWritesDone();
+    if (release_hold) RemoveHold();
+    absl::MutexLock lock(&mutex_);
+    if (!mutex_.AwaitWithTimeout(absl::Condition(&done_), options_.step_timeout)) {
+      if (broken_.ok()) {
+        broken_ = absl::DeadlineExceededError(absl::StrCat(
+            what_, ": the server did not end the stream within ",
+            absl::FormatDuration(options_.step_timeout), " of Finish; cancelled"));
+      }
+      context_.TryCancel();
+      mutex_.Await(absl::Condition(&done_));
+    }
+    if (!broken_.ok()) return broken_;
+    if (!final_status_.ok()) return final_status_;
+    if (!unanswered_.empty()) {
+      return absl::InternalError(absl::StrCat(what_, ": the server ended the stream without "
+                                                     "answering message ",
+                                              unanswered_.front().id));
+    }
+    return absl::OkStatus();
+  }
+
+  void OnWriteDone(bool ok) override {
+    grpc::ByteBuffer* next = nullptr;
+    bool writes_done_now = false;
+    {
+      absl::MutexLock lock(&mutex_);
+      writes_.pop_front();
+      if (!ok) writes_.clear();  // the call is over; OnDone says why
+      if (!writes_.empty()) {
+        next = &writes_.front();
+      } else {
+        writing_ = false;
+        writes_done_now = finishing_ && ok;
+      }
+    }
+    if (next != nullptr) StartWrite(next);
+    if (writes_done_now) StartWritesDone();
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // the server ended the stream; OnDone follows
+    {
+      absl::MutexLock lock(&mutex_);
+      if (unanswered_.empty()) {
+        if (broken_.ok()) {
+          broken_ = absl::InternalError(
+              absl::StrCat(what_, ": the server sent an answer no message asked for"));
+        }
+        context_.TryCancel();
+        return;
+      }
+      answers_.push_back({unanswered_.front().id, std::move(read_buffer_)});
+      unanswered_.pop_front();
+      read_buffer_ = grpc::ByteBuffer();
+    }
+    StartRead(&read_buffer_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    absl::MutexLock lock(&mutex_);
+    final_status_ = StatusFromGrpc(status, what_);
+    done_ = true;
+  }
+
+  const std::string& what() const { return what_; }
+
+ private:
+  // OK while messages can still be sent and answered.
+  absl::Status Usable() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    if (!broken_.ok()) return broken_;
+    if (done_) {
+      return final_status_.ok()
+                 ? absl::FailedPreconditionError(absl::StrCat(what_, ": the stream has ended"))
+                 : final_status_;
+    }
+    if (finishing_) {
+      return absl::FailedPreconditionError(absl::StrCat(what_, ": Send after Finish"));
+    }
+    return absl::OkStatus();
+  }
+
+  bool Overdue() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    return !unanswered_.empty() && absl::Now() >= unanswered_.front().deadline;
+  }
+
+  void BreakOverdue() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    if (broken_.ok()) {
+      broken_ = absl::DeadlineExceededError(absl::StrCat(
+          what_, ": message ", unanswered_.front().id, " was not answered within ",
+          absl::FormatDuration(options_.step_timeout),
+          " of its Send (StreamOptions::step_timeout); the stream is cancelled"));
+    }
+    context_.TryCancel();
+  }
+
+  struct Unanswered {
+    uint64_t id;
+    absl::Time deadline;
+  };
+
+  const std::string what_;
+  const StreamOptions options_;
+  grpc::ClientContext context_;
+  grpc::ByteBuffer read_buffer_;  // touched only by the read callbacks
+
+  mutable absl::Mutex mutex_;
+  std::deque<grpc::ByteBuffer> writes_ ABSL_GUARDED_BY(mutex_);
+  bool writing_ ABSL_GUARDED_BY(mutex_) = false;
+  bool finishing_ ABSL_GUARDED_BY(mutex_) = false;
+  bool holding_ ABSL_GUARDED_BY(mutex_) = false;
+  uint64_t last_id_ ABSL_GUARDED_BY(mutex_) = 0;
+  std::deque<Unanswered> unanswered_ ABSL_GUARDED_BY(mutex_);
+  std::deque<Answer> answers_ ABSL_GUARDED_BY(mutex_);
+  absl::Status broken_ ABSL_GUARDED_BY(mutex_);
+  absl::Status final_status_ ABSL_GUARDED_BY(mutex_);
+  bool done_ ABSL_GUARDED_BY(mutex_) = false;
+};
+
+}  // namespace internal
+
+// ---- Attend.
+
+struct AttendResult::Data {
+  uint64_t request_id = 0;
+  wire::TensorView out;
+  std::optional<wire::TensorView> lse;
+  wire::TimingView timing;
+  absl::once_flag out_once;
+  std::vector<uint16_t> out_copy;
+  absl::once_flag lse_once;
+  std::vector<float> lse_copy;
+};
+
+AttendResult::AttendResult(std::unique_ptr<Data> data) : data_(std::move(data)) {}
+AttendResult::AttendResult(AttendResult&&) noexcept = default;
+AttendResult& AttendResult::operator=(AttendResult&&) noexcept = default;
+AttendResult::~AttendResult() = default;
+
+uint64_t AttendResult::request_id() const { return data_->request_id; }
+int64_t AttendResult::num_tokens() const { return data_->out.shape[0]; }
+int32_t AttendResult::num_heads() const { return static_cast<int32_t>(data_->out.shape[1]); }
+absl::Span<const uint16_t> AttendResult::out() const {
+  return FlatView(data_->out, data_->out_once, data_->out_copy);
+}
+absl::Span<const float> AttendResult::lse() const {
+  if (!data_->lse.has_value()) return {};
+  return FlatView(*data_->lse, data_->lse_once, data_->lse_copy);
+}
+bool AttendResult::has_lse() const { return data_->lse.has_value(); }
+const wire::TensorView& AttendResult::out_view() const { return data_->out; }
+const wire::TimingView& AttendResult::timing() const { return data_->timing; }
+
+AttendStream::AttendStream(std::unique_ptr<internal::RawStream> raw) : raw_(std::move(raw)) {}
+AttendStream::~AttendStream() = default;
+
+absl::StatusOr<uint64_t> AttendStream::Send(const AttendInput& input) {
+  int64_t tokens = 0;
+  int64_t compressed_rows = 0;
+  for (const AttendSegment& segment : input.segments) {
+    tokens += segment.num_tokens;
+    compressed_rows += segment.num_compressed_rows;
+  }
+  const int64_t q_row = tokens * kHeadDim;
+  if (tokens <= 0) {
+    return absl::InvalidArgumentError(
+        "AttendInput.segments: no tokens (give at least one segment with num_tokens > 0)");
+  }
+  if (input.q.empty() || input.q.size() % q_row != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AttendInput.q: ", input.q.size(), " values is not [T=", tokens, ", H, 512] for any H"));
+  }
+  if (!input.kv.empty() && static_cast<int64_t>(input.kv.size()) != q_row) {
+    return absl::InvalidArgumentError(absl::StrCat("AttendInput.kv: ", input.kv.size(),
+                                                   " values where [T=", tokens,
+                                                   ", 512] = ", q_row, " (or none) are expected"));
+  }
+  if (static_cast<int64_t>(input.compressed_kv.size()) != compressed_rows * kHeadDim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AttendInput.compressed_kv: ", input.compressed_kv.size(), " values where [",
+        compressed_rows, " (the segments' num_compressed_rows), 512] are expected"));
+  }
+  if (input.topk.size() % tokens != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("AttendInput.topk: ", input.topk.size(),
+                                                   " values is not [T=", tokens, ", K] for any K"));
+  }
+  const int64_t heads = static_cast<int64_t>(input.q.size()) / q_row;
+  auto tensor = [&input](wire::DType dtype, std::vector<int64_t> shape, const void* data,
+                         size_t bytes) {
+    return wire::MakeTensorView(dtype, std::move(shape), data, bytes,
+                                input.keep_alive != nullptr ? input.keep_alive : Borrowed(data));
+  };
+  return raw_->Send([&](uint64_t id) -> absl::StatusOr<grpc::ByteBuffer> {
+    wire::AttendRequestView request;
+    request.request_id = id;
+    request.layer = input.layer;
+    request.head_offset = input.head_offset;
+    request.return_lse = input.return_lse;
+    request.derotate_output = input.derotate_output;
+    for (const AttendSegment& segment : input.segments) {
+      request.segments.push_back({segment.session_id, segment.position, segment.num_tokens,
+                                  segment.first_compressed_row, segment.num_compressed_rows});
+    }
+    request.q = tensor(mla_offload::v1::DTYPE_BF16, {tokens, heads, kHeadDim}, input.q.data(),
+                       input.q.size() * 2);
+    if (!input.kv.empty()) {
+      request.kv = tensor(mla_offload::v1::DTYPE_BF16, {tokens, kHeadDim}, input.kv.data(),
+                          input.kv.size() * 2);
+    }
+    if (!input.compressed_kv.empty()) {
+      request.compressed_kv = tensor(mla_offload::v1::DTYPE_BF16, {compressed_rows, kHeadDim},
+                                     input.compressed_kv.data(), input.compressed_kv.size() * 2);
+    }
+    if (!input.topk.empty()) {
+      request.topk = tensor(mla_offload::v1::DTYPE_I32,
+                            {tokens, static_cast<int64_t>(input.topk.size()) / tokens},
+                            input.topk.data(), input.topk.size() * 4);
+    }
+    return wire::SerializeAttendRequest(request);
+  });
+}
+
+absl::StatusOr<AttendResult> AttendStream::Receive() {
+  absl::StatusOr<internal::RawStream::Answer> answer = raw_->Receive();
+  if (!answer.ok()) return answer.status();
+  absl::StatusOr<wire::AttendResponseView> response =
+      wire::ParseAttendResponse(answer->buffer, std::numeric_limits<size_t>::max());
+  const std::string what = absl::StrCat("Attend request ", answer->id);
+  if (!response.ok()) {
+    return absl::InternalError(
+        absl::StrCat(what, ": the answer does not parse: ", response.status().message()));
+  }
+  if (response->status.has_value() && response->status->code != 0) {
+    return absl::Status(static_cast<absl::StatusCode>(response->status->code),
+                        absl::StrCat(what, ": ", response->status->message));
+  }
+  if (response->request_id != answer->id) {
+    return absl::InternalError(absl::StrCat(what, ": answered with request_id ",
+                                            response->request_id, " (answers out of order)"));
+  }
+  if (!response->out.has_value()) {
+    return absl::InternalError(absl::StrCat(what, ": an OK answer without out"));
+  }
+  if (absl::Status status = wire::CheckTensorBytes(*response->out, "AttendResponse.out");
+      !status.ok() || response->out->dtype != mla_offload::v1::DTYPE_BF16 ||
+      response->out->shape.size() != 3) {
+    return absl::InternalError(absl::StrCat(what, ": out is not [T, H, 512] bf16: ",
+                                            status.message()));
+  }
+  if (response->lse.has_value()) {
+    if (absl::Status status = wire::CheckTensorBytes(*response->lse, "AttendResponse.lse");
+        !status.ok() || response->lse->dtype != mla_offload::v1::DTYPE_F32) {
+      return absl::InternalError(
+          absl::StrCat(what, ": lse is not [T, H] fp32: ", status.message()));
+    }
+  }
+  auto data = std::make_unique<AttendResult::Data>();
+  data->request_id = answer->id;
+  data->out = *std::move(response->out);
+  data->lse = std::move(response->lse);
+  if (response->timing.has_value()) data->timing = *response->timing;
+  return AttendResult(std::move(data));
+}
+
+int AttendStream::outstanding() const { return raw_->outstanding(); }
+absl::Status AttendStream::status() const { return raw_->status(); }
+absl::Status AttendStream::Finish() { return raw_->Finish(); }
+
+// ---- Echo.
+
+struct EchoResult::Data {
+  std::vector<grpc::Slice> slices;
+  std::vector<wire::Piece> pieces;
+  size_t size = 0;
+};
+
+EchoResult::EchoResult(std::unique_ptr<Data> data) : data_(std::move(data)) {}
+EchoResult::EchoResult(EchoResult&&) noexcept = default;
+EchoResult& EchoResult::operator=(EchoResult&&) noexcept = default;
+EchoResult::~EchoResult() = default;
+
+size_t EchoResult::size() const { return data_->size; }
+const std::vector<wire::Piece>& EchoResult::pieces() const { return data_->pieces; }
+void EchoResult::CopyTo(void* dst) const {
+  uint8_t* out = static_cast<uint8_t*>(dst);
+  for (const wire::Piece& piece : data_->pieces) {
+    std::memcpy(out, piece.data(), piece.size());
+    out += piece.size();
+  }
+}
+std::string EchoResult::ToString() const {
+  std::string bytes(data_->size, '\0');
+  CopyTo(bytes.data());
+  return bytes;
+}
+
+EchoStream::EchoStream(std::unique_ptr<internal::RawStream> raw) : raw_(std::move(raw)) {}
+EchoStream::~EchoStream() = default;
+
+absl::StatusOr<uint64_t> EchoStream::Send(absl::Span<const uint8_t> payload,
+                                          std::shared_ptr<const void> keep_alive) {
+  if (keep_alive == nullptr) keep_alive = Borrowed(payload.data());
+  return raw_->Send([&](uint64_t) -> absl::StatusOr<grpc::ByteBuffer> {
+    wire::WireWriter writer;
+    const wire::Piece piece(payload.data(), payload.size());
+    writer.WriteBytes(mla_offload::v1::EchoMessage::kPayloadFieldNumber,
+                      absl::MakeConstSpan(&piece, 1), keep_alive);
+    return writer.Finish();
+  });
+}
+
+absl::StatusOr<EchoResult> EchoStream::Receive() {
+  absl::StatusOr<internal::RawStream::Answer> answer = raw_->Receive();
+  if (!answer.ok()) return answer.status();
+  auto data = std::make_unique<EchoResult::Data>();
+  if (grpc::Status status = answer->buffer.Dump(&data->slices); !status.ok()) {
+    return StatusFromGrpc(status, absl::StrCat("Echo message ", answer->id));
+  }
+  std::vector<wire::Piece> all;
+  for (const grpc::Slice& slice : data->slices) all.emplace_back(slice.begin(), slice.size());
+  wire::WireReader reader(all);
+  while (!reader.AtLimit()) {
+    wire::Tag tag;
+    absl::Status status = reader.ReadTag(&tag);
+    if (status.ok()) {
+      if (tag.field == mla_offload::v1::EchoMessage::kPayloadFieldNumber &&
+          tag.type == wire::WireType::kLengthDelimited) {
+        size_t length = 0;
+        status = reader.ReadLength(&length);
+        if (status.ok()) {
+          data->pieces.clear();
+          reader.TakePieces(length, &data->pieces);
+          data->size = length;
+        }
+      } else {
+        status = reader.SkipField(tag);
+      }
+    }
+    if (!status.ok()) {
+      return absl::InternalError(
+          absl::StrCat("Echo message ", answer->id, ": the answer does not parse: ",
+                       status.message()));
+    }
+  }
+  return EchoResult(std::move(data));
+}
+
+int EchoStream::outstanding() const { return raw_->outstanding(); }
+absl::Status EchoStream::status() const { return raw_->status(); }
+absl::Status EchoStream::Finish() { return raw_->Finish(); }
+
+// ---- Client.
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& target,
+                                                        const ConnectOptions& options) {
+  if (target.empty()) {
+    return absl::InvalidArgumentError("no target: give the server as HOST:PORT");
+  }
+  if (options.tls_client_cert_pem.empty() != options.tls_client_key_pem.empty()) {
+    return absl::InvalidArgumentError(
+        "ConnectOptions: mutual TLS needs both tls_client_cert_pem and tls_client_key_pem");
+  }
+  if (!options.use_tls &&
+      (!options.tls_root_certs_pem.empty() || !options.tls_client_cert_pem.empty())) {
+    return absl::InvalidArgumentError(
+        "ConnectOptions: TLS certificates given but use_tls is false (set use_tls)");
+  }
+  if (options.max_message_bytes <= 0) {
+    return absl::InvalidArgumentError("ConnectOptions.max_message_bytes must be positive");
+  }
+  grpc::ChannelArguments args;
+  const int max_bytes =
+      static_cast<int>(std::min<int64_t>(options.max_message_bytes, INT32_MAX));
+  args.SetMaxReceiveMessageSize(max_bytes);
+  args.SetMaxSendMessageSize(max_bytes);
+  // The server's settings (server/mla_offload_server.cc): large tensor
+  // messages must not stall on flow control every 64 KiB.
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 16 << 20);
+  args.SetInt(GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, 8 << 20);
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  if (options.use_tls) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options.tls_root_certs_pem;
+    ssl.pem_cert_chain = options.tls_client_cert_pem;
+    ssl.pem_private_key = options.tls_client_key_pem;
+    credentials = grpc::SslCredentials(ssl);
+    if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
+  } else {
+    credentials = grpc::InsecureChannelCredentials();
+  }
+  if (credentials == nullptr) {
+    return absl::InvalidArgumentError("ConnectOptions: gRPC refused the TLS credentials");
+  }
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(target, credentials, args);
+  if (options.connect_timeout > absl::ZeroDuration() &&
+      !channel->WaitForConnected(DeadlineAfter(options.connect_timeout))) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot connect to ", target, " within ",
+                     absl::FormatDuration(options.connect_timeout),
+                     " (is the server running there, and plaintext/TLS as configured?)"));
+  }
+  return std::unique_ptr<Client>(new Client(target, std::move(channel), options));
+}
+
+Client::Client(std::string target, std::shared_ptr<grpc::Channel> channel,
+               const ConnectOptions& options)
+    : target_(std::move(target)), channel_(std::move(channel)), options_(options) {}
+
+Client::~Client() = default;
+
+namespace {
+
+void SetCallDeadline(grpc::ClientContext& context, const CallOptions& call,
+                     const ConnectOptions& options) {
+  const absl::Duration timeout =
+      call.timeout > absl::ZeroDuration() ? call.timeout : options.call_timeout;
+  if (timeout != absl::InfiniteDuration()) context.set_deadline(DeadlineAfter(timeout));
+}
+
+}  // namespace
+
+template <typename Request, typename Response>
+absl::Status Client::Unary(absl::string_view method, const Request& request, Response* response,
+                           const CallOptions& call) {
+  grpc::ClientContext context;
+  SetCallDeadline(context, call, options_);
+  const grpc::internal::RpcMethod rpc(
+      std::string(absl::StrCat("/mla_offload.v1.MlaOffload/", method)).c_str(),
+      grpc::internal::RpcMethod::NORMAL_RPC);
+  grpc::Status status =
+      grpc::internal::BlockingUnaryCall<Request, Response>(channel_.get(), rpc, &context, request,
+                                                           response);
+  return StatusFromGrpc(status, absl::StrCat(method, " on ", target_));
+}
+
+absl::Status Client::UnaryRaw(absl::string_view method, const grpc::ByteBuffer& request,
+                              google::protobuf::Message* response, const CallOptions& call) {
+  grpc::ClientContext context;
+  SetCallDeadline(context, call, options_);
+  const std::string name(method);
+  const grpc::internal::RpcMethod rpc(name.c_str(), grpc::internal::RpcMethod::NORMAL_RPC);
+  grpc::ByteBuffer answer;
+  grpc::Status status = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+      channel_.get(), rpc, &context, request, &answer);
+  const std::string what = absl::StrCat(name.substr(name.rfind('/') + 1), " on ", target_);
+  if (!status.ok()) return StatusFromGrpc(status, what);
+  std::vector<grpc::Slice> slices;
+  if (answer.Valid() && !answer.Dump(&slices).ok()) {
+    return absl::InternalError(absl::StrCat(what, ": unreadable answer"));
+  }
+  std::string bytes;
+  for (const grpc::Slice& slice : slices) {
+    bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  if (!response->ParseFromString(bytes)) {
+    return absl::InternalError(absl::StrCat(what, ": the answer does not parse"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<pb::ServerInfo> Client::GetServerInfo(const CallOptions& call) {
+  pb::ServerInfo info;
+  if (absl::Status status = Unary("GetServerInfo", pb::GetServerInfoRequest(), &info, call);
+      !status.ok()) {
+    return status;
+  }
+  return info;
+}
+
+absl::StatusOr<HealthStatus> Client::CheckHealth(const std::string& service,
+                                                 const CallOptions& call) {
+  // grpc.health.v1.HealthCheckRequest {string service = 1}; the response
+  // {ServingStatus status = 1}. Written by hand so that this library links
+  // no second copy of the health proto's descriptors.
+  wire::WireWriter writer;
+  writer.WriteString(1, service);
+  grpc::ByteBuffer request = writer.Finish();
+  grpc::ClientContext context;
+  SetCallDeadline(context, call, options_);
+  const grpc::internal::RpcMethod rpc(kHealthCheckMethod, grpc::internal::RpcMethod::NORMAL_RPC);
+  grpc::ByteBuffer answer;
+  grpc::Status status = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+      channel_.get(), rpc, &context, request, &answer);
+  const std::string what = absl::StrCat("Health.Check on ", target_);
+  if (!status.ok()) return StatusFromGrpc(status, what);
+  std::vector<grpc::Slice> slices;
+  if (answer.Valid() && !answer.Dump(&slices).ok()) {
+    return absl::InternalError(absl::StrCat(what, ": unreadable answer"));
+  }
+  std::vector<wire::Piece> pieces;
+  for (const grpc::Slice& slice : slices) pieces.emplace_back(slice.begin(), slice.size());
+  wire::WireReader reader(pieces);
+  uint64_t value = 0;
+  while (!reader.AtLimit()) {
+    wire::Tag tag;
+    absl::Status parsed = reader.ReadTag(&tag);
+    if (parsed.ok()) {
+      parsed = tag.field == 1 && tag.type == wire::WireType::kVarint ? reader.ReadVarint(&value)
+                                                                    : reader.SkipField(tag);
+    }
+    if (!parsed.ok()) {
+      return absl::InternalError(absl::StrCat(what, ": the answer does not parse: ",
+                                              parsed.message()));
+    }
+  }
+  switch (value) {
+    case 1:
+      return HealthStatus::kServing;
+    case 2:
+      return HealthStatus::kNotServing;
+    case 3:
+      return HealthStatus::kServiceUnknown;
+    default:
+      return HealthStatus::kUnknown;
+  }
+}
+
+absl::StatusOr<pb::CreateSessionResponse> Client::CreateSession(const SessionOptions& options,
+                                                                const CallOptions& call) {
+  pb::CreateSessionRequest request;
+  request.set_model(options.model);
+  request.set_num_heads(options.num_heads);
+  request.set_idle_ttl_seconds(
+      static_cast<int32_t>(absl::ToInt64Seconds(options.idle_ttl + absl::Milliseconds(999))));
+  if (!options.sinks.empty()) {
+    if (options.sinks_shape.size() != 2 ||
+        options.sinks_shape[0] * options.sinks_shape[1] !=
+            static_cast<int64_t>(options.sinks.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "SessionOptions.sinks_shape must be [num_attention_layers, heads] with ",
+          options.sinks.size(), " values in all (the size of sinks)"));
+    }
+    pb::Tensor* sinks = request.mutable_sinks();
+    sinks->set_dtype(pb::DTYPE_F32);
+    for (int64_t dim : options.sinks_shape) sinks->add_shape(dim);
+    sinks->set_data(options.sinks.data(), options.sinks.size() * sizeof(float));
+  }
+  pb::CreateSessionResponse response;
+  if (absl::Status status = Unary("CreateSession", request, &response, call); !status.ok()) {
+    return status;
+  }
+  return response;
+}
+
+absl::StatusOr<pb::AppendKVResponse> Client::AppendKV(const std::string& session_id,
+                                                      int32_t first_position,
+                                                      int32_t num_positions,
+                                                      absl::Span<const LayerRowsInput> layers,
+                                                      const CallOptions& call) {
+  using pb::AppendKVRequest;
+  using pb::LayerRows;
+  using pb::Tensor;
+  // The request written field by field so that the rows are referenced, not
+  // copied (the generated class would copy each into a string).
+  wire::WireWriter writer;
+  writer.WriteString(AppendKVRequest::kSessionIdFieldNumber, session_id);
+  writer.WriteVarint(AppendKVRequest::kFirstPositionFieldNumber,
+                     static_cast<uint64_t>(static_cast<int64_t>(first_position)));
+  writer.WriteVarint(AppendKVRequest::kNumPositionsFieldNumber,
+                     static_cast<uint64_t>(static_cast<int64_t>(num_positions)));
+  for (const LayerRowsInput& layer : layers) {
+    if (layer.swa_kv.size() % kHeadDim != 0 || layer.compressed_kv.size() % kHeadDim != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "AppendKV layer ", layer.layer, ": swa_kv has ", layer.swa_kv.size(),
+          " values and compressed_kv ", layer.compressed_kv.size(),
+          "; each must be whole rows of 512"));
+    }
+    auto tensor = [](absl::Span<const uint16_t> rows) {
+      wire::WireWriter t;
+      t.WriteVarint(Tensor::kDtypeFieldNumber, pb::DTYPE_BF16);
+      const int64_t shape[2] = {static_cast<int64_t>(rows.size()) / kHeadDim, kHeadDim};
+      t.WritePackedInt64(Tensor::kShapeFieldNumber, shape);
+      const wire::Piece piece(reinterpret_cast<const uint8_t*>(rows.data()), rows.size() * 2);
+      t.WriteBytes(Tensor::kDataFieldNumber, absl::MakeConstSpan(&piece, 1),
+                   Borrowed(rows.data()));
+      return t;
+    };
+    wire::WireWriter rows;
+    rows.WriteVarint(LayerRows::kLayerFieldNumber,
+                     static_cast<uint64_t>(static_cast<int64_t>(layer.layer)));
+    rows.WriteMessage(LayerRows::kSwaKvFieldNumber, tensor(layer.swa_kv));
+    if (!layer.compressed_kv.empty()) {
+      rows.WriteMessage(LayerRows::kCompressedKvFieldNumber, tensor(layer.compressed_kv));
+    }
+    rows.WriteVarint(LayerRows::kFirstCompressedRowFieldNumber,
+                     static_cast<uint64_t>(static_cast<int64_t>(layer.first_compressed_row)));
+    writer.WriteMessage(AppendKVRequest::kLayersFieldNumber, std::move(rows));
+  }
+  pb::AppendKVResponse response;
+  if (absl::Status status = UnaryRaw(kAppendKVMethod, writer.Finish(), &response, call);
+      !status.ok()) {
+    return status;
+  }
+  return response;
+}
+
+absl::StatusOr<int64_t> Client::CloseSession(const std::string& session_id,
+                                             const CallOptions& call) {
+  pb::CloseSessionRequest request;
+  request.set_session_id(session_id);
+  pb::CloseSessionResponse response;
+  if (absl::Status status = Unary("CloseSession", request, &response, call); !status.ok()) {
+    return status;
+  }
+  return response.kv_blocks_freed();
+}
+
+absl::StatusOr<std::vector<pb::SessionInfo>> Client::ListSessions(const CallOptions& call) {
+  pb::ListSessionsResponse response;
+  if (absl::Status status = Unary("ListSessions", pb::ListSessionsRequest(), &response, call);
+      !status.ok()) {
+    return status;
+  }
+  return std::vector<pb::SessionInfo>(response.sessions().begin(), response.sessions().end());
+}
+
+absl::StatusOr<std::unique_ptr<internal::RawStream>> Client::OpenRaw(
+    absl::string_view method, const StreamOptions& options) {
+  if (options.step_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("StreamOptions.step_timeout must be positive");
+  }
+  const std::string name(method);
+  auto raw = std::make_unique<internal::RawStream>(
+      absl::StrCat(name.substr(name.rfind('/') + 1), " stream on ", target_), options);
+  raw->Start(channel_, name);
+  return raw;
+}
+
+absl::StatusOr<std::unique_ptr<AttendStream>> Client::OpenAttendStream(
+    const StreamOptions& options) {
+  absl::StatusOr<std::unique_ptr<internal::RawStream>> raw = OpenRaw(kAttendMethod, options);
+  if (!raw.ok()) return raw.status();
+  return std::unique_ptr<AttendStream>(new AttendStream(*std::move(raw)));
+}
+
+absl::StatusOr<std::unique_ptr<EchoStream>> Client::OpenEchoStream(const StreamOptions& options) {
+  absl::StatusOr<std::unique_ptr<internal::RawStream>> raw = OpenRaw(kEchoMethod, options);
+  if (!raw.ok()) return raw.status();
+  return std::unique_ptr<EchoStream>(new EchoStream(*std::move(raw)));
+}
+
+// ---- Placement.
+
+uint64_t RendezvousWeight(absl::string_view session_key, absl::string_view target) {
+  return SplitMix64(Fnv1a64(session_key) ^ SplitMix64(Fnv1a64(target)));
+}
+
+int RendezvousPlace(absl::string_view session_key, absl::Span<const std::string> targets) {
+  int best = -1;
+  uint64_t best_weight = 0;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const uint64_t weight = RendezvousWeight(session_key, targets[i]);
+    if (best < 0 || weight > best_weight ||
+        (weight == best_weight && targets[i] < targets[best])) {
+      best = static_cast<int>(i);
+      best_weight = weight;
+    }
+  }
+  return best;
+}
+
+absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(std::vector<std::string> targets,
+                                                          const ConnectOptions& options) {
+  if (targets.empty()) {
+    return absl::InvalidArgumentError("Cluster: no targets (give at least one HOST:PORT)");
+  }
+  std::vector<std::string> sorted = targets;
+  std::sort(sorted.begin(), sorted.end());
+  if (auto repeat = std::adjacent_find(sorted.begin(), sorted.end()); repeat != sorted.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Cluster: target ", *repeat, " is listed twice"));
+  }
+  std::vector<std::unique_ptr<Client>> clients;
+  for (const std::string& target : targets) {
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(target, options);
+    if (!client.ok()) return client.status();
+    clients.push_back(*std::move(client));
+  }
+  return std::unique_ptr<Cluster>(new Cluster(std::move(targets), std::move(clients)));
+}
+
+Cluster::Cluster(std::vector<std::string> targets, std::vector<std::unique_ptr<Client>> clients)
+    : targets_(std::move(targets)), clients_(std::move(clients)), alive_(targets_.size(), true) {}
+
+absl::StatusOr<int> Cluster::Place(absl::string_view session_key) const {
+  std::vector<std::string> live;
+  std::vector<int> index;
+  {
+    absl::MutexLock lock(&mutex_);
+    for (size_t i = 0; i < targets_.size(); ++i) {
+      if (!alive_[i]) continue;
+      live.push_back(targets_[i]);
+      index.push_back(static_cast<int>(i));
+    }
+  }
+  const int chosen = RendezvousPlace(session_key, live);
+  if (chosen < 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "no live server for session key '", session_key, "': all ", targets_.size(),
+        " are marked lost (MarkAlive one that is back)"));
+  }
+  return index[chosen];
+}
+
+absl::StatusOr<PlacedSession> Cluster::CreateSession(absl::string_view session_key,
+                                                     const SessionOptions& options,
+                                                     const CallOptions& call) {
+  absl::StatusOr<int> server = Place(session_key);
+  if (!server.ok()) return server.status();
+  absl::StatusOr<pb::CreateSessionResponse> session =
+      clients_[*server]->CreateSession(options, call);
+  if (!session.ok()) return session.status();
+  PlacedSession placed;
+  placed.server = *server;
+  placed.target = targets_[*server];
+  placed.session = *std::move(session);
+  return placed;
+}
+
+void Cluster::MarkLost(int server) {
+  absl::MutexLock lock(&mutex_);
+  alive_.at(server) = false;
+}
+
+void Cluster::MarkAlive(int server) {
+  absl::MutexLock lock(&mutex_);
+  alive_.at(server) = true;
+}
+
+bool Cluster::alive(int server) const {
+  absl::MutexLock lock(&mutex_);
+  return alive_.at(server);
+}
+
+}  // namespace mla::client

@@ -1,0 +1,412 @@
+// The C++ client of mla-offload: what a serving node embeds to keep its KV
+// cache on an mla_offload_server and stream one Attend message per layer step.
+//
+// Connecting: Client::Connect makes a channel to one server with the
+// message-size limits and HTTP/2 window settings the server itself uses
+// (large tensor messages must not stall on flow control every 64 KiB),
+// plaintext by default, TLS (optionally mutual) when ConnectOptions says so.
+// Connect does not wait for the server unless connect_timeout is set; the
+// first call then reports an unreachable server as UNAVAILABLE.
+//
+// Errors: every call returns absl::Status / absl::StatusOr. A gRPC status
+// becomes the absl::Status of the same code whose message is
+// "<Method> on <target>: <the server's or gRPC's message>"; an Attend
+// message the server refused (its RequestStatus) becomes
+// "Attend request <id>: <the server's message>" with the server's code. The
+// codes are the contract of proto/mla_offload.proto: INVALID_ARGUMENT (bad
+// shape, dtype, head count, layer, index), NOT_FOUND (unknown session; also a
+// session that was on a server that has since been lost and restarted),
+// RESOURCE_EXHAUSTED (no KV blocks or queue space; nothing changed),
+// FAILED_PRECONDITION (position out of order), UNAVAILABLE (draining or
+// unreachable), DEADLINE_EXCEEDED (a call or layer step took longer than its
+// timeout).
+//
+// Tensor bytes: AppendKV, AttendStream::Send and EchoStream::Send put the
+// caller's memory into the outgoing message as slices that reference it (no
+// copy; gRPC writes them to the socket). The memory must stay valid and
+// unchanged until that call returned (AppendKV), or until the matching
+// Receive returned or the stream was destroyed (the streams), or, if the
+// caller hands over a keep_alive, until gRPC releases it (the library keeps
+// it until then, possibly on a gRPC thread after the stream ended). Answers
+// are not copied either: an AttendResult owns the received grpc::ByteBuffer
+// and its out()/lse() are views into it (one copy, made once, only when gRPC
+// delivered a tensor split over several slices or misaligned; out_view()
+// gives the pieces for a single CopyTo into the caller's own, e.g. pinned,
+// buffer).
+//
+// Several servers: Cluster places each session on one server by rendezvous
+// (highest random weight) hashing of a session key chosen by the caller, and
+// the session stays there. When that server is lost, its sessions are gone
+// with it (the KV cache lives only in that process): calls to it return
+// UNAVAILABLE while it is unreachable, and NOT_FOUND for the old session id
+// if a new process comes up at the same address. The caller marks the server
+// lost (Cluster::MarkLost), creates the session again (it is placed on the
+// live server of next-highest weight; sessions on the other servers do not
+// move) and re-appends the sequence's KV with AppendKV before attending
+// again. The Cluster never marks a server lost by itself: one UNAVAILABLE
+// may be a drain or a blip, and the caller knows which it can afford.
+//
+// Thread safety: Client and Cluster are thread-safe. An AttendStream or
+// EchoStream may be used from several threads (Send calls are numbered in
+// the order they take the stream's lock); the usual shape is one thread
+// sending layer steps and one receiving them. Results are plain values.
+#ifndef MLA_OFFLOAD_CLIENT_MLA_CLIENT_H_
+#define MLA_OFFLOAD_CLIENT_MLA_CLIENT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/channel.h>
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/status.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "proto/attend_codec.h"
+#include "proto/mla_offload.pb.h"
+
+namespace mla::client {
+
+namespace pb = ::mla_offload::v1;
+
+// Elements of one row of q, kv and the output: the model's head_dim.
+inline constexpr int64_t kHeadDim = 512;
+
+struct ConnectOptions {
+  // TLS. Off by default (plaintext, for loopback and trusted networks).
+  bool use_tls = false;
+  // PEM root certificates that sign the server's certificate; empty: the
+  // system's roots.
+  std::string tls_root_certs_pem;
+  // Mutual TLS: the client's certificate chain and private key, PEM. Both or
+  // neither.
+  std::string tls_client_cert_pem;
+  std::string tls_client_key_pem;
+  // The name the server's certificate must carry, when it differs from the
+  // target's host (e.g. connecting by IP address).
+  std::string tls_server_name;
+
+  // Largest message sent or received; the server's default --max_message_mb
+  // is 256 MiB.
+  int64_t max_message_bytes = int64_t{256} << 20;
+  // Deadline of unary calls (GetServerInfo, CreateSession, AppendKV, ...)
+  // when CallOptions gives none.
+  absl::Duration call_timeout = absl::Seconds(60);
+  // When positive, Connect waits this long for the channel to connect and
+  // returns UNAVAILABLE naming the target if it does not.
+  absl::Duration connect_timeout = absl::ZeroDuration();
+};
+
+struct CallOptions {
+  // This call's deadline, from now; zero: ConnectOptions::call_timeout.
+  absl::Duration timeout = absl::ZeroDuration();
+};
+
+// absl::Status of the same code; the message is "<what>: <status message>".
+absl::Status StatusFromGrpc(const grpc::Status& status, absl::string_view what);
+
+// What the health service (grpc.health.v1) says of a service.
+enum class HealthStatus { kUnknown, kServing, kNotServing, kServiceUnknown };
+absl::string_view HealthStatusName(HealthStatus status);  // "SERVING", ...
+
+struct SessionOptions {
+  std::string model;      // a profile name from ServerInfo.models
+  int32_t num_heads = 0;  // H: query heads each rank sends (h_total / TP)
+  // Attention sinks, fp32, [num_attention_layers, h_total] or
+  // [num_attention_layers, num_heads]; empty: no sink. sinks_shape gives the
+  // two dimensions. Copied into the request (they are small).
+  absl::Span<const float> sinks;
+  std::vector<int64_t> sinks_shape;
+  // Closed after this long without use; zero: the server's default.
+  absl::Duration idle_ttl = absl::ZeroDuration();
+};
+
+// The KV rows of one layer for AppendKV, as bf16 bit patterns (see
+// message LayerRows): swa_kv is [num_positions, 512]; compressed_kv is
+// [M, 512], rows first_compressed_row .. + M - 1 (empty on layers without
+// compression or when no row completes).
+struct LayerRowsInput {
+  int32_t layer = 0;
+  absl::Span<const uint16_t> swa_kv;
+  absl::Span<const uint16_t> compressed_kv;
+  int32_t first_compressed_row = 0;
+};
+
+// One session's tokens in an Attend message (message Segment).
+struct AttendSegment {
+  std::string session_id;
+  int32_t position = 0;
+  int32_t num_tokens = 1;
+  int32_t first_compressed_row = 0;
+  int32_t num_compressed_rows = 0;
+};
+
+// One Attend message: a layer step of one rank for the sessions in
+// `segments` (T = sum of their num_tokens). Tensors are bf16 bit patterns
+// (uint16) and int32, C order, referenced while the message is sent (see the
+// file comment).
+struct AttendInput {
+  int32_t layer = 0;
+  int32_t head_offset = 0;
+  std::vector<AttendSegment> segments;
+  absl::Span<const uint16_t> q;              // [T, H, 512]; H = q.size() / (T * 512)
+  absl::Span<const uint16_t> kv;             // [T, 512]; empty: not sent (another rank sends it)
+  absl::Span<const uint16_t> compressed_kv;  // [sum of num_compressed_rows, 512]
+  absl::Span<const int32_t> topk;            // [T, K] on C4A layers; K = topk.size() / T
+  bool return_lse = false;
+  bool derotate_output = false;
+  // Optional: owns the memory above; held until gRPC has released the
+  // message, so the caller need not keep the memory until Receive.
+  std::shared_ptr<const void> keep_alive;
+};
+
+// The answer to one Attend message that the server served. Movable, not
+// copyable; owns the received bytes.
+class AttendResult {
+ public:
+  AttendResult(AttendResult&&) noexcept;
+  AttendResult& operator=(AttendResult&&) noexcept;
+  ~AttendResult();
+
+  uint64_t request_id() const;
+  int64_t num_tokens() const;  // T
+  int32_t num_heads() const;   // H
+  // [T, H, 512] bf16 bit patterns.
+  absl::Span<const uint16_t> out() const;
+  // [T, H] fp32 log-sum-exp (+inf where nothing was attended); empty unless
+  // the message asked for it.
+  absl::Span<const float> lse() const;
+  bool has_lse() const;
+  // The output as the received pieces (no copy made): out_view().CopyTo(dst)
+  // writes it into the caller's buffer with one memcpy per piece.
+  const wire::TensorView& out_view() const;
+  // Server-side time of the message (queue, prologue, decode, total, batch
+  // tokens).
+  const wire::TimingView& timing() const;
+
+ private:
+  friend class AttendStream;
+  struct Data;
+  explicit AttendResult(std::unique_ptr<Data> data);
+  std::unique_ptr<Data> data_;
+};
+
+// One message sent back by Echo (the transport baseline); owns its bytes.
+class EchoResult {
+ public:
+  EchoResult(EchoResult&&) noexcept;
+  EchoResult& operator=(EchoResult&&) noexcept;
+  ~EchoResult();
+
+  size_t size() const;
+  // The payload as received, in pieces (no copy).
+  const std::vector<wire::Piece>& pieces() const;
+  void CopyTo(void* dst) const;
+  std::string ToString() const;
+
+ private:
+  friend class EchoStream;
+  struct Data;
+  explicit EchoResult(std::unique_ptr<Data> data);
+  std::unique_ptr<Data> data_;
+};
+
+struct StreamOptions {
+  // Each message must be answered within this long of its Send; otherwise
+  // Receive returns DEADLINE_EXCEEDED and the stream is cancelled (a layer
+  // step that late means the server or the network is in trouble, and the
+  // answers after it cannot come in order).
+  absl::Duration step_timeout = absl::Seconds(30);
+  // Deadline of the whole stream, from its opening; infinite: none (a
+  // serving node keeps one stream open for its lifetime).
+  absl::Duration stream_timeout = absl::InfiniteDuration();
+  // Messages sent and not yet answered by the server; Send waits while this
+  // many are out (answers already received but not yet taken by Receive do
+  // not count). The server reads ahead --max_messages_in_flight (default 8)
+  // per stream.
+  int max_in_flight = 8;
+};
+
+namespace internal {
+class RawStream;
+}  // namespace internal
+
+// A bidirectional Attend stream: several layer steps in flight, answers in
+// the order sent. A message the server refuses fails alone (Receive returns
+// its status, the stream goes on); a broken stream fails every later call
+// with the stream's status. Destroying an unfinished stream cancels it.
+class AttendStream {
+ public:
+  ~AttendStream();
+  AttendStream(const AttendStream&) = delete;
+  AttendStream& operator=(const AttendStream&) = delete;
+
+  // Sends one message; its request id (1, 2, 3, ... in the order of Send).
+  // Checks the tensor sizes against the segments first (INVALID_ARGUMENT,
+  // nothing sent). Waits while StreamOptions::max_in_flight messages are
+  // unanswered, at most step_timeout.
+  absl::StatusOr<uint64_t> Send(const AttendInput& input);
+  // The answer to the oldest message not yet received, waiting for it at
+  // most until step_timeout after its Send. FAILED_PRECONDITION when nothing
+  // is outstanding.
+  absl::StatusOr<AttendResult> Receive();
+  // Messages sent whose answers Receive has not returned yet.
+  int outstanding() const;
+  // OK while the stream can carry messages; else why it ended.
+  absl::Status status() const;
+  // Half-closes the stream and waits (at most step_timeout) for the server
+  // to end it; answers not yet received stay available to Receive. The
+  // call's status.
+  absl::Status Finish();
+
+ private:
+  friend class Client;
+  explicit AttendStream(std::unique_ptr<internal::RawStream> raw);
+  std::unique_ptr<internal::RawStream> raw_;
+};
+
+// Echo: every message comes back unchanged, in order (the load-test
+// baseline for the same bytes on the same connection).
+class EchoStream {
+ public:
+  ~EchoStream();
+  EchoStream(const EchoStream&) = delete;
+  EchoStream& operator=(const EchoStream&) = delete;
+
+  // Sends `payload` as one EchoMessage; its number (1, 2, ...).
+  absl::StatusOr<uint64_t> Send(absl::Span<const uint8_t> payload,
+                                std::shared_ptr<const void> keep_alive = nullptr);
+  absl::StatusOr<EchoResult> Receive();
+  int outstanding() const;
+  absl::Status status() const;
+  absl::Status Finish();
+
+ private:
+  friend class Client;
+  explicit EchoStream(std::unique_ptr<internal::RawStream> raw);
+  std::unique_ptr<internal::RawStream> raw_;
+};
+
+// One server. Streams opened from it share its channel and may outlive it.
+class Client {
+ public:
+  // INVALID_ARGUMENT for an empty target or half a TLS key pair;
+  // UNAVAILABLE when connect_timeout is set and passes.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& target,
+                                                         const ConnectOptions& options = {});
+  ~Client();
+
+  const std::string& target() const { return target_; }
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
+
+  absl::StatusOr<pb::ServerInfo> GetServerInfo(const CallOptions& call = {});
+  // grpc.health.v1 Check of `service` ("" is the whole server).
+  absl::StatusOr<HealthStatus> CheckHealth(const std::string& service = "",
+                                           const CallOptions& call = {});
+
+  absl::StatusOr<pb::CreateSessionResponse> CreateSession(const SessionOptions& options,
+                                                          const CallOptions& call = {});
+  // Positions first_position .. + num_positions - 1 of every attention layer
+  // (one entry per layer, each exactly once). Tensor bytes are referenced,
+  // not copied; they must stay unchanged until this returns.
+  absl::StatusOr<pb::AppendKVResponse> AppendKV(const std::string& session_id,
+                                                int32_t first_position, int32_t num_positions,
+                                                absl::Span<const LayerRowsInput> layers,
+                                                const CallOptions& call = {});
+  // KV blocks freed. NOT_FOUND for an unknown (or already closed) session.
+  absl::StatusOr<int64_t> CloseSession(const std::string& session_id,
+                                       const CallOptions& call = {});
+  absl::StatusOr<std::vector<pb::SessionInfo>> ListSessions(const CallOptions& call = {});
+
+  absl::StatusOr<std::unique_ptr<AttendStream>> OpenAttendStream(
+      const StreamOptions& options = {});
+  absl::StatusOr<std::unique_ptr<EchoStream>> OpenEchoStream(const StreamOptions& options = {});
+
+ private:
+  Client(std::string target, std::shared_ptr<grpc::Channel> channel,
+         const ConnectOptions& options);
+
+  template <typename Request, typename Response>
+  absl::Status Unary(absl::string_view method, const Request& request, Response* response,
+                     const CallOptions& call);
+  absl::Status UnaryRaw(absl::string_view method, const grpc::ByteBuffer& request,
+                        google::protobuf::Message* response, const CallOptions& call);
+  absl::StatusOr<std::unique_ptr<internal::RawStream>> OpenRaw(absl::string_view method,
+                                                               const StreamOptions& options);
+
+  const std::string target_;
+  const std::shared_ptr<grpc::Channel> channel_;
+  const ConnectOptions options_;
+};
+
+// ---- Placement over several servers.
+
+// The rendezvous weight of `session_key` on `target`:
+//   SplitMix64(Fnv1a64(session_key) ^ SplitMix64(Fnv1a64(target)))
+// (FNV-1a 64 over the bytes; SplitMix64's finaliser), the same in every
+// process and language, so that a Python client places a key where this one
+// does.
+uint64_t RendezvousWeight(absl::string_view session_key, absl::string_view target);
+
+// The index into `targets` of the highest weight for `session_key` (ties, of
+// probability 2^-64, go to the smaller target string); -1 when `targets` is
+// empty. Removing a target moves only the keys that were placed on it;
+// adding one moves only the keys it now wins.
+int RendezvousPlace(absl::string_view session_key, absl::Span<const std::string> targets);
+
+// A session created through a Cluster: where it lives. Send every later call
+// for it to cluster.client(server), not to Place(key) again: placement
+// changes when servers are marked lost or alive, a session does not move.
+struct PlacedSession {
+  int server = -1;
+  std::string target;
+  pb::CreateSessionResponse session;
+};
+
+// Several servers, one Client each, and the placement of sessions on them
+// (the file comment says what happens when a server is lost).
+class Cluster {
+ public:
+  // INVALID_ARGUMENT when `targets` is empty or repeats a target.
+  static absl::StatusOr<std::unique_ptr<Cluster>> Connect(std::vector<std::string> targets,
+                                                          const ConnectOptions& options = {});
+
+  int size() const { return static_cast<int>(clients_.size()); }
+  const std::string& target(int server) const { return targets_[server]; }
+  Client& client(int server) const { return *clients_[server]; }
+
+  // The live server with the highest rendezvous weight for the key;
+  // UNAVAILABLE when every server is marked lost.
+  absl::StatusOr<int> Place(absl::string_view session_key) const;
+  // Places the session and creates it there.
+  absl::StatusOr<PlacedSession> CreateSession(absl::string_view session_key,
+                                              const SessionOptions& options,
+                                              const CallOptions& call = {});
+
+  // A lost server takes no new sessions; only keys that were placed on it
+  // move (each to its next-highest weight). MarkAlive undoes it (new
+  // sessions of its keys go back to it; existing sessions stay where they
+  // were created).
+  void MarkLost(int server);
+  void MarkAlive(int server);
+  bool alive(int server) const;
+
+ private:
+  Cluster(std::vector<std::string> targets, std::vector<std::unique_ptr<Client>> clients);
+
+  const std::vector<std::string> targets_;
+  const std::vector<std::unique_ptr<Client>> clients_;
+  mutable absl::Mutex mutex_;
+  std::vector<bool> alive_ ABSL_GUARDED_BY(mutex_);
+};
+
+}  // namespace mla::client
+
+#endif  // MLA_OFFLOAD_CLIENT_MLA_CLIENT_H_
