@@ -1,0 +1,221 @@
+"""Client: one channel to one mla_offload_server and its calls.
+
+Every call has a deadline (the client's `timeout`, or the call's own) and
+raises MlaOffloadError with the gRPC code and the server's message when it
+fails. A request that fails leaves every session as it was (the server's
+contract), so a caller may fix it and send it again.
+
+Thread safety: a Client may be shared by threads; so may an AttendStream
+(see attend.py).
+"""
+
+import dataclasses
+from typing import Optional
+
+import grpc
+import numpy as np
+
+from ._stubs import pb, pb_grpc
+from .attend import AttendStream, session_id_of
+from .errors import MlaOffloadError
+from .tensors import fill_tensor
+
+DEFAULT_MAX_MESSAGE_BYTES = 256 << 20  # the server's --max_message_mb default
+
+
+@dataclasses.dataclass(frozen=True)
+class TlsConfig:
+    """TLS for the channel (PEM bytes). root_certificates: the CA to trust
+    (None: the system's). private_key + certificate_chain: the client's own
+    certificate, for servers that require mutual TLS. server_name: the name
+    to check the server's certificate against, when it differs from the
+    target's host."""
+    root_certificates: Optional[bytes] = None
+    private_key: Optional[bytes] = None
+    certificate_chain: Optional[bytes] = None
+    server_name: Optional[str] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Session:
+    """A session the server created: pass it (or its id) to later calls."""
+    session_id: str
+    model: str
+    num_heads: int
+    padded_heads: int  # the kernel head count H runs at
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerRows:
+    """KV rows of one layer for append_kv: swa_kv uint16 bf16 [P, 512] (RoPE
+    not yet applied); compressed_kv uint16 bf16 [M, 512] (C4A/C128A layers),
+    rows first_compressed_row .. + M - 1."""
+    layer: int
+    swa_kv: np.ndarray
+    compressed_kv: Optional[np.ndarray] = None
+    first_compressed_row: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class AppendResult:
+    next_position: int
+    kv_blocks_used: int  # by this session
+
+
+HEALTH_STATUS = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
+
+
+def _health_status(message):
+    """HealthCheckResponse {ServingStatus status = 1;} read by hand, so that the
+    package needs no grpc_health stubs: empty = 0, else tag 0x08 and a varint."""
+    if not message:
+        return HEALTH_STATUS[0]
+    if message[0] != 0x08 or len(message) < 2 or message[1] & 0x80:
+        raise ValueError(f"unexpected HealthCheckResponse bytes {message!r}")
+    return HEALTH_STATUS.get(message[1], str(message[1]))
+
+
+class Client:
+    """A channel to one server. Use as a context manager, or call close().
+
+    target: "HOST:PORT". tls: a TlsConfig for a TLS channel (None: plaintext),
+    or channel_credentials: any grpc.ChannelCredentials (e.g. composed with
+    call credentials) instead. metadata: (key, value) pairs sent with every
+    call (e.g. ("authorization", "Bearer ...")). timeout: the default
+    deadline of unary calls, in seconds. max_message_bytes: the largest
+    message sent or received. channel_options: more gRPC channel arguments.
+    """
+
+    def __init__(self, target, *, tls=None, channel_credentials=None, metadata=(), timeout=30.0,
+                 max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES, channel_options=()):
+        if tls is not None and channel_credentials is not None:
+            raise ValueError("pass tls or channel_credentials, not both")
+        options = [
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_message_bytes),
+            # Tensor messages are large: wide HTTP/2 windows keep a stream
+            # from stalling on flow control, as on the server.
+            ("grpc.http2.lookahead_bytes", 64 << 20),
+        ]
+        if tls is not None:
+            channel_credentials = grpc.ssl_channel_credentials(
+                tls.root_certificates, tls.private_key, tls.certificate_chain)
+            if tls.server_name:
+                options.append(("grpc.ssl_target_name_override", tls.server_name))
+        options.extend(channel_options)
+        if channel_credentials is None:
+            self._channel = grpc.insecure_channel(target, options=options)
+        else:
+            self._channel = grpc.secure_channel(target, channel_credentials, options=options)
+        self._stub = pb_grpc.MlaOffloadStub(self._channel)
+        self._health = self._channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=lambda message: message,
+            response_deserializer=lambda message: message)
+        self._metadata = tuple(metadata)
+        self.target = target
+        self.timeout = timeout
+
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def _call(self, method, request, timeout):
+        try:
+            return getattr(self._stub, method)(
+                request, timeout=self.timeout if timeout is None else timeout,
+                metadata=self._metadata)
+        except grpc.RpcError as error:
+            raise MlaOffloadError.from_rpc_error(error, method) from None
+
+    def server_info(self, timeout=None):
+        """pb.ServerInfo: models, backend, devices, head counts, capacity, limits."""
+        return self._call("GetServerInfo", pb.GetServerInfoRequest(), timeout)
+
+    def model(self, name, timeout=None):
+        """pb.ModelInfo of a model profile the server serves; KeyError if none."""
+        for model in self.server_info(timeout).models:
+            if model.name == name:
+                return model
+        raise KeyError(f"{self.target} does not serve model {name!r}")
+
+    def health(self, timeout=None):
+        """grpc.health.v1 status of the server: "SERVING", or "NOT_SERVING"
+        while it drains."""
+        try:
+            reply = self._health(b"", timeout=self.timeout if timeout is None else timeout,
+                                 metadata=self._metadata)
+        except grpc.RpcError as error:
+            raise MlaOffloadError.from_rpc_error(error, "Health.Check") from None
+        return _health_status(reply)
+
+    def create_session(self, model, num_heads, sinks=None, idle_ttl_seconds=0, timeout=None):
+        """A new Session of `model` whose ranks send `num_heads` query heads.
+
+        sinks: float32 [num_attention_layers, h_total] (or [layers, num_heads]
+        when every rank has the same heads); None: no sink.
+        idle_ttl_seconds: closed after this long unused; 0: the server's default.
+        """
+        request = pb.CreateSessionRequest(model=model, num_heads=num_heads,
+                                          idle_ttl_seconds=idle_ttl_seconds)
+        if sinks is not None:
+            fill_tensor(request.sinks, sinks, pb.DTYPE_F32, "sinks")
+        reply = self._call("CreateSession", request, timeout)
+        return Session(reply.session_id, model, reply.num_heads, reply.padded_heads)
+
+    def append_kv(self, session, first_position, layers, num_positions=None, timeout=None):
+        """Appends positions first_position .. + P - 1 of every attention layer.
+
+        layers: one LayerRows per attention layer of the model. num_positions:
+        P; default: the rows of the first layer's swa_kv.
+        """
+        layers = list(layers)
+        if num_positions is None:
+            num_positions = int(np.shape(layers[0].swa_kv)[0]) if layers else 0
+        request = pb.AppendKVRequest(session_id=session_id_of(session),
+                                     first_position=first_position, num_positions=num_positions)
+        for rows in layers:
+            entry = request.layers.add(layer=rows.layer,
+                                       first_compressed_row=rows.first_compressed_row)
+            fill_tensor(entry.swa_kv, rows.swa_kv, pb.DTYPE_BF16, f"layers[{rows.layer}].swa_kv")
+            if rows.compressed_kv is not None:
+                fill_tensor(entry.compressed_kv, rows.compressed_kv, pb.DTYPE_BF16,
+                            f"layers[{rows.layer}].compressed_kv")
+        reply = self._call("AppendKV", request, timeout)
+        return AppendResult(reply.next_position, reply.kv_blocks_used)
+
+    def close_session(self, session, timeout=None):
+        """Frees the session; returns the KV blocks freed. Unknown: NOT_FOUND."""
+        request = pb.CloseSessionRequest(session_id=session_id_of(session))
+        return self._call("CloseSession", request, timeout).kv_blocks_freed
+
+    def list_sessions(self, timeout=None):
+        """pb.SessionInfo of every session the server holds."""
+        return list(self._call("ListSessions", pb.ListSessionsRequest(), timeout).sessions)
+
+    def echo(self, payloads, timeout=None):
+        """Sends each payload (bytes) through the Echo stream; returns what came back."""
+        requests = (pb.EchoMessage(payload=payload) for payload in payloads)
+        try:
+            replies = self._stub.Echo(requests, timeout=self.timeout if timeout is None else timeout,
+                                      metadata=self._metadata)
+            return [reply.payload for reply in replies]
+        except grpc.RpcError as error:
+            raise MlaOffloadError.from_rpc_error(error, "Echo") from None
+
+    def attend(self, timeout=None, max_in_flight=8):
+        """Opens an AttendStream. timeout: the deadline of the whole stream in
+        seconds (None: none; a long-lived stream usually has none)."""
+        return AttendStream(self._stub, timeout=timeout, metadata=self._metadata,
+                            max_in_flight=max_in_flight)
+
+
+def connect(target, **kwargs):
+    """Client(target, **kwargs)."""
+    return Client(target, **kwargs)

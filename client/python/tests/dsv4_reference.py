@@ -1,0 +1,175 @@
+"""A numpy float64 model of spec/dsv4-attention.md sections 2-5 and 7, for tests.
+
+Written from the spec alone (not from the server's code): RoPE tables from
+the pinned float32 frequencies (section 2), the prologue's q RMSNorm + RoPE
+and the KV row's RoPE + bf16 round trip + UE8M0 FP8 quantisation (sections
+3 and 4, producing the dequantised key), the sparse MLA decode with
+attention sink (section 5) and the decode tolerances (section 7). Not part
+of the package.
+"""
+
+import numpy as np
+
+HEAD_DIM = 512
+NOPE_DIM = 448
+RMS_NORM_EPS = 1e-6
+SOFTMAX_SCALE = HEAD_DIM ** -0.5
+E4M3_MAX = 448.0
+
+# Section 2: DeepSeek's float32 frequencies f_i (i = 0..31) as bit patterns.
+_YARN_FREQUENCY_BITS = [  # theta 160000 with YaRN: C4A and C128A layers
+    0x3f800000, 0x3f300a3a, 0x3ef21c1f, 0x3ea67d01, 0x3e64f92e, 0x3e1d7475, 0x3dd88cb4, 0x3d94e963,
+    0x3d4ccccd, 0x3d0cd4fb, 0x3cc1b019, 0x3c8530ce, 0x3c372dbf, 0x3bfbed88, 0x3bad3d5e, 0x3b6e4237,
+    0x3b147ae1, 0x3ab714e0, 0x3a5ebdb6, 0x3a0530ce, 0x399bb3af, 0x39305978, 0x38be904d, 0x383e9b5f,
+    0x37a3d70c, 0x36b443d0, 0x3677eba6, 0x362a7be8, 0x35ea77ff, 0x35a13bdc, 0x355dbf30, 0x35187c4d,
+]
+_PLAIN_FREQUENCY_BITS = [  # theta 10000, no YaRN: SWA-only layers
+    0x3f800000, 0x3f3ff911, 0x3f0ff59a, 0x3ed7e89b, 0x3ea1e89b, 0x3e72d423, 0x3e361887, 0x3e088d77,
+    0x3dcccccd, 0x3d99940d, 0x3d6655c2, 0x3d2cba15, 0x3d0186e3, 0x3cc2434f, 0x3c91ad39, 0x3c5a7bf2,
+    0x3c23d70a, 0x3bf5b9b0, 0x3bb8449c, 0x3b8a2e77, 0x3b4f3e38, 0x3b1b690d, 0x3ae91528, 0x3aaec98e,
+    0x3a83126f, 0x3a44948c, 0x3a136a16, 0x39dd1725, 0x39a5cb60, 0x3978a815, 0x393a7753, 0x390bd472,
+]
+
+
+def frequencies(compress_ratio):
+    """The pinned float32 f_i of a layer: plain for SWA-only layers (ratio 0), YaRN else."""
+    bits = _PLAIN_FREQUENCY_BITS if compress_ratio == 0 else _YARN_FREQUENCY_BITS
+    return np.array(bits, dtype=np.uint32).view(np.float32)
+
+
+def yarn_frequencies_float64(theta=160000.0):
+    """Section 2's YaRN formula in float64 (the source of the pinned values)."""
+    i = np.arange(32, dtype=np.float64)
+    base = theta ** (-2.0 * i / 64.0)
+    d = lambda r: 64.0 * np.log(65536.0 / (2.0 * np.pi * r)) / (2.0 * np.log(theta))
+    low = min(max(np.floor(d(32.0)), 0.0), 63.0)
+    high = min(max(np.ceil(d(1.0)), 0.0), 63.0)
+    ramp = np.clip((i - low) / (high - low), 0.0, 1.0)
+    return base / 16.0 * ramp + base * (1.0 - ramp)
+
+
+def rope_cos_sin(positions, compress_ratio):
+    """cos, sin [len(positions), 32] float32: angle float32(float32(p) * f_i),
+    cos and sin in float64 rounded to float32 (section 2)."""
+    p = np.asarray(positions, dtype=np.float32).reshape(-1, 1)
+    angle = (p * frequencies(compress_ratio)[None, :]).astype(np.float32)
+    angle = angle.astype(np.float64)
+    return np.cos(angle).astype(np.float32), np.sin(angle).astype(np.float32)
+
+
+def rotate(x, cos, sin, inverse=False):
+    """GPT-J pairs (448+2i, 449+2i) of the last axis rotated by the angle
+    (or its negative), in float64. x [..., 512]; cos, sin broadcast to [..., 32]."""
+    x = np.array(x, dtype=np.float64)
+    c = np.asarray(cos, dtype=np.float64)
+    s = np.asarray(sin, dtype=np.float64)
+    if inverse:
+        s = -s
+    a = x[..., NOPE_DIM::2].copy()
+    b = x[..., NOPE_DIM + 1::2].copy()
+    x[..., NOPE_DIM::2] = a * c - b * s
+    x[..., NOPE_DIM + 1::2] = a * s + b * c
+    return x
+
+
+def bf16_to_float64(bits):
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def round_to_bf16(values):
+    """float64 -> the nearest bf16 (ties to even) as float64, rounded once
+    (not through float32, which could round twice)."""
+    values = np.asarray(values, dtype=np.float64)
+    single = values.astype(np.float32)
+    bits = np.atleast_1d(single).view(np.uint32)
+    low = bits & np.uint32(0xFFFF)
+    up = (low > 0x8000) | ((low == 0x8000) & ((bits & np.uint32(0x10000)) != 0))
+    # float32 rounding can land exactly on a bf16 midpoint: decide by the
+    # float64 value which side it was on.
+    exact = np.atleast_1d(single.astype(np.float64) == values)
+    away = np.atleast_1d(np.abs(values) > np.abs(single.astype(np.float64)))
+    up = np.where((low == 0x8000) & ~exact, away, up)
+    result = (bits & np.uint32(0xFFFF0000)) + np.where(up, np.uint32(0x10000), np.uint32(0))
+    return result.astype(np.uint32).view(np.float32).astype(np.float64).reshape(values.shape)
+
+
+def prologue_q(q_bits, positions, compress_ratio):
+    """Section 4, Q: q [T, H, 512] bf16 bits -> q_out [T, H, 512] (bf16 values, float64)."""
+    x = bf16_to_float64(q_bits)
+    x = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + RMS_NORM_EPS)
+    cos, sin = rope_cos_sin(positions, compress_ratio)
+    return round_to_bf16(rotate(x, cos[:, None, :], sin[:, None, :]))
+
+
+def e4m3_round(values):
+    """float64 values in [-448, 448] -> the nearest e4m3fn value, ties to even."""
+    magnitude = np.abs(values)
+    _, exponent = np.frexp(magnitude)  # magnitude = m * 2^exponent, m in [0.5, 1)
+    step = np.where(magnitude < 2.0 ** -6, 2.0 ** -9, np.ldexp(1.0, exponent - 1 - 3))
+    return np.copysign(np.round(magnitude / step) * step, values)
+
+
+def cache_row(kv_bits, position, compress_ratio):
+    """Section 4, KV + section 3: one row [512] bf16 bits inserted at `position`
+    -> the dequantised key as the cache holds it (float64 [512])."""
+    cos, sin = rope_cos_sin([position], compress_ratio)
+    y = round_to_bf16(rotate(bf16_to_float64(kv_bits), cos[0], sin[0]))
+    key = y.copy()
+    for tile in range(NOPE_DIM // 64):
+        values = y[64 * tile:64 * tile + 64]
+        amax = np.float32(max(np.max(np.abs(values)), 1e-4))
+        ratio = np.float32(amax / np.float32(E4M3_MAX))
+        mantissa, exponent = np.frexp(np.float64(ratio))
+        e = exponent - 1 if mantissa == 0.5 else exponent  # smallest e with 2^e >= ratio
+        scaled = np.clip(values * 2.0 ** -e, -E4M3_MAX, E4M3_MAX)
+        scale = 2.0 ** (min(max(e + 127, 0), 255) - 127)
+        key[64 * tile:64 * tile + 64] = e4m3_round(scaled) * scale
+    return key
+
+
+def decode(q_out, keys, sinks, positions=None, compress_ratio=0, derotate=False):
+    """Section 5 for T tokens. q_out [T, H, 512]; keys: per token a [J, 512]
+    array (V = K; J may be 0); sinks [H] float (-inf: none).
+    Returns out [T, H, 512] float64 (before the server's bf16 rounding) and
+    lse [T, H] (+inf where J is empty)."""
+    tokens, heads, _ = q_out.shape
+    out = np.zeros((tokens, heads, HEAD_DIM))
+    lse = np.full((tokens, heads), np.inf)
+    sinks = np.asarray(sinks, dtype=np.float64)
+    for t in range(tokens):
+        if len(keys[t]) == 0:
+            continue
+        z = SOFTMAX_SCALE * (q_out[t] @ keys[t].T)  # [H, J]
+        peak = np.max(z, axis=1, keepdims=True)
+        lse[t] = peak[:, 0] + np.log(np.sum(np.exp(z - peak), axis=1))
+        o = np.exp(z - lse[t][:, None]) @ keys[t]
+        out[t] = o / (1.0 + np.exp(sinks - lse[t]))[:, None]
+    if derotate:
+        cos, sin = rope_cos_sin(positions, compress_ratio)
+        out = rotate(out, cos[:, None, :], sin[:, None, :], inverse=True)
+    return out, lse
+
+
+def decode_violations(out, lse, ref_out, ref_lse, keys):
+    """Section 7: a list of what is outside tolerance (empty: all within).
+    out [T, H, 512] float32 (the server's bf16 output); lse [T, H] or None."""
+    problems = []
+    for t in range(ref_out.shape[0]):
+        a_t = float(np.max(np.abs(keys[t]))) if len(keys[t]) else 0.0
+        bound = 2e-3 * max(1.0, a_t) + 1e-2 * np.abs(ref_out[t])
+        error = np.abs(out[t].astype(np.float64) - ref_out[t])
+        bad = ~(error <= bound)  # NaN never passes
+        if bad.any():
+            h, d = np.argwhere(bad)[0]
+            problems.append(f"token {t}: out outside tolerance in {int(bad.sum())} elements, "
+                            f"e.g. head {h} dim {d}: {out[t, h, d]} vs {ref_out[t, h, d]:.6g}")
+        if lse is not None:
+            empty = np.isinf(ref_lse[t])
+            if not np.array_equal(np.isposinf(lse[t]), empty):
+                problems.append(f"token {t}: lse +inf at {np.isposinf(lse[t])}, expected {empty}")
+            finite = ~empty
+            lse_error = np.abs(lse[t][finite].astype(np.float64) - ref_lse[t][finite])
+            if not np.all(lse_error <= 1e-3):
+                problems.append(f"token {t}: lse off by up to {np.nanmax(lse_error):.3g} "
+                                f"(or NaN): {lse[t]} vs {ref_lse[t]}")
+    return problems

@@ -1,0 +1,153 @@
+"""End to end through the Python client: the server's Attend answers against
+the numpy float64 model of the spec (dsv4_reference.py), within section 7's
+tolerances."""
+
+import unittest
+
+import numpy as np
+
+import mla_offload as mo
+import dsv4_reference as ref
+from server_test_case import FLASH, ServerTestCase, random_bf16
+
+PROMPT = 299  # the step at 299 brings C4A row 74; C128A layers hold rows 0 and 1
+HEADS = 4     # a V4-Flash TP16 rank: runs padded to 8 heads
+HEAD_OFFSET = 12
+
+
+def scaled_rows(rng, count):
+    """Random bf16 rows whose 64-wide tiles differ in size (factors 1/8 to
+    1.4), so that the FP8 tiles get different UE8M0 scales."""
+    scales = 2.0 ** rng.uniform(-3, 0.5, size=(count, 8))
+    values = rng.standard_normal((count, 512)) * np.repeat(scales, 64, axis=1)
+    return mo.float32_to_bf16(np.where(np.abs(values) < 1e-3, 1e-3, values).astype(np.float32))
+
+
+def topk_rows(rng, rows, width):
+    """An indexer top-k of a token: the newest row, row 0 and random others,
+    one listed twice, -1 pads (one moved into the middle)."""
+    chosen = [rows - 1, 0] + list(rng.choice(np.arange(1, rows - 1), width - 8, replace=False))
+    chosen.append(chosen[3])
+    rng.shuffle(chosen)
+    topk = np.full(width, -1, np.int32)
+    topk[:len(chosen)] = chosen
+    topk[[len(chosen) // 2, len(chosen)]] = topk[[len(chosen), len(chosen) // 2]]
+    return topk
+
+
+class NumericsTest(ServerTestCase):
+
+    def test_attend_matches_the_float64_model_of_the_spec(self):
+        rng = np.random.default_rng(2026)
+        model = self.flash
+        ratios = list(model.compress_ratios)
+        layers = len(ratios)
+        sinks = rng.uniform(2.0, 7.0, size=(layers, model.num_query_heads)).astype(np.float32)
+        sinks[3, HEAD_OFFSET + 1] = -np.inf  # a head without sink
+        session = self.client.create_session(FLASH, HEADS, sinks=sinks)
+        self.assertEqual(session.padded_heads, 8)
+
+        # Every row the session will hold: SWA rows of positions 0..300 and
+        # compressed rows, per layer.
+        swa = [scaled_rows(rng, PROMPT + 2) for _ in range(layers)]
+        compressed = [scaled_rows(rng, (PROMPT + 2) // r) if r else None for r in ratios]
+        self.client.append_kv(session, 0, [
+            mo.LayerRows(layer, swa[layer][:PROMPT],
+                         compressed[layer][:PROMPT // r] if r else None)
+            for layer, r in enumerate(ratios)])
+
+        # One step of two tokens (positions 299 and 300) on an SWA-only, a
+        # C4A and a C128A layer, sent before any answer is read.
+        positions = np.array([PROMPT, PROMPT + 1])
+        steps = {}
+        with self.client.attend() as stream:
+            for layer, derotate in ((0, False), (2, True), (3, True)):
+                r = ratios[layer]
+                first_row = PROMPT // r if r else 0
+                new_rows = (PROMPT + 2) // r - first_row if r else 0
+                # Head 0 looks for the row 5 positions back (one key dominates,
+                # the output is about that row); the other heads attend broadly.
+                q = rng.standard_normal((2, HEADS, 512))
+                q[:, 0] = mo.bf16_to_float32(swa[layer][positions - 5]) + 0.1 * q[:, 0]
+                q = mo.float32_to_bf16(q.astype(np.float32))
+                topk = None
+                if r == 4:
+                    topk = np.stack([topk_rows(rng, (p + 1) // 4, 20) for p in positions])
+                future = stream.submit(
+                    layer, [mo.Segment(session, PROMPT, 2, first_row, new_rows)], q,
+                    kv=swa[layer][PROMPT:PROMPT + 2],
+                    compressed_kv=compressed[layer][first_row:first_row + new_rows]
+                    if new_rows else None,
+                    topk=topk, head_offset=HEAD_OFFSET, return_lse=True,
+                    derotate_output=derotate)
+                steps[layer] = (q, topk, derotate, future)
+
+        for layer, (q, topk, derotate, future) in steps.items():
+            with self.subTest(layer=layer, ratio=ratios[layer]):
+                result = future.result(60)
+                self.assertEqual(result.out.shape, (2, HEADS, 512))
+                self.assertEqual(result.lse.shape, (2, HEADS))
+                r = ratios[layer]
+                keys = []
+                for t, p in enumerate(positions):
+                    rows = [ref.cache_row(swa[layer][w], w, r)
+                            for w in range(max(0, p - 127), p + 1)]
+                    if r == 4:
+                        rows += [ref.cache_row(compressed[layer][j], 4 * j, r)
+                                 for j in topk[t] if j != -1]
+                    elif r == 128:
+                        rows += [ref.cache_row(compressed[layer][j], 128 * j, r)
+                                 for j in range((p + 1) // 128)]
+                    keys.append(np.stack(rows))
+                q_out = ref.prologue_q(q, positions, r)
+                layer_sinks = sinks[layer, HEAD_OFFSET:HEAD_OFFSET + HEADS]
+                expected_out, expected_lse = ref.decode(q_out, keys, layer_sinks, positions, r,
+                                                        derotate)
+                out = mo.bf16_to_float32(result.out)
+                problems = ref.decode_violations(out, result.lse, expected_out, expected_lse,
+                                                 keys)
+                self.assertEqual(problems, [], "\n".join(problems))
+                # The check has teeth: without the sink the answer is far outside it.
+                no_sink, _ = ref.decode(q_out, keys, np.full(HEADS, -np.inf), positions, r,
+                                        derotate)
+                self.assertNotEqual(
+                    ref.decode_violations(out, None, no_sink, expected_lse, keys), [])
+        self.client.close_session(session)
+
+
+class ReferenceTest(unittest.TestCase):
+    """The float64 model itself, on facts the spec states."""
+
+    def test_yarn_formula_gives_the_pinned_frequencies(self):
+        pinned = ref.frequencies(4).astype(np.float64)
+        formula = ref.yarn_frequencies_float64()
+        np.testing.assert_allclose(formula, pinned, rtol=1e-6, atol=0)
+
+    def test_e4m3_rounding(self):
+        values = np.array([448.0, -448.0, 1.0, 1.0625, 1.1875, 0.001953125, 0.0029296875, 240.0,
+                           232.0, 0.0])
+        expected = np.array([448.0, -448.0, 1.0, 1.0, 1.25, 0.001953125, 0.00390625, 240.0,
+                             224.0, 0.0])
+        np.testing.assert_array_equal(ref.e4m3_round(values), expected)
+
+    def test_cache_row_scales_each_tile_by_a_power_of_two(self):
+        rng = np.random.default_rng(3)
+        row = mo.float32_to_bf16(rng.standard_normal(512).astype(np.float32) * 3.0)
+        key = ref.cache_row(row, 0, 0)  # position 0: RoPE is the identity
+        original = mo.bf16_to_float32(row).astype(np.float64)
+        np.testing.assert_array_equal(key[448:], original[448:])
+        for tile in range(7):
+            part = slice(64 * tile, 64 * tile + 64)
+            # e4m3 keeps 3 mantissa bits: within 1/16 relative, or the
+            # subnormal step of the tile's scale.
+            scale = 2.0 ** np.ceil(np.log2(np.max(np.abs(original[part])) / 448))
+            error = np.abs(key[part] - original[part])
+            self.assertTrue(np.all(error <= np.abs(original[part]) / 16 + scale * 2.0 ** -10),
+                            f"tile {tile}")
+
+    def test_round_to_bf16_rounds_once(self):
+        # 1 + 2^-8 is the midpoint of bf16 1 and 1 + 2^-7; a hair above it
+        # rounds up, exactly on it to even (down).
+        self.assertEqual(ref.round_to_bf16(1.0 + 2.0 ** -8 + 2.0 ** -40), 1.0 + 2.0 ** -7)
+        self.assertEqual(ref.round_to_bf16(1.0 + 2.0 ** -8), 1.0)
+        self.assertEqual(ref.round_to_bf16(-(1.0 + 2.0 ** -8 + 2.0 ** -40)), -(1.0 + 2.0 ** -7))
