@@ -656,9 +656,8 @@ absl::Status Client::Unary(absl::string_view method, const Request& request, Res
                            const CallOptions& call) {
   grpc::ClientContext context;
   SetCallDeadline(context, call, options_);
-  const grpc::internal::RpcMethod rpc(
-      std::string(absl::StrCat("/mla_offload.v1.MlaOffload/", method)).c_str(),
-      grpc::internal::RpcMethod::NORMAL_RPC);
+  const std::string name = absl::StrCat("/mla_offload.v1.MlaOffload/", method);
+  const grpc::internal::RpcMethod rpc(name.c_str(), grpc::internal::RpcMethod::NORMAL_RPC);
   grpc::Status status =
       grpc::internal::BlockingUnaryCall<Request, Response>(channel_.get(), rpc, &context, request,
                                                            response);

@@ -1,0 +1,757 @@
+// The client library against the real mla_offload_server process over
+// loopback (started by client/test_processes.h): connecting, server info and
+// health, the session lifecycle, AppendKV, pipelined Attend with answers in
+// order and bit-identical to kernels::CpuBackend run here on the same rows,
+// deadlines, how errors reach the caller, Echo, and a Cluster of two real
+// servers of which one is lost.
+//
+// Answers are checked on the sliding-window layers 0 and 1 of
+// deepseek-v4-flash: the test inserts every row it sends into its own cache
+// pool through CpuBackend and decodes each token over the window of spec
+// section 1 (positions max(0, p-127)..p, ascending), with the session's
+// sinks of the rank's heads.
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/mla_client.h"
+#include "client/test_processes.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "kernels/bf16.h"
+#include "kernels/cache_format.h"
+#include "kernels/cpu_backend.h"
+#include "kernels/geometry.h"
+#include "kernels/model_profile.h"
+#include "kernels/rope.h"
+
+namespace mla::client {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::MatchesRegex;
+
+constexpr char kFlash[] = "deepseek-v4-flash";
+constexpr int kHeads = 8;
+constexpr int kMaxPosition = 8192;  // TestServer's --max_position
+
+// `count` rows of 512 bf16 values, a pure function of the seed: normal
+// values with a scale that changes per 64-wide tile (so the cache's tile
+// scales differ), none zero.
+std::vector<uint16_t> Rows(uint64_t seed, int64_t count) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<uint16_t> rows(count * kHeadDim);
+  for (int64_t tile = 0; tile < count * (kHeadDim / kQuantTile); ++tile) {
+    const float scale = std::ldexp(1.0f, static_cast<int>(rng() % 5) - 3);
+    for (int i = 0; i < kQuantTile; ++i) {
+      float value = normal(rng) * scale;
+      if (FloatToBf16(value) == 0 || FloatToBf16(value) == 0x8000) value = 1e-3f;
+      rows[tile * kQuantTile + i] = FloatToBf16(value);
+    }
+  }
+  return rows;
+}
+
+uint64_t Seed(uint64_t salt, int kind, int layer, int64_t index) {
+  return salt * 1000003ull + static_cast<uint64_t>(kind) * 7919ull +
+         static_cast<uint64_t>(layer) * 104729ull + static_cast<uint64_t>(index) * 15485863ull;
+}
+
+// One sequence of the test: what it sends, as pure functions of its salt.
+struct Sequence {
+  const ModelProfile* profile = nullptr;
+  uint64_t salt = 0;
+  std::vector<float> sinks;  // [layers, h_total]
+  std::string id;
+  int padded = 0;
+
+  std::vector<uint16_t> SwaRow(int layer, int32_t position) const {
+    return Rows(Seed(salt, 0, layer, position), 1);
+  }
+  std::vector<uint16_t> CompressedRow(int layer, int32_t row) const {
+    return Rows(Seed(salt, 1, layer, row), 1);
+  }
+  std::vector<uint16_t> Query(int layer, int32_t position) const {
+    return Rows(Seed(salt, 2, layer, position), kHeads);
+  }
+};
+
+Sequence MakeSequence(uint64_t salt) {
+  Sequence seq;
+  seq.profile = *FindModelProfile(kFlash);
+  seq.salt = salt;
+  std::mt19937_64 rng(salt);
+  std::uniform_real_distribution<float> uniform(2.0f, 7.0f);
+  seq.sinks.resize(static_cast<size_t>(seq.profile->num_attention_layers()) *
+                   seq.profile->num_query_heads);
+  for (float& sink : seq.sinks) sink = uniform(rng);
+  return seq;
+}
+
+SessionOptions SessionOf(const Sequence& seq) {
+  SessionOptions options;
+  options.model = kFlash;
+  options.num_heads = kHeads;
+  options.sinks = seq.sinks;
+  options.sinks_shape = {seq.profile->num_attention_layers(), seq.profile->num_query_heads};
+  return options;
+}
+
+// The rows of positions [first, first + count) of every layer, and the
+// LayerRowsInput views of them (valid while this lives).
+struct Prompt {
+  std::vector<std::vector<uint16_t>> swa, compressed;
+  std::vector<LayerRowsInput> layers;
+};
+
+Prompt MakePrompt(const Sequence& seq, int32_t first, int32_t count) {
+  Prompt prompt;
+  const int layers = seq.profile->num_attention_layers();
+  prompt.swa.resize(layers);
+  prompt.compressed.resize(layers);
+  for (int layer = 0; layer < layers; ++layer) {
+    for (int32_t p = first; p < first + count; ++p) {
+      const std::vector<uint16_t> row = seq.SwaRow(layer, p);
+      prompt.swa[layer].insert(prompt.swa[layer].end(), row.begin(), row.end());
+    }
+    const int ratio = seq.profile->compress_ratio(layer);
+    LayerRowsInput rows;
+    rows.layer = layer;
+    if (ratio != 0) {
+      rows.first_compressed_row = first / ratio;
+      for (int32_t j = first / ratio; j < (first + count) / ratio; ++j) {
+        const std::vector<uint16_t> row = seq.CompressedRow(layer, j);
+        prompt.compressed[layer].insert(prompt.compressed[layer].end(), row.begin(), row.end());
+      }
+    }
+    prompt.layers.push_back(rows);
+  }
+  for (int layer = 0; layer < layers; ++layer) {
+    prompt.layers[layer].swa_kv = prompt.swa[layer];
+    prompt.layers[layer].compressed_kv = prompt.compressed[layer];
+  }
+  return prompt;
+}
+
+// CpuBackend on the test's own copy of the SWA rows of layers 0 and 1 of one
+// sequence: slot = layer * 256 + position.
+class SwaMirror {
+ public:
+  explicit SwaMirror(const Sequence& seq)
+      : seq_(seq),
+        backend_(2),
+        pool_(static_cast<size_t>(kBlocks) * kBlockBytes, 0),
+        plain_(RopeKind::kPlain, kMaxPosition),
+        yarn_(RopeKind::kYarn, kMaxPosition) {}
+
+  // Inserts the SWA rows of positions [0, end) of `layer`.
+  void Insert(int layer, int32_t end) {
+    std::vector<uint16_t> rows;
+    std::vector<int32_t> positions, slots;
+    for (int32_t p = 0; p < end; ++p) {
+      const std::vector<uint16_t> row = seq_.SwaRow(layer, p);
+      rows.insert(rows.end(), row.begin(), row.end());
+      positions.push_back(p);
+      slots.push_back(layer * kSlotsPerLayer + p);
+    }
+    PrologueParams insert;
+    insert.num_heads = kHeads;
+    insert.padded_heads = kHeads;
+    insert.rope = View(layer);
+    insert.swa = {end, rows.data(), positions.data(), slots.data(), {pool_.data(), kBlocks}};
+    const absl::Status status = backend_.Prologue(insert);
+    ASSERT_TRUE(status.ok()) << status;
+  }
+
+  // out [kHeads, 512] and lse [kHeads] of the token at `position` of `layer`.
+  void Decode(int layer, int32_t position, bool derotate, std::vector<uint16_t>* out,
+              std::vector<float>* lse) {
+    const std::vector<uint16_t> q = seq_.Query(layer, position);
+    std::vector<uint16_t> q_out(static_cast<size_t>(seq_.padded) * kHeadDim);
+    PrologueParams prologue;
+    prologue.num_tokens = 1;
+    prologue.num_heads = kHeads;
+    prologue.padded_heads = seq_.padded;
+    prologue.q = q.data();
+    prologue.positions = &position;
+    prologue.q_out = q_out.data();
+    prologue.rms_norm_eps = seq_.profile->rms_norm_eps;
+    prologue.rope = View(layer);
+    ASSERT_TRUE(backend_.Prologue(prologue).ok());
+
+    std::vector<int32_t> indices(kSwaWindow, -1);
+    const int32_t first = std::max(0, position - kSwaWindow + 1);
+    for (int32_t w = first; w <= position; ++w) indices[w - first] = layer * kSlotsPerLayer + w;
+    const int32_t length = position - first + 1;
+    std::vector<float> sinks(seq_.sinks.begin() + layer * seq_.profile->num_query_heads,
+                             seq_.sinks.begin() + layer * seq_.profile->num_query_heads + kHeads);
+    out->assign(static_cast<size_t>(kHeads) * kHeadDim, 0);
+    lse->assign(kHeads, 0.0f);
+    const CachePoolView pool{pool_.data(), kBlocks};
+    DecodeParams decode;
+    decode.num_tokens = 1;
+    decode.num_heads = kHeads;
+    decode.padded_heads = seq_.padded;
+    decode.q = q_out.data();
+    decode.softmax_scale = seq_.profile->softmax_scale;
+    decode.sinks = sinks.data();
+    decode.main = {kSwaWindow, indices.data(), &length, pool};
+    decode.extra = {0, nullptr, nullptr, pool};
+    decode.derotate = derotate;
+    decode.positions = &position;
+    decode.rope = View(layer);
+    decode.out = out->data();
+    decode.lse = lse->data();
+    const absl::Status status = backend_.Decode(decode);
+    ASSERT_TRUE(status.ok()) << status;
+  }
+
+ private:
+  static constexpr int64_t kBlocks = 8;
+  static constexpr int32_t kSlotsPerLayer = 256;
+
+  RopeTableView View(int layer) const {
+    const RopeTable& table = seq_.profile->rope_kind(layer) == RopeKind::kYarn ? yarn_ : plain_;
+    return {table.data(), table.num_positions()};
+  }
+
+  const Sequence& seq_;
+  CpuBackend backend_;
+  std::vector<uint8_t> pool_;
+  const RopeTable plain_;
+  const RopeTable yarn_;
+};
+
+// One layer step of `seq` and what it must return.
+struct Step {
+  int layer = 0;
+  int32_t position = 0;
+  int32_t tokens = 1;
+  bool lse = false;
+  bool derotate = false;
+  std::shared_ptr<std::vector<uint16_t>> q, kv;
+};
+
+Step MakeStep(const Sequence& seq, int layer, int32_t position, int32_t tokens, bool lse,
+              bool derotate) {
+  Step step{layer, position, tokens, lse, derotate,
+            std::make_shared<std::vector<uint16_t>>(), std::make_shared<std::vector<uint16_t>>()};
+  for (int32_t p = position; p < position + tokens; ++p) {
+    const std::vector<uint16_t> q = seq.Query(layer, p);
+    step.q->insert(step.q->end(), q.begin(), q.end());
+    const std::vector<uint16_t> kv = seq.SwaRow(layer, p);
+    step.kv->insert(step.kv->end(), kv.begin(), kv.end());
+  }
+  return step;
+}
+
+AttendInput InputOf(const Sequence& seq, const Step& step) {
+  AttendInput input;
+  input.layer = step.layer;
+  input.segments = {{seq.id, step.position, step.tokens, 0, 0}};
+  input.q = *step.q;
+  input.kv = *step.kv;
+  input.return_lse = step.lse;
+  input.derotate_output = step.derotate;
+  return input;
+}
+
+// `result` answers `step`: the mirror's bits for every token.
+void ExpectAnswer(const AttendResult& result, const Step& step, SwaMirror& mirror,
+                  const std::string& what) {
+  ASSERT_EQ(result.num_tokens(), step.tokens) << what;
+  ASSERT_EQ(result.num_heads(), kHeads) << what;
+  const absl::Span<const uint16_t> out = result.out();
+  ASSERT_EQ(out.size(), static_cast<size_t>(step.tokens) * kHeads * kHeadDim) << what;
+  EXPECT_EQ(result.has_lse(), step.lse) << what;
+  // The pieces hold the same bytes as the span.
+  std::vector<uint16_t> copied(out.size());
+  result.out_view().CopyTo(copied.data());
+  EXPECT_TRUE(std::equal(copied.begin(), copied.end(), out.begin())) << what;
+  for (int32_t t = 0; t < step.tokens; ++t) {
+    std::vector<uint16_t> expected_out;
+    std::vector<float> expected_lse;
+    mirror.Decode(step.layer, step.position + t, step.derotate, &expected_out, &expected_lse);
+    int mismatches = 0;
+    for (int64_t i = 0; i < kHeads * kHeadDim; ++i) {
+      mismatches += out[t * kHeads * kHeadDim + i] != expected_out[i];
+    }
+    EXPECT_EQ(mismatches, 0) << what << ", token " << t
+                             << ": out differs from CpuBackend on the same rows";
+    if (step.lse) {
+      ASSERT_EQ(result.lse().size(), static_cast<size_t>(step.tokens) * kHeads) << what;
+      EXPECT_EQ(std::memcmp(result.lse().data() + t * kHeads, expected_lse.data(), kHeads * 4), 0)
+          << what << ", token " << t << ": lse differs from CpuBackend's";
+    } else {
+      EXPECT_TRUE(result.lse().empty()) << what;
+    }
+  }
+  EXPECT_GE(result.timing().batch_tokens, step.tokens) << what;
+  EXPECT_GT(result.timing().total_us, 0) << what;
+}
+
+// A loopback port with nothing listening.
+int UnusedPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  socklen_t length = sizeof(address);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  close(fd);
+  return ntohs(address.sin_port);
+}
+
+class ClientTest : public ::testing::Test {
+ protected:
+  void StartServer(const std::vector<std::string>& flags = {}) {
+    absl::StatusOr<std::unique_ptr<TestServer>> server = TestServer::Start(flags);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    ConnectOptions options;
+    options.connect_timeout = absl::Seconds(10);
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(server_->target(), options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = *std::move(client);
+  }
+
+  void TearDown() override {
+    client_.reset();
+    server_.reset();
+  }
+
+  // Creates `seq`'s session and appends positions [0, count).
+  void CreateAndAppend(Sequence* seq, int32_t count) {
+    absl::StatusOr<pb::CreateSessionResponse> created = client_->CreateSession(SessionOf(*seq));
+    ASSERT_TRUE(created.ok()) << created.status();
+    seq->id = created->session_id();
+    seq->padded = created->padded_heads();
+    const Prompt prompt = MakePrompt(*seq, 0, count);
+    absl::StatusOr<pb::AppendKVResponse> appended =
+        client_->AppendKV(seq->id, 0, count, prompt.layers);
+    ASSERT_TRUE(appended.ok()) << appended.status();
+    EXPECT_EQ(appended->next_position(), count);
+  }
+
+  std::unique_ptr<TestServer> server_;
+  std::unique_ptr<Client> client_;
+};
+
+TEST_F(ClientTest, ConnectsAndReadsServerInfoAndHealth) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  absl::StatusOr<pb::ServerInfo> info = client_->GetServerInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_THAT(info->version(), HasSubstr("mla-offload"));
+  EXPECT_THAT(info->backend(), HasSubstr("cpu"));
+  EXPECT_EQ(info->kv_blocks_total(), static_cast<int64_t>(0.05e9 / kBlockBytes));
+  EXPECT_EQ(info->max_position(), kMaxPosition);
+  EXPECT_EQ(info->sessions(), 0);
+  std::set<std::string> models;
+  for (const pb::ModelInfo& model : info->models()) models.insert(model.name());
+  EXPECT_EQ(models, (std::set<std::string>{"deepseek-v4-flash", "deepseek-v4-pro"}));
+
+  absl::StatusOr<HealthStatus> health = client_->CheckHealth();
+  ASSERT_TRUE(health.ok()) << health.status();
+  EXPECT_EQ(*health, HealthStatus::kServing);
+  absl::StatusOr<HealthStatus> unknown = client_->CheckHealth("no.such.Service");
+  // The default health service answers NOT_FOUND for a service it does not know.
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound) << unknown.status();
+}
+
+TEST_F(ClientTest, UnreachableServerIsUnavailableNamingTheTarget) {
+  const std::string target = absl::StrCat("127.0.0.1:", UnusedPort());
+  ConnectOptions waiting;
+  waiting.connect_timeout = absl::Milliseconds(300);
+  absl::StatusOr<std::unique_ptr<Client>> refused = Client::Connect(target, waiting);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(refused.status().message(), HasSubstr(absl::StrCat("cannot connect to ", target)));
+
+  absl::StatusOr<std::unique_ptr<Client>> lazy = Client::Connect(target);
+  ASSERT_TRUE(lazy.ok()) << lazy.status();
+  absl::StatusOr<pb::ServerInfo> info = (*lazy)->GetServerInfo();
+  EXPECT_EQ(info.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(info.status().message(), HasSubstr(absl::StrCat("GetServerInfo on ", target)));
+}
+
+TEST_F(ClientTest, BadConnectOptionsAreRefused) {
+  ConnectOptions half_key;
+  half_key.use_tls = true;
+  half_key.tls_client_cert_pem = "-----BEGIN CERTIFICATE-----";
+  EXPECT_EQ(Client::Connect("127.0.0.1:1", half_key).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ConnectOptions certs_without_tls;
+  certs_without_tls.tls_root_certs_pem = "-----BEGIN CERTIFICATE-----";
+  EXPECT_THAT(Client::Connect("127.0.0.1:1", certs_without_tls).status().message(),
+              HasSubstr("use_tls"));
+  EXPECT_EQ(Client::Connect("").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(ClientTest, SessionLifecycle) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  Sequence seq = MakeSequence(11);
+  absl::StatusOr<pb::CreateSessionResponse> created = client_->CreateSession(SessionOf(seq));
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_THAT(created->session_id(), MatchesRegex("[0-9a-f]{32}"));
+  EXPECT_EQ(created->num_heads(), kHeads);
+  EXPECT_EQ(created->padded_heads(), 8);
+  seq.id = created->session_id();
+
+  absl::StatusOr<std::vector<pb::SessionInfo>> listed = client_->ListSessions();
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].session_id(), seq.id);
+  EXPECT_EQ((*listed)[0].model(), kFlash);
+  EXPECT_EQ((*listed)[0].next_position(), 0);
+
+  // Two AppendKV calls continue each other; the second starts mid-row of
+  // the C4A layers' compression.
+  const Prompt first = MakePrompt(seq, 0, 130);
+  absl::StatusOr<pb::AppendKVResponse> appended = client_->AppendKV(seq.id, 0, 130, first.layers);
+  ASSERT_TRUE(appended.ok()) << appended.status();
+  EXPECT_EQ(appended->next_position(), 130);
+  const Prompt second = MakePrompt(seq, 130, 70);
+  appended = client_->AppendKV(seq.id, 130, 70, second.layers);
+  ASSERT_TRUE(appended.ok()) << appended.status();
+  EXPECT_EQ(appended->next_position(), 200);
+  const int64_t blocks = appended->kv_blocks_used();
+  EXPECT_GT(blocks, 0);
+
+  listed = client_->ListSessions();
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].next_position(), 200);
+  EXPECT_EQ((*listed)[0].kv_blocks(), blocks);
+  EXPECT_EQ(client_->GetServerInfo()->kv_blocks_used(), blocks);
+
+  absl::StatusOr<int64_t> freed = client_->CloseSession(seq.id);
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  EXPECT_EQ(*freed, blocks);
+  EXPECT_TRUE(client_->ListSessions()->empty());
+  absl::StatusOr<int64_t> again = client_->CloseSession(seq.id);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(again.status().message(), HasSubstr("CloseSession on " + server_->target()));
+  EXPECT_THAT(again.status().message(), HasSubstr(seq.id));
+}
+
+// Codes and the server's messages reach the caller as absl::Status; a refused
+// Attend message fails alone and the stream goes on.
+TEST_F(ClientTest, ErrorsCarryTheServersCodeAndMessage) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  SessionOptions bad_model;
+  bad_model.model = "no-such-model";
+  bad_model.num_heads = kHeads;
+  absl::StatusOr<pb::CreateSessionResponse> refused = client_->CreateSession(bad_model);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("no-such-model"));
+
+  SessionOptions bad_sinks = SessionOf(MakeSequence(1));
+  bad_sinks.sinks_shape = {3, 3};
+  EXPECT_THAT(client_->CreateSession(bad_sinks).status().message(), HasSubstr("sinks_shape"));
+
+  Sequence seq = MakeSequence(21);
+  ASSERT_NO_FATAL_FAILURE(CreateAndAppend(&seq, 20));
+  const Prompt late = MakePrompt(seq, 25, 5);
+  absl::StatusOr<pb::AppendKVResponse> gap = client_->AppendKV(seq.id, 25, 5, late.layers);
+  EXPECT_EQ(gap.status().code(), absl::StatusCode::kFailedPrecondition) << gap.status();
+  EXPECT_THAT(gap.status().message(), HasSubstr("AppendKV on " + server_->target()));
+  const Prompt next = MakePrompt(seq, 20, 5);
+  const std::string unknown = std::string(32, 'a');
+  absl::StatusOr<pb::AppendKVResponse> nobody = client_->AppendKV(unknown, 20, 5, next.layers);
+  EXPECT_EQ(nobody.status().code(), absl::StatusCode::kNotFound) << nobody.status();
+  EXPECT_THAT(nobody.status().message(), HasSubstr(unknown));
+
+  absl::StatusOr<std::unique_ptr<AttendStream>> stream = client_->OpenAttendStream();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  Sequence ghost = seq;
+  ghost.id = unknown;
+  const Step step = MakeStep(seq, 0, 20, 1, true, false);
+  absl::StatusOr<uint64_t> id = (*stream)->Send(InputOf(ghost, step));
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(*id, 1u);
+  absl::StatusOr<AttendResult> not_found = (*stream)->Receive();
+  EXPECT_EQ(not_found.status().code(), absl::StatusCode::kNotFound) << not_found.status();
+  EXPECT_THAT(not_found.status().message(), HasSubstr("Attend request 1: "));
+  EXPECT_THAT(not_found.status().message(), HasSubstr(unknown));
+  EXPECT_TRUE((*stream)->status().ok()) << "a refused message must not end the stream";
+
+  AttendInput wrong_position = InputOf(seq, step);
+  wrong_position.segments[0].position = 30;
+  ASSERT_TRUE((*stream)->Send(wrong_position).ok());
+  absl::StatusOr<AttendResult> out_of_order = (*stream)->Receive();
+  EXPECT_EQ(out_of_order.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(out_of_order.status().message(), HasSubstr("Attend request 2: "));
+
+  // Checked here, before anything is sent: no request id is used up.
+  AttendInput ragged = InputOf(seq, step);
+  ragged.q = ragged.q.subspan(1);
+  absl::StatusOr<uint64_t> not_sent = (*stream)->Send(ragged);
+  EXPECT_EQ(not_sent.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(not_sent.status().message(), HasSubstr("AttendInput.q"));
+  EXPECT_EQ((*stream)->outstanding(), 0);
+  AttendInput empty = InputOf(seq, step);
+  empty.segments.clear();
+  EXPECT_THAT((*stream)->Send(empty).status().message(), HasSubstr("no tokens"));
+
+  // The good message after them is served, with the next id.
+  SwaMirror mirror(seq);
+  mirror.Insert(0, 21);
+  id = (*stream)->Send(InputOf(seq, step));
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(*id, 3u);
+  absl::StatusOr<AttendResult> served = (*stream)->Receive();
+  ASSERT_TRUE(served.ok()) << served.status();
+  EXPECT_EQ(served->request_id(), 3u);
+  ExpectAnswer(*served, step, mirror, "the message after two refused ones");
+  EXPECT_TRUE((*stream)->Finish().ok());
+}
+
+// Several layer steps in flight on one stream (consecutive positions of one
+// layer, two layers, a two-token segment), answered in the order sent with
+// CpuBackend's bits; memory handed over by keep_alive may be dropped right
+// after Send.
+TEST_F(ClientTest, PipelinedAttendAnswersInOrderLikeTheCpuBackend) {
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--batch_wait_us=20000"}));
+  Sequence seq = MakeSequence(31);
+  ASSERT_NO_FATAL_FAILURE(CreateAndAppend(&seq, 200));
+  SwaMirror mirror(seq);
+  mirror.Insert(0, 205);
+  mirror.Insert(1, 205);
+
+  std::vector<Step> steps = {
+      MakeStep(seq, 0, 200, 1, true, false),  MakeStep(seq, 1, 200, 1, false, true),
+      MakeStep(seq, 0, 201, 1, false, false), MakeStep(seq, 1, 201, 1, true, true),
+      MakeStep(seq, 0, 202, 2, true, true),   MakeStep(seq, 1, 202, 3, true, false),
+  };
+  StreamOptions options;
+  options.max_in_flight = 8;
+  absl::StatusOr<std::unique_ptr<AttendStream>> stream = client_->OpenAttendStream(options);
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  for (size_t i = 0; i < steps.size(); ++i) {
+    AttendInput input = InputOf(seq, steps[i]);
+    if (i % 2 == 1) {
+      // Hand the buffers over and drop this test's references to them.
+      input.keep_alive = std::make_shared<std::pair<std::shared_ptr<std::vector<uint16_t>>,
+                                                    std::shared_ptr<std::vector<uint16_t>>>>(
+          steps[i].q, steps[i].kv);
+      steps[i].q.reset();
+      steps[i].kv.reset();
+      absl::StatusOr<uint64_t> id = (*stream)->Send(input);
+      ASSERT_TRUE(id.ok()) << id.status();
+      EXPECT_EQ(*id, i + 1);
+    } else {
+      absl::StatusOr<uint64_t> id = (*stream)->Send(input);
+      ASSERT_TRUE(id.ok()) << id.status();
+      EXPECT_EQ(*id, i + 1);
+    }
+  }
+  EXPECT_EQ((*stream)->outstanding(), static_cast<int>(steps.size()));
+  for (size_t i = 0; i < steps.size(); ++i) {
+    absl::StatusOr<AttendResult> result = (*stream)->Receive();
+    ASSERT_TRUE(result.ok()) << "answer " << i << ": " << result.status();
+    EXPECT_EQ(result->request_id(), i + 1);
+    ExpectAnswer(*result, steps[i], mirror, absl::StrCat("answer ", i));
+  }
+  EXPECT_EQ((*stream)->outstanding(), 0);
+  EXPECT_TRUE((*stream)->Finish().ok());
+  absl::StatusOr<AttendResult> nothing = (*stream)->Receive();
+  EXPECT_EQ(nothing.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*stream)->Send(InputOf(seq, MakeStep(seq, 0, 205, 1, false, false))).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  absl::StatusOr<std::vector<pb::SessionInfo>> listed = client_->ListSessions();
+  ASSERT_TRUE(listed.ok());
+  EXPECT_EQ((*listed)[0].next_position(), 200) << "layers 2.. were never attended";
+}
+
+// More messages than max_in_flight from one thread without receiving: Send
+// waits for answers (which the library reads meanwhile), and nothing stalls.
+TEST_F(ClientTest, SendWaitsForRoomAndNeverDeadlocks) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  Sequence seq = MakeSequence(41);
+  ASSERT_NO_FATAL_FAILURE(CreateAndAppend(&seq, 10));
+  StreamOptions options;
+  options.max_in_flight = 2;
+  absl::StatusOr<std::unique_ptr<AttendStream>> stream = client_->OpenAttendStream(options);
+  ASSERT_TRUE(stream.ok());
+  std::vector<Step> steps;
+  for (int32_t p = 10; p < 22; ++p) steps.push_back(MakeStep(seq, 0, p, 1, false, false));
+  for (const Step& step : steps) ASSERT_TRUE((*stream)->Send(InputOf(seq, step)).ok());
+  SwaMirror mirror(seq);
+  mirror.Insert(0, 22);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    absl::StatusOr<AttendResult> result = (*stream)->Receive();
+    ASSERT_TRUE(result.ok()) << result.status();
+    ExpectAnswer(*result, steps[i], mirror, absl::StrCat("answer ", i));
+  }
+  EXPECT_TRUE((*stream)->Finish().ok());
+}
+
+// A layer step not answered within step_timeout (the server holds it for a
+// 2 s batch) fails with DEADLINE_EXCEEDED and ends the stream; a unary call
+// past its deadline is DEADLINE_EXCEEDED too.
+TEST_F(ClientTest, DeadlinesAreEnforced) {
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--batch_wait_us=2000000"}));
+  Sequence seq = MakeSequence(51);
+  ASSERT_NO_FATAL_FAILURE(CreateAndAppend(&seq, 10));
+  StreamOptions options;
+  options.step_timeout = absl::Milliseconds(300);
+  absl::StatusOr<std::unique_ptr<AttendStream>> stream = client_->OpenAttendStream(options);
+  ASSERT_TRUE(stream.ok());
+  const Step step = MakeStep(seq, 0, 10, 1, false, false);
+  ASSERT_TRUE((*stream)->Send(InputOf(seq, step)).ok());
+  const absl::Time start = absl::Now();
+  absl::StatusOr<AttendResult> late = (*stream)->Receive();
+  const absl::Duration waited = absl::Now() - start;
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded) << late.status();
+  EXPECT_THAT(late.status().message(), HasSubstr("step_timeout"));
+  EXPECT_GE(waited, absl::Milliseconds(250));
+  EXPECT_LT(waited, absl::Milliseconds(1500));
+  EXPECT_EQ((*stream)->status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ((*stream)->Send(InputOf(seq, step)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+
+  CallOptions instant;
+  instant.timeout = absl::Nanoseconds(1);
+  EXPECT_EQ(client_->GetServerInfo(instant).status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_F(ClientTest, EchoReturnsEveryPayloadInOrder) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  absl::StatusOr<std::unique_ptr<EchoStream>> stream = client_->OpenEchoStream();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  std::vector<std::vector<uint8_t>> payloads = {{}, {42}, std::vector<uint8_t>(3 << 20)};
+  for (size_t i = 0; i < payloads.back().size(); ++i) payloads.back()[i] = i * 131 % 251;
+  for (size_t i = 0; i < payloads.size(); ++i) {
+    absl::StatusOr<uint64_t> id = (*stream)->Send(payloads[i]);
+    ASSERT_TRUE(id.ok()) << id.status();
+    EXPECT_EQ(*id, i + 1);
+  }
+  for (const std::vector<uint8_t>& payload : payloads) {
+    absl::StatusOr<EchoResult> back = (*stream)->Receive();
+    ASSERT_TRUE(back.ok()) << back.status();
+    ASSERT_EQ(back->size(), payload.size());
+    const std::string bytes = back->ToString();
+    EXPECT_TRUE(std::equal(bytes.begin(), bytes.end(), payload.begin(),
+                           [](char a, uint8_t b) { return static_cast<uint8_t>(a) == b; }));
+  }
+  EXPECT_TRUE((*stream)->Finish().ok());
+}
+
+// Draining: new sessions are UNAVAILABLE with the server's word for it,
+// health says NOT_SERVING.
+TEST_F(ClientTest, DrainingServerRefusesSessionsAsUnavailable) {
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--drain_seconds=5"}));
+  absl::StatusOr<std::unique_ptr<AttendStream>> stream = client_->OpenAttendStream();
+  ASSERT_TRUE(stream.ok());
+  // An open stream keeps the draining server up while the test looks.
+  absl::StatusOr<std::unique_ptr<EchoStream>> echo = client_->OpenEchoStream();
+  ASSERT_TRUE(echo.ok());
+  ASSERT_TRUE((*echo)->Send(std::vector<uint8_t>{1}).ok());
+  ASSERT_TRUE((*echo)->Receive().ok());
+  server_->Signal(SIGTERM);
+  ASSERT_TRUE(server_->WaitForLine("draining", absl::Seconds(2)).has_value());
+  absl::StatusOr<HealthStatus> health;
+  const absl::Time deadline = absl::Now() + absl::Seconds(2);
+  do {
+    health = client_->CheckHealth();
+  } while (health.ok() && *health == HealthStatus::kServing && absl::Now() < deadline);
+  ASSERT_TRUE(health.ok()) << health.status();
+  EXPECT_EQ(*health, HealthStatus::kNotServing);
+  absl::StatusOr<pb::CreateSessionResponse> refused =
+      client_->CreateSession(SessionOf(MakeSequence(61)));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(refused.status().message(), HasSubstr("draining"));
+  (*echo)->Finish().IgnoreError();
+  (*stream)->Finish().IgnoreError();
+}
+
+// Two real servers: sessions land where rendezvous hashing says; when one
+// server is lost its sessions are gone (UNAVAILABLE), the caller marks it
+// lost, re-creates them on the other and re-appends; the other server's
+// sessions never move.
+TEST(ClusterServersTest, PlacesSessionsAndSurvivesALostServer) {
+  // Room for all 12 sessions on one server (176 blocks each).
+  absl::StatusOr<std::unique_ptr<TestServer>> a = TestServer::Start({"--kv_cache_gb=0.1"});
+  ASSERT_TRUE(a.ok()) << a.status();
+  absl::StatusOr<std::unique_ptr<TestServer>> b = TestServer::Start({"--kv_cache_gb=0.1"});
+  ASSERT_TRUE(b.ok()) << b.status();
+  const std::vector<std::string> targets = {(*a)->target(), (*b)->target()};
+  absl::StatusOr<std::unique_ptr<Cluster>> cluster = Cluster::Connect(targets);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+
+  std::map<std::string, PlacedSession> sessions;
+  std::vector<int> per_server(2, 0);
+  const Sequence seq = MakeSequence(71);
+  const Prompt prompt = MakePrompt(seq, 0, 8);
+  for (int i = 0; i < 12; ++i) {
+    const std::string key = absl::StrCat("sequence-", i);
+    absl::StatusOr<PlacedSession> placed = (*cluster)->CreateSession(key, SessionOf(seq));
+    ASSERT_TRUE(placed.ok()) << placed.status();
+    EXPECT_EQ(placed->server, RendezvousPlace(key, targets)) << key;
+    EXPECT_EQ(placed->target, targets[placed->server]);
+    ASSERT_TRUE((*cluster)
+                    ->client(placed->server)
+                    .AppendKV(placed->session.session_id(), 0, 8, prompt.layers)
+                    .ok());
+    ++per_server[placed->server];
+    sessions[key] = *placed;
+  }
+  ASSERT_GT(per_server[0], 0) << "12 keys all on one server";
+  ASSERT_GT(per_server[1], 0) << "12 keys all on one server";
+  for (int server = 0; server < 2; ++server) {
+    absl::StatusOr<std::vector<pb::SessionInfo>> listed =
+        (*cluster)->client(server).ListSessions();
+    ASSERT_TRUE(listed.ok()) << listed.status();
+    EXPECT_EQ(static_cast<int>(listed->size()), per_server[server]) << targets[server];
+  }
+
+  // Server b is lost with everything it held.
+  (*b)->Signal(SIGKILL);
+  (*b)->WaitExit(absl::Seconds(5));
+  for (const auto& [key, placed] : sessions) {
+    const Prompt more = MakePrompt(seq, 8, 1);
+    absl::StatusOr<pb::AppendKVResponse> appended =
+        (*cluster)->client(placed.server).AppendKV(placed.session.session_id(), 8, 1, more.layers);
+    if (placed.server == 1) {
+      EXPECT_EQ(appended.status().code(), absl::StatusCode::kUnavailable) << appended.status();
+      EXPECT_THAT(appended.status().message(), HasSubstr("AppendKV on " + targets[1]));
+    } else {
+      EXPECT_TRUE(appended.ok()) << key << ": " << appended.status();
+    }
+  }
+  (*cluster)->MarkLost(1);
+  for (const auto& [key, placed] : sessions) {
+    absl::StatusOr<int> now = (*cluster)->Place(key);
+    ASSERT_TRUE(now.ok());
+    EXPECT_EQ(*now, 0) << key;
+    if (placed.server == 0) continue;
+    // The caller's recovery: a new session on the live server, its KV again.
+    absl::StatusOr<PlacedSession> again = (*cluster)->CreateSession(key, SessionOf(seq));
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->server, 0);
+    const Prompt all = MakePrompt(seq, 0, 9);
+    ASSERT_TRUE((*cluster)->client(0).AppendKV(again->session.session_id(), 0, 9, all.layers).ok());
+  }
+  absl::StatusOr<std::vector<pb::SessionInfo>> listed = (*cluster)->client(0).ListSessions();
+  ASSERT_TRUE(listed.ok());
+  EXPECT_EQ(listed->size(), sessions.size());
+  for (const pb::SessionInfo& info : *listed) EXPECT_EQ(info.next_position(), 9);
+}
+
+}  // namespace
+}  // namespace mla::client
