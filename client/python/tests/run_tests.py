@@ -30,7 +30,19 @@ class JUnitResult(unittest.TextTestResult):
 
     def startTest(self, test):
         self._started = time.monotonic()
+        self._subtest_failures = []
         super().startTest(test)
+
+    def stopTest(self, test):
+        # A test whose subtests failed gets no addFailure of its own.
+        if self._subtest_failures and not (self.cases and self.cases[-1][0] is test):
+            self._record(test, "failure", "\n".join(self._subtest_failures))
+        super().stopTest(test)
+
+    def addSubTest(self, test, subtest, err):
+        super().addSubTest(test, subtest, err)
+        if err is not None:
+            self._subtest_failures.append(f"{subtest.id()}\n{self._exc_info_to_string(err, test)}")
 
     def _record(self, test, outcome, detail=""):
         elapsed = time.monotonic() - self._started if self._started else 0.0
