@@ -197,7 +197,11 @@ class AttendStream:
                         f"answer for request {response.request_id} arrived in the place of "
                         f"request {request_id}", _METHOD, request_id))
                     continue
-                result = parse_response(response)
+                try:
+                    result = parse_response(response)
+                except ValueError as malformed:  # e.g. out's bytes do not fit its shape
+                    result = MlaOffloadError(grpc.StatusCode.INTERNAL, str(malformed), _METHOD,
+                                             request_id)
                 if isinstance(result, MlaOffloadError):
                     future.set_exception(result)
                 else:
