@@ -1,0 +1,290 @@
+// The mla command-line tool run as a process against the real server: each
+// subcommand's output and exit status, the .npy round trip of attend (its
+// answer must equal the library's for the same step: the tool repeats the
+// step as a second tensor-parallel rank would, on the same keys), and bad
+// command lines, which must say what to change and exit non-zero.
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/mla_client.h"
+#include "client/test_processes.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/tool/npy.h"
+
+namespace mla::client {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+constexpr char kFlash[] = "deepseek-v4-flash";
+
+std::vector<uint16_t> Values(uint64_t seed, size_t count) {
+  std::vector<uint16_t> values(count);
+  for (size_t i = 0; i < count; ++i) {
+    // bf16 values in about [-2, 2], none zero: sign, exponent 126..127, mantissa.
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    const uint16_t mantissa = (seed >> 33) & 0x7f;
+    const uint16_t exponent = 126 + ((seed >> 45) & 1);
+    const uint16_t sign = (seed >> 50) & 1;
+    values[i] = static_cast<uint16_t>(sign << 15 | exponent << 7 | mantissa);
+  }
+  return values;
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<TestServer>> server = TestServer::Start();
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(server_->target());
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = *std::move(client);
+    absl::StatusOr<std::string> binary = RunfilePath("client/mla");
+    ASSERT_TRUE(binary.ok()) << binary.status();
+    binary_ = *binary;
+    dir_ = std::getenv("TEST_TMPDIR");
+  }
+
+  // Runs `mla --target=<the server> args...`.
+  CommandResult Mla(std::vector<std::string> args, bool with_target = true) {
+    std::vector<std::string> argv = {binary_};
+    if (with_target) argv.push_back("--target=" + server_->target());
+    argv.insert(argv.end(), args.begin(), args.end());
+    absl::StatusOr<CommandResult> result = RunCommand(argv);
+    EXPECT_TRUE(result.ok()) << result.status();
+    if (!result.ok()) return CommandResult();
+    return *result;
+  }
+
+  // A flash session of `heads` heads with `prompt` positions appended.
+  std::string Session(int heads, int32_t prompt) {
+    SessionOptions options;
+    options.model = kFlash;
+    options.num_heads = heads;
+    absl::StatusOr<pb::CreateSessionResponse> created = client_->CreateSession(options);
+    EXPECT_TRUE(created.ok()) << created.status();
+    if (!created.ok()) return "";
+    if (prompt > 0) {
+      std::vector<std::vector<uint16_t>> swa, compressed;
+      std::vector<LayerRowsInput> layers;
+      const std::vector<int> ratios = {0, 0};  // flash: layers 0, 1 window-only
+      absl::StatusOr<pb::ServerInfo> info = client_->GetServerInfo();
+      EXPECT_TRUE(info.ok());
+      const pb::ModelInfo& model = info->models(0).name() == kFlash ? info->models(0)
+                                                                    : info->models(1);
+      for (int layer = 0; layer < model.num_attention_layers(); ++layer) {
+        const int ratio = model.compress_ratios(layer);
+        swa.push_back(Values(layer * 2 + 1, static_cast<size_t>(prompt) * kHeadDim));
+        compressed.push_back(
+            Values(layer * 2 + 2, ratio == 0 ? 0 : static_cast<size_t>(prompt / ratio) * kHeadDim));
+      }
+      for (int layer = 0; layer < model.num_attention_layers(); ++layer) {
+        layers.push_back({layer, swa[layer], compressed[layer], 0});
+      }
+      absl::StatusOr<pb::AppendKVResponse> appended =
+          client_->AppendKV(created->session_id(), 0, prompt, layers);
+      EXPECT_TRUE(appended.ok()) << appended.status();
+    }
+    return created->session_id();
+  }
+
+  std::string Path(absl::string_view name) const { return absl::StrCat(dir_, "/", name); }
+
+  std::unique_ptr<TestServer> server_;
+  std::unique_ptr<Client> client_;
+  std::string binary_;
+  std::string dir_;
+};
+
+TEST_F(CliTest, InfoPrintsWhatTheServerRuns) {
+  const CommandResult result = Mla({"info"});
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_THAT(result.out, HasSubstr("mla-offload 0.1.0"));
+  EXPECT_THAT(result.out, HasSubstr("at " + server_->target()));
+  EXPECT_THAT(result.out, HasSubstr("backend     cpu (2 threads)"));
+  EXPECT_THAT(result.out, HasSubstr("KV cache    0 of 1335 blocks used"));
+  EXPECT_THAT(result.out, HasSubstr("deepseek-v4-flash: 43 layers + MTP (44 attention layers), "
+                                    "64 query heads"));
+  EXPECT_THAT(result.out, HasSubstr("compress ratios by layer: 0 0 4 128 4"));
+  EXPECT_THAT(result.out, HasSubstr("positions < 8192"));
+}
+
+TEST_F(CliTest, HealthSaysServingAndFailsForAnUnknownService) {
+  CommandResult result = Mla({"health"});
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(result.out, server_->target() + ": SERVING\n");
+  result = Mla({"health", "--service=no.such.Service"});
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_THAT(result.err, HasSubstr("NOT_FOUND"));
+}
+
+TEST_F(CliTest, SessionsListAndClose) {
+  const std::string a = Session(8, 10);
+  const std::string b = Session(16, 0);
+  CommandResult result = Mla({"sessions", "list"});
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_THAT(result.out, HasSubstr("SESSION"));
+  EXPECT_THAT(result.out, ::testing::ContainsRegex(a + " +deepseek-v4-flash +8 +10 +[0-9]+ "));
+  EXPECT_THAT(result.out, ::testing::ContainsRegex(b + " +deepseek-v4-flash +16 +0 +[0-9]+ "));
+  EXPECT_THAT(result.out, HasSubstr("\n2 sessions\n"));
+
+  absl::StatusOr<std::vector<pb::SessionInfo>> before = client_->ListSessions();
+  ASSERT_TRUE(before.ok());
+  int64_t blocks = 0;
+  for (const pb::SessionInfo& info : *before) {
+    if (info.session_id() == a) blocks = info.kv_blocks();
+  }
+  result = Mla({"sessions", "close", a});
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(result.out, absl::StrCat("closed ", a, ": ", blocks, " KV blocks freed\n"));
+  result = Mla({"sessions", "list"});
+  EXPECT_THAT(result.out, Not(HasSubstr(a)));
+  EXPECT_THAT(result.out, HasSubstr("\n1 session\n"));
+
+  result = Mla({"sessions", "close", a});
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_THAT(result.err, HasSubstr("NOT_FOUND: CloseSession on " + server_->target()));
+  EXPECT_THAT(result.err, HasSubstr(a));
+  EXPECT_THAT(result.err, HasSubstr("`mla sessions list`"));
+}
+
+// attend from .npy files: the tool repeats a step the library sent (a second
+// rank of the same step: same q, no kv) and must get the library's answer.
+TEST_F(CliTest, AttendFromNpyFilesMatchesTheLibrary) {
+  const int heads = 8;
+  const std::string id = Session(heads, 50);
+  const std::vector<uint16_t> q = Values(77, 2 * heads * kHeadDim);
+  const std::vector<uint16_t> kv = Values(78, 2 * kHeadDim);
+
+  absl::StatusOr<std::unique_ptr<AttendStream>> stream = client_->OpenAttendStream();
+  ASSERT_TRUE(stream.ok());
+  AttendInput input;
+  input.layer = 1;
+  input.segments = {{id, 50, 2, 0, 0}};
+  input.q = q;
+  input.kv = kv;
+  input.return_lse = true;
+  input.derotate_output = true;
+  ASSERT_TRUE((*stream)->Send(input).ok());
+  absl::StatusOr<AttendResult> expected = (*stream)->Receive();
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  ASSERT_TRUE((*stream)->Finish().ok());
+
+  ASSERT_TRUE(WriteNpy(Path("q.npy"),
+                       NpyArray::FromValues<uint16_t>({2, heads, kHeadDim}, absl::MakeConstSpan(q)))
+                  .ok());
+  const CommandResult result =
+      Mla({"attend", "--session=" + id, "--layer=1", "--position=50", "--q=" + Path("q.npy"),
+           "--derotate", "--out=" + Path("out.npy"), "--lse_out=" + Path("lse.npy")});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_THAT(result.out, HasSubstr("positions 50..51 (2 tokens x 8 heads)"));
+  EXPECT_THAT(result.out, HasSubstr("out         [2, 8, 512] bf16 -> " + Path("out.npy")));
+  EXPECT_THAT(result.out, HasSubstr("lse         [2, 8] fp32 -> " + Path("lse.npy")));
+  EXPECT_THAT(result.out, HasSubstr("server      queue "));
+
+  absl::StatusOr<NpyArray> out = ReadNpyAs(Path("out.npy"), NpyDtype::kUint16, {2, heads, kHeadDim});
+  ASSERT_TRUE(out.ok()) << out.status();
+  const absl::Span<const uint16_t> want_out = expected->out();
+  const absl::Span<const uint16_t> got_out = out->values<uint16_t>();
+  EXPECT_TRUE(std::equal(got_out.begin(), got_out.end(), want_out.begin(), want_out.end()))
+      << "out.npy differs from the library's answer to the same step";
+  absl::StatusOr<NpyArray> lse = ReadNpyAs(Path("lse.npy"), NpyDtype::kFloat32, {2, heads});
+  ASSERT_TRUE(lse.ok()) << lse.status();
+  EXPECT_EQ(std::memcmp(lse->values<float>().data(), expected->lse().data(), 2 * heads * 4), 0)
+      << "lse.npy differs from the library's answer";
+}
+
+TEST_F(CliTest, AttendErrorsSayWhatToChange) {
+  const std::string id = Session(8, 10);
+  ASSERT_TRUE(WriteNpy(Path("q.npy"), NpyArray::FromValues<uint16_t>(
+                                          {1, 8, kHeadDim}, Values(5, 8 * kHeadDim)))
+                  .ok());
+  ASSERT_TRUE(WriteNpy(Path("q_f32.npy"), NpyArray::Zeros(NpyDtype::kFloat32, {1, 8, kHeadDim}))
+                  .ok());
+  ASSERT_TRUE(WriteNpy(Path("kv2.npy"), NpyArray::Zeros(NpyDtype::kUint16, {2, kHeadDim})).ok());
+
+  CommandResult result = Mla({"attend", "--position=10", "--q=" + Path("q.npy")});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_THAT(result.err, HasSubstr("attend needs --session=ID"));
+
+  result = Mla({"attend", "--session=" + id, "--q=" + Path("q.npy")});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_THAT(result.err, HasSubstr("attend needs --position=P"));
+
+  result = Mla({"attend", "--session=" + id, "--position=10", "--q=" + Path("q_f32.npy")});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_THAT(result.err, HasSubstr("--q: q_f32.npy: expected dtype <u2"));
+
+  result = Mla({"attend", "--session=" + id, "--position=10", "--q=" + Path("q.npy"),
+                "--kv=" + Path("kv2.npy")});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_THAT(result.err, HasSubstr("--kv: kv2.npy"));
+
+  result = Mla({"attend", "--session=" + id, "--position=10", "--q=" + Path("missing.npy")});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_THAT(result.err, HasSubstr("missing.npy"));
+
+  // The server's refusals: exit 1 with its code and message.
+  result = Mla({"attend", "--session=" + std::string(32, 'f'), "--position=10",
+                "--q=" + Path("q.npy"), "--out=" + Path("never.npy")});
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_THAT(result.err, HasSubstr("NOT_FOUND: Attend request 1: "));
+  EXPECT_THAT(result.err, HasSubstr(std::string(32, 'f')));
+  result = Mla({"attend", "--session=" + id, "--position=30", "--q=" + Path("q.npy"),
+                "--out=" + Path("never.npy")});
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_THAT(result.err, HasSubstr("FAILED_PRECONDITION"));
+  EXPECT_FALSE(ReadNpy(Path("never.npy")).ok()) << "a refused attend wrote its --out";
+}
+
+TEST_F(CliTest, BadCommandLinesExitNonZeroWithTheFix) {
+  CommandResult result = Mla({});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_THAT(result.err, HasSubstr("no command: give one of info, health"));
+  result = Mla({"status"});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_THAT(result.err, HasSubstr("unknown command 'status'"));
+  result = Mla({"sessions"});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_THAT(result.err, HasSubstr("`sessions` needs `list` or `close ID`"));
+  result = Mla({"sessions", "close"});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_THAT(result.err, HasSubstr("expected `sessions close ID`"));
+  result = Mla({"info", "extra"});
+  EXPECT_EQ(result.exit_code, 2);
+  result = Mla({"info", "--timeout_s=0"});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_THAT(result.err, HasSubstr("--timeout_s must be positive"));
+  result = Mla({"info", "--tls_ca=/nonexistent.pem"});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_THAT(result.err, HasSubstr("--tls_ca needs --tls"));
+  result = Mla({"info", "--no_such_flag"});
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_THAT(result.err, HasSubstr("no_such_flag"));
+
+  result = Mla({"--target=127.0.0.1:1", "info"}, /*with_target=*/false);
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_THAT(result.err, HasSubstr("UNAVAILABLE: GetServerInfo on 127.0.0.1:1"));
+  EXPECT_THAT(result.err, HasSubstr("is an mla_offload_server listening at --target=127.0.0.1:1"));
+}
+
+TEST_F(CliTest, HelpExplainsEveryCommandAndFlag) {
+  const CommandResult result = Mla({"--help"}, /*with_target=*/false);
+  const std::string help = result.out + result.err;
+  for (const char* text :
+       {"info ", "health ", "sessions list", "sessions close ID", "attend ", "--target",
+        "--timeout_s", "--tls_ca", "--session", "--position", "--q ", "--kv ", "--topk",
+        "--compressed_kv", "--lse_out", "--out ", "Exit status"}) {
+    EXPECT_THAT(help, HasSubstr(text));
+  }
+  EXPECT_THAT(help, Not(HasSubstr("--grpc"))) << "--help lists only the tool's own flags";
+}
+
+}  // namespace
+}  // namespace mla::client
