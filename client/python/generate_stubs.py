@@ -24,6 +24,7 @@ import tempfile
 
 HERE = pathlib.Path(__file__).resolve().parent
 DEFAULT_PROTO = HERE.parent.parent / "proto" / "mla_offload.proto"
+DEFAULT_PROTOC = "/usr/bin/protoc"
 DEFAULT_PLUGIN = "/usr/bin/grpc_python_plugin"
 ABSOLUTE_IMPORT = "import mla_offload_pb2 as "
 RELATIVE_IMPORT = "from . import mla_offload_pb2 as "
@@ -33,8 +34,12 @@ def generate(out_dir, proto=DEFAULT_PROTO, protoc=None, plugin=None):
     """Writes the stubs of `proto` into `out_dir` (created if missing)."""
     proto = pathlib.Path(proto).resolve()
     out_dir = pathlib.Path(out_dir)
-    protoc = protoc or shutil.which("protoc") or "/usr/bin/protoc"
-    plugin = plugin or shutil.which("grpc_python_plugin") or DEFAULT_PLUGIN
+    # Debian's first: the stubs of another protoc may need a newer protobuf
+    # runtime than Debian's python3-protobuf.
+    protoc = protoc or (DEFAULT_PROTOC if os.access(DEFAULT_PROTOC, os.X_OK)
+                        else shutil.which("protoc") or DEFAULT_PROTOC)
+    plugin = plugin or (DEFAULT_PLUGIN if os.access(DEFAULT_PLUGIN, os.X_OK)
+                        else shutil.which("grpc_python_plugin") or DEFAULT_PLUGIN)
     for tool, package in ((protoc, "protobuf-compiler"), (plugin, "protobuf-compiler-grpc")):
         if not os.access(tool, os.X_OK):
             raise RuntimeError(f"{tool} not found: install Debian's {package}")

@@ -178,6 +178,22 @@ class AttendStream:
             self.cancel()
         return False
 
+    @staticmethod
+    def _deliver(response, request_id, future):
+        try:
+            result = parse_response(response)
+        except ValueError as malformed:  # e.g. out's bytes do not fit its shape
+            result = MlaOffloadError(grpc.StatusCode.INTERNAL, str(malformed), _METHOD, request_id)
+        if isinstance(result, MlaOffloadError):
+            # The server's refusal, named by our id whatever id it could read.
+            future.set_exception(MlaOffloadError(result.code, result.message, _METHOD, request_id))
+        elif response.request_id != request_id:
+            future.set_exception(MlaOffloadError(
+                grpc.StatusCode.INTERNAL, f"the answer to request {response.request_id} came "
+                f"in the place of request {request_id}'s", _METHOD, request_id))
+        else:
+            future.set_result(result)
+
     def _outgoing(self):
         while True:
             request = self._requests.get()
@@ -189,26 +205,17 @@ class AttendStream:
         try:
             for response in self._call:
                 with self._lock:
+                    if not self._pending:
+                        raise RuntimeError(f"an answer (request {response.request_id}) to no message")
                     request_id, future = self._pending.popleft()
+                self._deliver(response, request_id, future)
                 self._slots.release()
-                if response.request_id != request_id:
-                    future.set_exception(MlaOffloadError(
-                        grpc.StatusCode.INTERNAL,
-                        f"answer for request {response.request_id} arrived in the place of "
-                        f"request {request_id}", _METHOD, request_id))
-                    continue
-                try:
-                    result = parse_response(response)
-                except ValueError as malformed:  # e.g. out's bytes do not fit its shape
-                    result = MlaOffloadError(grpc.StatusCode.INTERNAL, str(malformed), _METHOD,
-                                             request_id)
-                if isinstance(result, MlaOffloadError):
-                    future.set_exception(result)
-                else:
-                    future.set_result(result)
             error = None
         except grpc.RpcError as rpc_error:
             error = MlaOffloadError.from_rpc_error(rpc_error, _METHOD)
+        except Exception as broken:  # the stream cannot go on; fail its futures
+            self._call.cancel()
+            error = MlaOffloadError(grpc.StatusCode.INTERNAL, str(broken), _METHOD)
         with self._lock:
             if error is None and self._pending:
                 error = MlaOffloadError(grpc.StatusCode.INTERNAL,

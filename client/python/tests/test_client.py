@@ -266,9 +266,11 @@ class ClientTest(ServerTestCase):
         self.assertEqual(self.client.echo(payloads), payloads)
 
 
-class DeadlineTest(ServerTestCase):
-    # Each Attend message waits 3 s for a batch: longer than the deadlines.
-    server_flags = ("--batch_wait_us=3000000",)
+class SlowServerTest(ServerTestCase):
+    """Deadlines and the in-flight bound, on a server that holds each Attend
+    message 1.5 s for a batch (longer than the deadlines)."""
+
+    server_flags = ("--batch_wait_us=1500000",)
 
     def test_unary_call_deadline(self):
         rng = np.random.default_rng(8)
@@ -301,3 +303,15 @@ class DeadlineTest(ServerTestCase):
             with self.assertRaises(concurrent.futures.TimeoutError):
                 future.result(0.2)
             self.assertEqual(future.result(30).out.shape, (1, 8, 512))
+
+    def test_submit_waits_while_max_in_flight_are_unanswered(self):
+        sequence = Sequence(self.client, self.flash, 8, 11, 10)
+        with self.client.attend(max_in_flight=2) as stream:
+            started = time.monotonic()
+            first = stream.submit(**sequence.step(0, 10))
+            second = stream.submit(**sequence.step(1, 10))
+            self.assertLess(time.monotonic() - started, 0.5)
+            third = stream.submit(**sequence.step(0, 11))  # waits for the first answer
+            self.assertGreater(time.monotonic() - started, 1.0)
+            self.assertTrue(first.done())
+            self.assertEqual([f.result(30).request_id for f in (first, second, third)], [1, 2, 3])
