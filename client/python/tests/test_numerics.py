@@ -57,33 +57,37 @@ class NumericsTest(ServerTestCase):
             for layer, r in enumerate(ratios)])
 
         # One step of two tokens (positions 299 and 300) on an SWA-only, a
-        # C4A and a C128A layer, sent before any answer is read.
+        # C4A and a C128A layer, sent before any answer is read; on the C4A
+        # layer a second tensor-parallel rank (the next 4 heads) repeats the
+        # step without rows, as ranks after the first do.
         positions = np.array([PROMPT, PROMPT + 1])
-        steps = {}
+        steps = []
+        topk = {2: np.stack([topk_rows(rng, (p + 1) // 4, 20) for p in positions])}
         with self.client.attend() as stream:
-            for layer, derotate in ((0, False), (2, True), (3, True)):
+            for layer, head_offset, derotate in ((0, HEAD_OFFSET, False),
+                                                 (2, HEAD_OFFSET, True),
+                                                 (3, HEAD_OFFSET, True),
+                                                 (2, HEAD_OFFSET + HEADS, False)):
                 r = ratios[layer]
-                first_row = PROMPT // r if r else 0
-                new_rows = (PROMPT + 2) // r - first_row if r else 0
+                first_rank = head_offset == HEAD_OFFSET
+                first_row = PROMPT // r if r and first_rank else 0
+                new_rows = (PROMPT + 2) // r - first_row if r and first_rank else 0
                 # Head 0 looks for the row 5 positions back (one key dominates,
                 # the output is about that row); the other heads attend broadly.
                 q = rng.standard_normal((2, HEADS, 512))
                 q[:, 0] = mo.bf16_to_float32(swa[layer][positions - 5]) + 0.1 * q[:, 0]
                 q = mo.float32_to_bf16(q.astype(np.float32))
-                topk = None
-                if r == 4:
-                    topk = np.stack([topk_rows(rng, (p + 1) // 4, 20) for p in positions])
                 future = stream.submit(
                     layer, [mo.Segment(session, PROMPT, 2, first_row, new_rows)], q,
-                    kv=swa[layer][PROMPT:PROMPT + 2],
+                    kv=swa[layer][PROMPT:PROMPT + 2] if first_rank else None,
                     compressed_kv=compressed[layer][first_row:first_row + new_rows]
                     if new_rows else None,
-                    topk=topk, head_offset=HEAD_OFFSET, return_lse=True,
+                    topk=topk.get(layer), head_offset=head_offset, return_lse=True,
                     derotate_output=derotate)
-                steps[layer] = (q, topk, derotate, future)
+                steps.append((layer, head_offset, q, derotate, future))
 
-        for layer, (q, topk, derotate, future) in steps.items():
-            with self.subTest(layer=layer, ratio=ratios[layer]):
+        for layer, head_offset, q, derotate, future in steps:
+            with self.subTest(layer=layer, ratio=ratios[layer], head_offset=head_offset):
                 result = future.result(60)
                 self.assertEqual(result.out.shape, (2, HEADS, 512))
                 self.assertEqual(result.lse.shape, (2, HEADS))
@@ -94,13 +98,13 @@ class NumericsTest(ServerTestCase):
                             for w in range(max(0, p - 127), p + 1)]
                     if r == 4:
                         rows += [ref.cache_row(compressed[layer][j], 4 * j, r)
-                                 for j in topk[t] if j != -1]
+                                 for j in topk[layer][t] if j != -1]
                     elif r == 128:
                         rows += [ref.cache_row(compressed[layer][j], 128 * j, r)
                                  for j in range((p + 1) // 128)]
                     keys.append(np.stack(rows))
                 q_out = ref.prologue_q(q, positions, r)
-                layer_sinks = sinks[layer, HEAD_OFFSET:HEAD_OFFSET + HEADS]
+                layer_sinks = sinks[layer, head_offset:head_offset + HEADS]
                 expected_out, expected_lse = ref.decode(q_out, keys, layer_sinks, positions, r,
                                                         derotate)
                 out = mo.bf16_to_float32(result.out)
