@@ -64,6 +64,12 @@ absl::Span<const uint16_t> Workload::Query(uint64_t message_key, int64_t tokens,
   return absl::MakeConstSpan(pool_.data() + start * kHeadDim, rows * kHeadDim);
 }
 
+absl::Span<const uint8_t> Workload::Bytes(uint64_t key, size_t size) const {
+  const size_t total = pool_.size() * sizeof(uint16_t);
+  const size_t start = static_cast<size_t>(Mix(key, kQuery) % (total - size + 1));
+  return absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(pool_.data()) + start, size);
+}
+
 void Workload::AppendTopK(uint64_t salt, int layer, int32_t position, std::vector<int32_t>* out) const {
   const int width = model_.indexer_topk;
   const int64_t rows = (int64_t{position} + 1) / 4;

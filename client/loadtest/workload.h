@@ -51,6 +51,10 @@ class Workload {
   // the pool (tokens * heads must not exceed pool_rows()).
   absl::Span<const uint16_t> Query(uint64_t message_key, int64_t tokens, int heads) const;
 
+  // `size` bytes of the pool (at most pool_rows() KiB), for the Echo
+  // baseline's payloads.
+  absl::Span<const uint8_t> Bytes(uint64_t key, size_t size) const;
+
   // The top-k of a token at `position` of a C4A layer: K = model top-k
   // entries, the first min((p+1)/4, K) distinct rows below (p+1)/4, then -1.
   void AppendTopK(uint64_t salt, int layer, int32_t position, std::vector<int32_t>* out) const;

@@ -56,6 +56,8 @@ TEST(WorkloadTest, QueryIsAContiguousRunOfThePool) {
   EXPECT_NE(q.data(), workload.Query(Workload::MessageKey(1, 2, 4, 4, 0), 128, 16).data());
   // The whole pool as one query is the only run there is.
   EXPECT_EQ(workload.Query(99, 256, 16).size(), 4096u * 512);
+  EXPECT_EQ(workload.Bytes(5, 1000).size(), 1000u);
+  EXPECT_EQ(workload.Bytes(5, 4096u * 1024).size(), 4096u * 1024);
 }
 
 TEST(WorkloadTest, TopKListsDistinctExistingRowsThenPads) {

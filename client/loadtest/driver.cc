@@ -1,0 +1,886 @@
+#include "client/loadtest/driver.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "client/loadtest/arrivals.h"
+#include "client/loadtest/progress.h"
+#include "client/loadtest/verifier.h"
+#include "client/loadtest/workload.h"
+#include "client/mla_client.h"
+#include "kernels/geometry.h"
+#include "kernels/model_profile.h"
+
+namespace mla::loadtest {
+namespace {
+
+namespace pb = ::mla_offload::v1;
+using Clock = std::chrono::steady_clock;
+constexpr int64_t kRowBytes = int64_t{kHeadDim} * 2;
+// AppendKV calls stay below this (the server's default limit is 256 MiB).
+constexpr int64_t kAppendChunkBytes = int64_t{48} << 20;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+Clock::duration FromSeconds(double s) {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
+// What every node shares: the model, the workload and the run's geometry.
+struct Setup {
+  const ModelProfile* model = nullptr;
+  const Workload* workload = nullptr;
+  int heads = 0;
+  int layers = 0;
+  int tokens_per_step = 1;
+  int prompt = 0;
+  int32_t max_position = 0;
+  uint64_t seed = 1;
+  bool derotate = false;
+};
+
+struct SessionRef {
+  uint64_t salt = 0;
+  std::string id;
+};
+
+// The sessions of one node that live on one server, and the node's streams to it.
+struct Group {
+  int server = 0;
+  std::vector<SessionRef> sessions;
+  std::unique_ptr<client::AttendStream> attend;
+  std::unique_ptr<client::EchoStream> echo;
+  std::deque<int64_t> sent;  // layer steps sent and not yet received, in order
+};
+
+// A layer step whose answers are not all in.
+struct Pending {
+  int64_t step = 0;
+  int layer = 0;
+  Clock::time_point due;
+  bool measured = false;
+  int remaining = 0;  // groups not yet answered
+  Clock::time_point done;
+  int code = 0;
+  int64_t tokens = 0;
+  int64_t bytes_in = 0;
+  int64_t bytes_out = 0;
+  wire::TimingView timing;  // of the group answered last
+  bool sample = false;
+};
+
+// A sampled layer step of one group, kept for --verify.
+struct Sample {
+  int64_t step = 0;
+  int layer = 0;
+  int server = 0;
+  int head_offset = 0;
+  std::vector<SessionRef> sessions;
+  client::AttendResult result;
+};
+
+// Counters all nodes update, for the progress line.
+struct Live {
+  std::atomic<int64_t> ok{0};
+  std::atomic<int64_t> errors{0};
+  std::atomic<int64_t> in_flight{0};
+  std::mutex mutex;
+  LatencyHistogram recent;  // answers since the last progress line
+};
+
+enum class PhaseKind { kAttend, kEcho };
+
+struct PhasePlan {
+  PhaseKind kind = PhaseKind::kAttend;
+  Clock::time_point start;
+  Clock::time_point warm_end;
+  std::optional<Clock::time_point> end;  // duration mode
+  int64_t measured_steps = 0;            // --steps mode: decode steps per node
+  bool open_loop = false;
+  int concurrency = 1;
+  double rate_per_node = 0;
+  int verify_every = 0;  // 0: no samples
+  int verify_budget = 0;
+};
+
+class Node {
+ public:
+  Node(int index, const Setup& setup, std::unique_ptr<client::Cluster> cluster, int tp)
+      : index_(index), setup_(setup), cluster_(std::move(cluster)),
+        head_offset_((index % tp) * setup.heads) {}
+
+  client::Cluster& cluster() { return *cluster_; }
+  std::vector<Group>& groups() { return groups_; }
+  int index() const { return index_; }
+
+  // Creates the node's sessions and appends their prompts.
+  absl::Status CreateSessions(int sessions) {
+    std::map<int, int> group_of_server;
+    for (int s = 0; s < sessions; ++s) {
+      SessionRef ref;
+      ref.salt = Workload::SessionSalt(setup_.seed, index_, s);
+      const std::vector<float> sinks = setup_.workload->Sinks(ref.salt);
+      client::SessionOptions options;
+      options.model = setup_.model->name;
+      options.num_heads = setup_.heads;
+      options.sinks = sinks;
+      options.sinks_shape = {setup_.model->num_attention_layers(), setup_.model->num_query_heads};
+      absl::StatusOr<client::PlacedSession> placed = cluster_->CreateSession(
+          absl::StrCat("mla_loadtest/", setup_.seed, "/node", index_, "/session", s), options);
+      if (!placed.ok()) return placed.status();
+      ref.id = placed->session.session_id();
+      padded_heads_ = placed->session.padded_heads();
+      if (absl::Status status = AppendPrompt(cluster_->client(placed->server), ref); !status.ok()) {
+        return status;
+      }
+      auto [it, fresh] = group_of_server.emplace(placed->server, static_cast<int>(groups_.size()));
+      if (fresh) {
+        groups_.emplace_back();
+        groups_.back().server = placed->server;
+      }
+      groups_[it->second].sessions.push_back(std::move(ref));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status CloseSessions() {
+    absl::Status first;
+    for (Group& group : groups_) {
+      for (const SessionRef& session : group.sessions) {
+        absl::StatusOr<int64_t> freed = cluster_->client(group.server).CloseSession(session.id);
+        if (!freed.ok() && first.ok()) first = freed.status();
+      }
+    }
+    return first;
+  }
+
+  int padded_heads() const { return padded_heads_; }
+
+  // Runs one phase to its end: this thread sends, one thread per group receives.
+  void Run(const PhasePlan& plan, const client::StreamOptions& stream_options, Live& live) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      plan_ = plan;
+      live_ = &live;
+      stats_ = PhaseStats();
+      pending_.clear();
+      in_flight_ = 0;
+      samples_taken_ = 0;
+      stop_ = false;
+      sender_done_ = false;
+      stop_reason_.clear();
+      last_measured_done_.reset();
+      for (Group& group : groups_) group.sent.clear();
+    }
+    stats_.name = plan.kind == PhaseKind::kAttend ? "attend" : "echo";
+    for (Group& group : groups_) {
+      auto& server = cluster_->client(group.server);
+      if (plan.kind == PhaseKind::kAttend) {
+        absl::StatusOr<std::unique_ptr<client::AttendStream>> stream = server.OpenAttendStream(stream_options);
+        if (!stream.ok()) return Broken(stream.status());
+        group.attend = *std::move(stream);
+      } else {
+        absl::StatusOr<std::unique_ptr<client::EchoStream>> stream = server.OpenEchoStream(stream_options);
+        if (!stream.ok()) return Broken(stream.status());
+        group.echo = *std::move(stream);
+      }
+    }
+    std::vector<std::thread> receivers;
+    for (size_t g = 0; g < groups_.size(); ++g) receivers.emplace_back([this, g] { ReceiveLoop(g); });
+    SendLoop();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      sender_done_ = true;
+      cv_.notify_all();
+    }
+    for (std::thread& thread : receivers) thread.join();
+    for (Group& group : groups_) {
+      if (group.attend != nullptr) group.attend->Finish().IgnoreError();
+      if (group.echo != nullptr) group.echo->Finish().IgnoreError();
+      group.attend.reset();
+      group.echo.reset();
+    }
+  }
+
+  PhaseStats& stats() { return stats_; }
+  std::vector<StepRecord>& records() { return records_; }
+  std::vector<Sample>& samples() { return samples_; }
+  const std::string& stop_reason() const { return stop_reason_; }
+  std::optional<Clock::time_point> last_measured_done() const { return last_measured_done_; }
+
+ private:
+  absl::Status AppendPrompt(client::Client& server, const SessionRef& session) {
+    const ModelProfile& model = *setup_.model;
+    const int layers = model.num_attention_layers();
+    const int chunk = static_cast<int>(std::max<int64_t>(1, kAppendChunkBytes / (layers * kRowBytes)));
+    for (int first = 0; first < setup_.prompt; first += chunk) {
+      const int count = std::min(chunk, setup_.prompt - first);
+      std::vector<std::vector<uint16_t>> swa(layers), compressed(layers);
+      std::vector<client::LayerRowsInput> rows(layers);
+      for (int layer = 0; layer < layers; ++layer) {
+        for (int32_t p = first; p < first + count; ++p) {
+          const uint16_t* row = setup_.workload->SwaRow(session.salt, layer, p);
+          swa[layer].insert(swa[layer].end(), row, row + kHeadDim);
+        }
+        const int ratio = model.compress_ratio(layer);
+        rows[layer].layer = layer;
+        rows[layer].swa_kv = swa[layer];
+        if (ratio > 0) {
+          rows[layer].first_compressed_row = first / ratio;
+          for (int32_t j = first / ratio; j < (first + count) / ratio; ++j) {
+            const uint16_t* row = setup_.workload->CompressedRow(session.salt, layer, j);
+            compressed[layer].insert(compressed[layer].end(), row, row + kHeadDim);
+          }
+          rows[layer].compressed_kv = compressed[layer];
+        }
+      }
+      absl::StatusOr<pb::AppendKVResponse> appended = server.AppendKV(session.id, first, count, rows);
+      if (!appended.ok()) return appended.status();
+    }
+    return absl::OkStatus();
+  }
+
+  void Broken(const absl::Status& status) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++stats_.errors[StatusCodeName(static_cast<int>(status.code()))];
+    stop_reason_ = absl::StrCat("node ", index_, ": ", status.message());
+  }
+
+  // The tensors of one group's Attend message, owned until gRPC lets go.
+  struct Message {
+    std::vector<uint16_t> kv;
+    std::vector<uint16_t> compressed;
+    std::vector<int32_t> topk;
+  };
+
+  // Builds and sends the group's part of a layer step; its payload bytes.
+  absl::StatusOr<int64_t> SendAttend(Group& group, int64_t step, int layer, bool sample) {
+    const Workload& workload = *setup_.workload;
+    const int ratio = setup_.model->compress_ratio(layer);
+    const int32_t position = setup_.prompt + static_cast<int32_t>(step) * setup_.tokens_per_step;
+    const int32_t end = position + setup_.tokens_per_step;
+    auto message = std::make_shared<Message>();
+    client::AttendInput input;
+    input.layer = layer;
+    input.head_offset = head_offset_;
+    input.return_lse = sample;
+    input.derotate_output = setup_.derotate;
+    for (const SessionRef& session : group.sessions) {
+      client::AttendSegment segment;
+      segment.session_id = session.id;
+      segment.position = position;
+      segment.num_tokens = setup_.tokens_per_step;
+      if (ratio > 0) {
+        segment.first_compressed_row = position / ratio;
+        segment.num_compressed_rows = end / ratio - position / ratio;
+        for (int32_t j = position / ratio; j < end / ratio; ++j) {
+          const uint16_t* row = workload.CompressedRow(session.salt, layer, j);
+          message->compressed.insert(message->compressed.end(), row, row + kHeadDim);
+        }
+      }
+      for (int32_t p = position; p < end; ++p) {
+        const uint16_t* row = workload.SwaRow(session.salt, layer, p);
+        message->kv.insert(message->kv.end(), row, row + kHeadDim);
+        if (ratio == 4) workload.AppendTopK(session.salt, layer, p, &message->topk);
+      }
+      input.segments.push_back(std::move(segment));
+    }
+    const int64_t tokens = static_cast<int64_t>(group.sessions.size()) * setup_.tokens_per_step;
+    input.q = workload.Query(Workload::MessageKey(setup_.seed, index_, step, layer, group.server), tokens,
+                             setup_.heads);
+    input.kv = message->kv;
+    input.compressed_kv = message->compressed;
+    input.topk = message->topk;
+    const int64_t bytes = static_cast<int64_t>(input.q.size() + input.kv.size() + input.compressed_kv.size()) * 2 +
+                          static_cast<int64_t>(input.topk.size()) * 4;
+    input.keep_alive = std::move(message);
+    absl::StatusOr<uint64_t> sent = group.attend->Send(input);
+    if (!sent.ok()) return sent.status();
+    return bytes;
+  }
+
+  // The bytes of the group's Attend message for this layer step, without building it.
+  int64_t AttendBytes(const Group& group, int64_t step, int layer) const {
+    const int ratio = setup_.model->compress_ratio(layer);
+    const int32_t position = setup_.prompt + static_cast<int32_t>(step) * setup_.tokens_per_step;
+    const int64_t tokens = static_cast<int64_t>(group.sessions.size()) * setup_.tokens_per_step;
+    const int64_t new_rows =
+        ratio > 0 ? (position + setup_.tokens_per_step) / ratio - position / ratio : 0;
+    int64_t bytes = tokens * (setup_.heads + 1) * kRowBytes +
+                    static_cast<int64_t>(group.sessions.size()) * new_rows * kRowBytes;
+    if (ratio == 4) bytes += tokens * setup_.model->indexer_topk * 4;
+    return bytes;
+  }
+
+  void SendLoop() {
+    const int layers = setup_.layers;
+    PoissonArrivals arrivals(plan_.open_loop ? plan_.rate_per_node : 1.0, Mix(setup_.seed, 1000 + index_));
+    Clock::time_point next_due = plan_.start;
+    int64_t measured_issued = 0;
+    for (int64_t seq = 0;; ++seq) {
+      const int64_t step = seq / layers;
+      const int layer = static_cast<int>(seq % layers);
+      const int64_t position = setup_.prompt + step * setup_.tokens_per_step;
+      if (position + setup_.tokens_per_step > setup_.max_position) {
+        SetStop(absl::StrCat("node ", index_, " reached the server's max_position ", setup_.max_position));
+        return;
+      }
+      Clock::time_point due;
+      if (plan_.open_loop) {
+        next_due += FromSeconds(arrivals.NextGapSeconds());
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait_until(lock, next_due, [this] { return stop_; });
+        if (stop_) return;
+        due = next_due;
+      } else {
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait(lock, [this] { return stop_ || in_flight_ < plan_.concurrency; });
+        if (stop_) return;
+        due = Clock::now();
+      }
+      if (plan_.end.has_value() && due >= *plan_.end) return;
+      const bool measured = due >= plan_.warm_end;
+      if (measured && plan_.measured_steps > 0) {
+        if (measured_issued >= plan_.measured_steps * layers) return;
+        ++measured_issued;
+      }
+      const bool sample = plan_.kind == PhaseKind::kAttend && measured && plan_.verify_every > 0 &&
+                          seq % plan_.verify_every == plan_.verify_every / 2 &&
+                          samples_taken_ < plan_.verify_budget;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        Pending& pending = pending_[seq];
+        pending.step = step;
+        pending.layer = layer;
+        pending.due = due;
+        pending.measured = measured;
+        pending.remaining = static_cast<int>(groups_.size());
+        pending.sample = sample;
+        ++in_flight_;
+        if (sample) ++samples_taken_;
+      }
+      ++live_->in_flight;
+      for (Group& group : groups_) {
+        absl::StatusOr<int64_t> bytes;
+        if (plan_.kind == PhaseKind::kAttend) {
+          bytes = SendAttend(group, step, layer, sample);
+        } else {
+          const int64_t size = AttendBytes(group, step, layer);
+          const absl::Span<const uint8_t> payload = setup_.workload->Bytes(
+              Workload::MessageKey(setup_.seed, index_, step, layer, group.server), static_cast<size_t>(size));
+          absl::StatusOr<uint64_t> sent = group.echo->Send(payload);
+          if (sent.ok()) {
+            bytes = size;
+          } else {
+            bytes = sent.status();
+          }
+        }
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (bytes.ok()) {
+          pending_[seq].bytes_in += *bytes;
+          pending_[seq].tokens += static_cast<int64_t>(group.sessions.size()) * setup_.tokens_per_step;
+          group.sent.push_back(seq);
+          cv_.notify_all();
+        } else {
+          // Never sent: this group's part is done, failed.
+          CompleteLocked(seq, static_cast<int>(bytes.status().code()), Clock::now(), 0, {}, nullptr, group);
+          stop_ = true;
+          if (stop_reason_.empty()) {
+            stop_reason_ = absl::StrCat("node ", index_, ": ", bytes.status().message());
+          }
+        }
+      }
+    }
+  }
+
+  void ReceiveLoop(size_t g) {
+    Group& group = groups_[g];
+    while (true) {
+      int64_t seq;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait(lock, [&] { return !group.sent.empty() || sender_done_; });
+        if (group.sent.empty()) return;
+        seq = group.sent.front();
+        group.sent.pop_front();
+      }
+      int code = 0;
+      int64_t bytes_out = 0;
+      wire::TimingView timing;
+      std::optional<client::AttendResult> result;
+      if (plan_.kind == PhaseKind::kAttend) {
+        absl::StatusOr<client::AttendResult> answer = group.attend->Receive();
+        if (answer.ok()) {
+          bytes_out = static_cast<int64_t>(answer->out_view().size_bytes());
+          if (answer->has_lse()) bytes_out += answer->num_tokens() * answer->num_heads() * 4;
+          timing = answer->timing();
+          result.emplace(*std::move(answer));
+        } else {
+          code = static_cast<int>(answer.status().code());
+          NoteFailure(answer.status());
+        }
+      } else {
+        absl::StatusOr<client::EchoResult> answer = group.echo->Receive();
+        if (answer.ok()) {
+          bytes_out = static_cast<int64_t>(answer->size());
+        } else {
+          code = static_cast<int>(answer.status().code());
+          NoteFailure(answer.status());
+        }
+      }
+      const Clock::time_point now = Clock::now();
+      std::lock_guard<std::mutex> lock(mutex_);
+      CompleteLocked(seq, code, now, bytes_out, timing, result.has_value() ? &*result : nullptr, group);
+    }
+  }
+
+  void NoteFailure(const absl::Status& status) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+    if (stop_reason_.empty()) stop_reason_ = absl::StrCat("node ", index_, " stopped at its first failed layer step: ", status.message());
+    cv_.notify_all();
+  }
+
+  void SetStop(const std::string& reason) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+    if (stop_reason_.empty()) stop_reason_ = reason;
+  }
+
+  // One group's answer to layer step `seq`; the step is recorded when it was
+  // the last one.
+  void CompleteLocked(int64_t seq, int code, Clock::time_point now, int64_t bytes_out,
+                      const wire::TimingView& timing, client::AttendResult* result, const Group& group) {
+    auto it = pending_.find(seq);
+    if (it == pending_.end()) return;
+    Pending& p = it->second;
+    if (code != 0 && p.code == 0) p.code = code;
+    if (now >= p.done) {
+      p.done = now;
+      p.timing = timing;
+    }
+    p.bytes_out += bytes_out;
+    if (p.sample && result != nullptr) {
+      samples_.push_back({p.step, p.layer, group.server, head_offset_, group.sessions, std::move(*result)});
+    }
+    if (--p.remaining > 0) return;
+
+    const int64_t latency_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(p.done - p.due).count();
+    if (p.code != 0) {
+      ++stats_.errors[StatusCodeName(p.code)];
+      ++live_->errors;
+    } else if (p.measured) {
+      stats_.latency.Record(latency_ns);
+      ++stats_.ok;
+      stats_.tokens += p.tokens;
+      stats_.bytes_in += p.bytes_in;
+      stats_.bytes_out += p.bytes_out;
+      if (plan_.kind == PhaseKind::kAttend) {
+        ServerTiming& s = stats_.server;
+        ++s.count;
+        s.queue_us += p.timing.queue_us;
+        s.prologue_us += p.timing.prologue_us;
+        s.decode_us += p.timing.decode_us;
+        s.total_us += p.timing.total_us;
+        s.batch_tokens += p.timing.batch_tokens;
+      }
+      ++live_->ok;
+      std::lock_guard<std::mutex> live_lock(live_->mutex);
+      live_->recent.Record(latency_ns);
+    }
+    if (p.measured) {
+      if (!last_measured_done_.has_value() || p.done > *last_measured_done_) last_measured_done_ = p.done;
+      StepRecord record;
+      record.phase = plan_.kind == PhaseKind::kAttend ? 'a' : 'e';
+      record.stream = index_;
+      record.step = p.step;
+      record.layer = p.layer;
+      record.due_s = Seconds(p.due - plan_.warm_end);
+      record.latency_us = p.code == 0 ? latency_ns / 1e3 : 0;
+      record.code = p.code;
+      record.tokens = static_cast<int32_t>(p.tokens);
+      record.bytes_in = p.bytes_in;
+      record.bytes_out = p.bytes_out;
+      record.queue_us = static_cast<float>(p.timing.queue_us);
+      record.prologue_us = static_cast<float>(p.timing.prologue_us);
+      record.decode_us = static_cast<float>(p.timing.decode_us);
+      record.server_total_us = static_cast<float>(p.timing.total_us);
+      record.batch_tokens = p.timing.batch_tokens;
+      records_.push_back(record);
+    }
+    pending_.erase(it);
+    --in_flight_;
+    --live_->in_flight;
+    cv_.notify_all();
+  }
+
+  const int index_;
+  const Setup& setup_;
+  std::unique_ptr<client::Cluster> cluster_;
+  const int head_offset_;
+  int padded_heads_ = 0;
+  std::vector<Group> groups_;
+
+  PhasePlan plan_;
+  Live* live_ = nullptr;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::map<int64_t, Pending> pending_;
+  int64_t in_flight_ = 0;
+  int samples_taken_ = 0;
+  bool stop_ = false;
+  bool sender_done_ = false;
+  std::string stop_reason_;
+  PhaseStats stats_;
+  std::vector<StepRecord> records_;
+  std::vector<Sample> samples_;
+  std::optional<Clock::time_point> last_measured_done_;
+};
+
+// KV blocks summed over the servers.
+absl::Status ReadKv(client::Cluster& cluster, int64_t* used, int64_t* total) {
+  *used = 0;
+  *total = 0;
+  for (int s = 0; s < cluster.size(); ++s) {
+    absl::StatusOr<pb::ServerInfo> info = cluster.client(s).GetServerInfo();
+    if (!info.ok()) return info.status();
+    *used += info->kv_blocks_used();
+    *total += info->kv_blocks_total();
+  }
+  return absl::OkStatus();
+}
+
+// Runs one phase on every node, with the progress line, and merges the stats.
+PhaseStats RunPhase(std::vector<std::unique_ptr<Node>>& nodes, PhasePlan plan, const LoadOptions& options,
+                    const Setup& setup, std::vector<StepRecord>* records, std::string* stop_reason) {
+  client::StreamOptions stream_options;
+  stream_options.step_timeout = absl::Seconds(options.step_timeout_s);
+  stream_options.max_in_flight = plan.open_loop ? 1024 : options.concurrency;
+  Live live;
+  plan.start = Clock::now() + std::chrono::milliseconds(20);
+  plan.warm_end = plan.start + FromSeconds(options.warmup_s);
+  if (options.steps == 0) plan.end = plan.warm_end + FromSeconds(options.duration_s);
+  plan.measured_steps = options.steps;
+
+  std::vector<std::thread> threads;
+  std::atomic<int> running{static_cast<int>(nodes.size())};
+  for (auto& node : nodes) {
+    threads.emplace_back([&, n = node.get()] {
+      n->Run(plan, stream_options, live);
+      --running;
+    });
+  }
+  ProgressDisplay display(options.progress_out, options.progress_tty);
+  int64_t last_ok = 0;
+  Clock::time_point last = Clock::now();
+  while (running > 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (!options.progress) continue;
+    const Clock::time_point now = Clock::now();
+    ProgressSnapshot snapshot;
+    snapshot.elapsed_s = std::max(0.0, Seconds(now - plan.start));
+    snapshot.warming_up = now < plan.warm_end;
+    snapshot.window_s = std::max(0.0, Seconds(now - plan.warm_end));
+    snapshot.planned_s = options.steps == 0 ? options.duration_s : 0;
+    snapshot.layer_steps = live.ok;
+    snapshot.errors = live.errors;
+    snapshot.in_flight = live.in_flight;
+    snapshot.layers = setup.layers;
+    const double interval = Seconds(now - last);
+    if (interval >= (options.progress_tty ? 0.25 : 5.0)) {
+      snapshot.recent_rate = (snapshot.layer_steps - last_ok) / interval;
+      std::lock_guard<std::mutex> lock(live.mutex);
+      snapshot.recent_p50_ns = live.recent.Percentile(0.5);
+      snapshot.recent_p99_ns = live.recent.Percentile(0.99);
+      live.recent.Clear();
+      last_ok = snapshot.layer_steps;
+      last = now;
+      display.Update(snapshot, Seconds(now.time_since_epoch()));
+    }
+  }
+  for (std::thread& thread : threads) thread.join();
+  display.Finish();
+
+  PhaseStats merged;
+  merged.name = plan.kind == PhaseKind::kAttend ? "attend" : "echo";
+  std::optional<Clock::time_point> last_done;
+  std::vector<std::string> reasons;
+  for (auto& node : nodes) {
+    PhaseStats& s = node->stats();
+    merged.ok += s.ok;
+    merged.tokens += s.tokens;
+    merged.bytes_in += s.bytes_in;
+    merged.bytes_out += s.bytes_out;
+    merged.latency.Merge(s.latency);
+    for (const auto& [code, count] : s.errors) merged.errors[code] += count;
+    merged.server.count += s.server.count;
+    merged.server.queue_us += s.server.queue_us;
+    merged.server.prologue_us += s.server.prologue_us;
+    merged.server.decode_us += s.server.decode_us;
+    merged.server.total_us += s.server.total_us;
+    merged.server.batch_tokens += s.server.batch_tokens;
+    records->insert(records->end(), node->records().begin(), node->records().end());
+    node->records().clear();
+    if (!node->stop_reason().empty()) reasons.push_back(node->stop_reason());
+    if (node->last_measured_done().has_value() &&
+        (!last_done.has_value() || *node->last_measured_done() > *last_done)) {
+      last_done = node->last_measured_done();
+    }
+  }
+  if (merged.server.count > 0) {
+    const double n = static_cast<double>(merged.server.count);
+    merged.server.queue_us /= n;
+    merged.server.prologue_us /= n;
+    merged.server.decode_us /= n;
+    merged.server.total_us /= n;
+    merged.server.batch_tokens /= n;
+  }
+  if (plan.end.has_value()) {
+    merged.seconds = options.duration_s;
+  } else {
+    merged.seconds = last_done.has_value() ? Seconds(*last_done - plan.warm_end) : 0;
+  }
+  if (!reasons.empty()) {
+    *stop_reason = absl::StrJoin(reasons, "; ");
+  } else {
+    *stop_reason = options.steps > 0 ? absl::StrCat("--steps=", options.steps, " per node")
+                                     : absl::StrCat("--duration_s=", options.duration_s);
+  }
+  return merged;
+}
+
+VerifyStats VerifySamples(std::vector<std::unique_ptr<Node>>& nodes, const LoadOptions& options,
+                          const Setup& setup) {
+  VerifyStats stats;
+  stats.enabled = true;
+  Verifier verifier(*setup.workload, options.verify_threads);
+  const ModelProfile& model = *setup.model;
+  for (auto& node : nodes) {
+    for (Sample& sample : node->samples()) {
+      ++stats.layer_steps;
+      const int64_t tokens = static_cast<int64_t>(sample.sessions.size()) * setup.tokens_per_step;
+      const absl::Span<const uint16_t> q = setup.workload->Query(
+          Workload::MessageKey(setup.seed, node->index(), sample.step, sample.layer, sample.server), tokens,
+          setup.heads);
+      const absl::Span<const uint16_t> out = sample.result.out();
+      const absl::Span<const float> lse = sample.result.lse();
+      const int64_t checked = std::min<int64_t>(tokens, options.verify_tokens);
+      for (int64_t i = 0; i < checked; ++i) {
+        const int64_t t = i * tokens / checked;  // spread over the message
+        SentToken token;
+        token.layer = sample.layer;
+        token.heads = setup.heads;
+        token.head_offset = sample.head_offset;
+        token.derotate = setup.derotate;
+        token.salt = sample.sessions[t / setup.tokens_per_step].salt;
+        token.position = setup.prompt + static_cast<int32_t>(sample.step) * setup.tokens_per_step +
+                         static_cast<int32_t>(t % setup.tokens_per_step);
+        const size_t row = static_cast<size_t>(t) * setup.heads * kHeadDim;
+        token.q = q.subspan(row, static_cast<size_t>(setup.heads) * kHeadDim);
+        if (model.compress_ratio(sample.layer) == 4) {
+          setup.workload->AppendTopK(token.salt, sample.layer, token.position, &token.topk);
+        }
+        ++stats.tokens;
+        const bool shape_ok = out.size() == static_cast<size_t>(tokens) * setup.heads * kHeadDim &&
+                              lse.size() == static_cast<size_t>(tokens) * setup.heads;
+        absl::StatusOr<TokenVerdict> verdict =
+            shape_ok ? verifier.Check(token, out.subspan(row, static_cast<size_t>(setup.heads) * kHeadDim),
+                                      lse.subspan(static_cast<size_t>(t) * setup.heads, setup.heads))
+                     : absl::InternalError(absl::StrCat("the answer holds ", out.size(), " out and ", lse.size(),
+                                                        " lse values for ", tokens, " tokens"));
+        std::string failure;
+        if (!verdict.ok()) {
+          failure = std::string(verdict.status().message());
+        } else {
+          stats.max_excess = std::max(stats.max_excess, verdict->max_excess);
+          stats.bit_identical += verdict->bit_identical;
+          if (!verdict->ok) failure = verdict->failure;
+        }
+        if (!failure.empty()) {
+          ++stats.failed_tokens;
+          if (stats.first_failure.empty()) {
+            stats.first_failure = absl::StrCat("node ", node->index(), " step ", sample.step, " layer ",
+                                               sample.layer, " token ", t, ": ", failure);
+          }
+        }
+      }
+    }
+    node->samples().clear();
+  }
+  return stats;
+}
+
+}  // namespace
+
+absl::Status ValidateOptions(const LoadOptions& o) {
+  auto bad = [](const std::string& text) { return absl::InvalidArgumentError(text); };
+  if (o.targets.empty()) return bad("--target: give at least one HOST:PORT");
+  std::set<std::string> seen;
+  for (const std::string& target : o.targets) {
+    const size_t colon = target.rfind(':');
+    if (colon == std::string::npos || colon == 0 || colon + 1 == target.size()) {
+      return bad(absl::StrCat("--target=", target, ": expected HOST:PORT"));
+    }
+    if (!seen.insert(target).second) return bad(absl::StrCat("--target=", target, " is given twice"));
+  }
+  absl::StatusOr<const ModelProfile*> model = FindModelProfile(o.model);
+  if (!model.ok()) return bad(absl::StrCat("--model: ", model.status().message()));
+  if (o.tp < 1 || (*model)->num_query_heads % o.tp != 0) {
+    return bad(absl::StrCat("--tp=", o.tp, ": must divide the ", (*model)->num_query_heads, " heads of ", o.model));
+  }
+  if (o.layers < 0 || o.layers > (*model)->num_attention_layers()) {
+    return bad(absl::StrCat("--layers=", o.layers, ": 0 (all) to ", (*model)->num_attention_layers()));
+  }
+  if (o.streams < 1) return bad("--streams must be at least 1");
+  if (o.sessions < 1) return bad("--sessions must be at least 1");
+  if (o.tokens_per_step < 1 || o.tokens_per_step > 129) return bad("--tokens_per_step: 1 to 129");
+  if (o.prompt < 0) return bad("--prompt must not be negative");
+  if (o.concurrency < 1) return bad("--concurrency must be at least 1");
+  if (o.rate < 0) return bad("--rate must not be negative");
+  if (o.warmup_s < 0) return bad("--warmup_s must not be negative");
+  if (o.steps < 0) return bad("--steps must not be negative");
+  if (o.steps == 0 && o.duration_s <= 0) return bad("--duration_s must be positive (or give --steps)");
+  if (o.verify && (o.verify_every < 1 || o.verify_max < 1 || o.verify_tokens < 1)) {
+    return bad("--verify_every, --verify_max and --verify_tokens must be at least 1");
+  }
+  if (o.step_timeout_s <= 0) return bad("--step_timeout_s must be positive");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RunOutput> RunLoadTest(const LoadOptions& options) {
+  if (absl::Status status = ValidateOptions(options); !status.ok()) return status;
+  const ModelProfile* model = *FindModelProfile(options.model);
+  Setup setup;
+  setup.model = model;
+  setup.heads = model->num_query_heads / options.tp;
+  setup.layers = options.layers == 0 ? model->num_attention_layers() : options.layers;
+  setup.tokens_per_step = options.tokens_per_step;
+  setup.prompt = options.prompt;
+  setup.seed = options.seed;
+  setup.derotate = options.derotate;
+
+  RunOutput output;
+  RunReport& report = output.report;
+  RunConfig& config = report.config;
+  config.targets = options.targets;
+  config.model = model->name;
+  config.tp = options.tp;
+  config.heads = setup.heads;
+  config.layers = setup.layers;
+  config.model_layers = model->num_attention_layers();
+  config.streams = options.streams;
+  config.sessions = options.sessions;
+  config.tokens_per_step = options.tokens_per_step;
+  config.prompt = options.prompt;
+  config.mode = options.rate > 0 ? "open" : "closed";
+  config.concurrency = options.concurrency;
+  config.rate = options.rate;
+  config.warmup_s = options.warmup_s;
+  config.duration_s = options.steps == 0 ? options.duration_s : 0;
+  config.steps = options.steps;
+
+  // What the servers run and hold.
+  client::ConnectOptions connect;
+  absl::StatusOr<std::unique_ptr<client::Cluster>> probe = client::Cluster::Connect(options.targets, connect);
+  if (!probe.ok()) return probe.status();
+  std::set<std::string> versions, backends;
+  setup.max_position = INT32_MAX;
+  for (int s = 0; s < (*probe)->size(); ++s) {
+    absl::StatusOr<pb::ServerInfo> info = (*probe)->client(s).GetServerInfo();
+    if (!info.ok()) return info.status();
+    bool serves = false;
+    for (const pb::ModelInfo& m : info->models()) serves |= m.name() == model->name;
+    if (!serves) {
+      return absl::FailedPreconditionError(
+          absl::StrCat((*probe)->target(s), " does not serve --model=", model->name));
+    }
+    versions.insert(info->version());
+    backends.insert(info->backend());
+    setup.max_position = std::min(setup.max_position, info->max_position());
+    report.kv.block_tokens = info->kv_block_tokens();
+    report.kv.bytes_per_token = info->kv_bytes_per_token();
+  }
+  report.kv.block_bytes = kBlockBytes;
+  config.server_version = absl::StrJoin(versions, " | ");
+  config.backend = absl::StrJoin(backends, " | ");
+  if (absl::Status s = ReadKv(**probe, &report.kv.used_at_start, &report.kv.blocks_total); !s.ok()) return s;
+
+  const int64_t tokens = int64_t{options.sessions} * options.tokens_per_step;
+  const Workload workload(*model, std::max<int64_t>(8192, 2 * tokens * (setup.heads + 8)), options.seed);
+  setup.workload = &workload;
+
+  // Nodes, sessions, prompts (untimed; nodes in parallel).
+  std::vector<std::unique_ptr<Node>> nodes;
+  for (int n = 0; n < options.streams; ++n) {
+    client::ConnectOptions node_connect;
+    // The library keeps no option for a connection of one's own; channels
+    // with different arguments do not share one, so each node's limit
+    // differs by a byte.
+    if (options.connection_per_node) node_connect.max_message_bytes += n;
+    absl::StatusOr<std::unique_ptr<client::Cluster>> cluster = client::Cluster::Connect(options.targets, node_connect);
+    if (!cluster.ok()) return cluster.status();
+    nodes.push_back(std::make_unique<Node>(n, setup, *std::move(cluster), options.tp));
+  }
+  const Clock::time_point prompt_start = Clock::now();
+  {
+    std::vector<absl::Status> statuses(nodes.size());
+    std::vector<std::thread> threads;
+    for (size_t n = 0; n < nodes.size(); ++n) {
+      threads.emplace_back([&, n] { statuses[n] = nodes[n]->CreateSessions(options.sessions); });
+    }
+    for (std::thread& thread : threads) thread.join();
+    for (const absl::Status& status : statuses) {
+      if (!status.ok()) {
+        for (auto& node : nodes) node->CloseSessions().IgnoreError();
+        return absl::Status(status.code(), absl::StrCat("creating sessions and prompts: ", status.message()));
+      }
+    }
+  }
+  report.prompt_seconds = Seconds(Clock::now() - prompt_start);
+  config.padded_heads = nodes.front()->padded_heads();
+  if (absl::Status s = ReadKv(**probe, &report.kv.used_after_prompt, &report.kv.blocks_total); !s.ok()) return s;
+
+  PhasePlan plan;
+  plan.kind = PhaseKind::kAttend;
+  plan.open_loop = options.rate > 0;
+  plan.concurrency = options.concurrency;
+  plan.rate_per_node = options.rate / options.streams;
+  if (options.verify) {
+    plan.verify_every = options.verify_every;
+    plan.verify_budget = (options.verify_max + options.streams - 1) / options.streams;
+  }
+  report.attend = RunPhase(nodes, plan, options, setup, &output.records, &report.stop_reason);
+  if (absl::Status s = ReadKv(**probe, &report.kv.used_at_end, &report.kv.blocks_total); !s.ok()) return s;
+
+  if (options.baseline) {
+    PhasePlan echo = plan;
+    echo.kind = PhaseKind::kEcho;
+    echo.verify_every = 0;
+    std::string echo_stop;
+    report.echo = RunPhase(nodes, echo, options, setup, &output.records, &echo_stop);
+  }
+  if (options.verify) report.verify = VerifySamples(nodes, options, setup);
+
+  absl::Status closed;
+  for (auto& node : nodes) {
+    absl::Status status = node->CloseSessions();
+    if (closed.ok()) closed = status;
+  }
+  if (!closed.ok()) return closed;
+  if (absl::Status s = ReadKv(**probe, &report.kv.used_after_close, &report.kv.blocks_total); !s.ok()) return s;
+  return output;
+}
+
+}  // namespace mla::loadtest

@@ -1,0 +1,83 @@
+// The load itself: N simulated serving nodes, each with S sessions, decoding
+// L layers per step against one or more mla_offload_servers through the C++
+// client library (client/mla_client.h), and what they measured.
+//
+// A run:
+// 1. Connects to every target (one Cluster per node, so each node has its own
+//    TCP connection to each server, as real serving nodes would), checks the
+//    model and head count against GetServerInfo.
+// 2. Creates the sessions (placed by the library's rendezvous hashing of
+//    "mla_loadtest/<seed>/node<n>/session<s>") with sinks, and appends a
+//    P-token prompt to each (AppendKV, every layer, in chunks); untimed.
+// 3. Attend phase: each node streams layer steps in order (step 0 layers
+//    0..L-1, step 1, ...), one Attend message per server holding its
+//    sessions, S x tokens_per_step tokens, on one stream per server. Closed
+//    loop: --concurrency layer steps in flight per node. Open loop: Poisson
+//    arrivals at --rate / N per node, latency measured from the scheduled
+//    arrival. The first --warmup_s seconds are not measured; the window ends
+//    after --duration_s (or --steps decode steps per node). A node stops at
+//    its first failed layer step (its sessions' positions no longer line up)
+//    or when its positions would reach the server's max_position.
+// 4. Echo phase (--baseline): the same schedule sending the same number of
+//    bytes per layer step to Echo on each node's own streams.
+// 5. --verify: sampled layer steps (their answers were kept) are recomputed
+//    locally (verifier.h); then sessions are closed and KV use read again.
+//
+// Errors of setup (unreachable server, unknown model, bad flags) are
+// returned; errors of layer steps are counted in the report by code.
+#ifndef MLA_OFFLOAD_CLIENT_LOADTEST_DRIVER_H_
+#define MLA_OFFLOAD_CLIENT_LOADTEST_DRIVER_H_
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "client/loadtest/report.h"
+
+namespace mla::loadtest {
+
+struct LoadOptions {
+  std::vector<std::string> targets;
+  std::string model = "deepseek-v4-flash";
+  int tp = 8;
+  int layers = 0;  // first L attention layers; 0 = all
+  int streams = 1;
+  int sessions = 8;
+  int tokens_per_step = 1;
+  int prompt = 512;
+  int concurrency = 1;    // closed loop
+  double rate = 0;        // > 0: open loop, layer steps/s over all nodes
+  double warmup_s = 1;
+  double duration_s = 10;
+  int64_t steps = 0;      // > 0: decode steps per node instead of duration_s
+  bool baseline = false;
+  bool verify = false;
+  int verify_every = 17;  // sample every N-th layer step of a node
+  int verify_max = 32;    // layer steps checked, all nodes together
+  int verify_tokens = 4;  // tokens checked per sampled layer step
+  int verify_threads = 2;
+  bool derotate = false;
+  bool connection_per_node = true;
+  double step_timeout_s = 30;
+  uint64_t seed = 1;
+  bool progress = true;
+  bool progress_tty = false;
+  std::FILE* progress_out = stderr;
+};
+
+// InvalidArgument naming the flag for settings that cannot run.
+absl::Status ValidateOptions(const LoadOptions& options);
+
+struct RunOutput {
+  RunReport report;
+  std::vector<StepRecord> records;  // measured layer steps, both phases
+};
+
+absl::StatusOr<RunOutput> RunLoadTest(const LoadOptions& options);
+
+}  // namespace mla::loadtest
+
+#endif  // MLA_OFFLOAD_CLIENT_LOADTEST_DRIVER_H_
