@@ -81,6 +81,16 @@ class ServerProcess:
         with self._changed:
             return "".join(line for line in self._lines if line is not None)
 
+    def signal(self, number):
+        self._process.send_signal(number)
+
+    def wait(self, timeout):
+        """The exit status once the process ends within `timeout` s, else None."""
+        try:
+            return self._process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
     def stop(self):
         """Stops the server; returns its exit status."""
         if self._process.poll() is None:

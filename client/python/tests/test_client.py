@@ -3,6 +3,7 @@ Attend stream (pipelined, in order), Echo, deadlines, and errors with their
 gRPC codes and messages, leaving every session as it was."""
 
 import concurrent.futures
+import signal
 import time
 
 import grpc
@@ -315,3 +316,24 @@ class SlowServerTest(ServerTestCase):
             self.assertGreater(time.monotonic() - started, 1.0)
             self.assertTrue(first.done())
             self.assertEqual([f.result(30).request_id for f in (first, second, third)], [1, 2, 3])
+
+
+class DrainTest(ServerTestCase):
+    """What a client sees while the server drains after SIGTERM."""
+
+    def test_draining_refuses_new_sessions_and_serves_open_streams(self):
+        sequence = Sequence(self.client, self.flash, 8, 12, 10)
+        with self.client.attend() as stream:
+            stream.attend(**sequence.step(0, 10), timeout=30)
+            self.server.signal(signal.SIGTERM)
+            self.assertIsNotNone(self.server.wait_for_line("draining", 5), self.server.output())
+            deadline = time.monotonic() + 2
+            while self.client.health() == "SERVING" and time.monotonic() < deadline:
+                time.sleep(0.02)
+            self.assertEqual(self.client.health(), "NOT_SERVING")
+            with self.assertRaises(mo.MlaOffloadError) as raised:
+                self.client.create_session(FLASH, 8)
+            self.assertError(raised, grpc.StatusCode.UNAVAILABLE, "draining")
+            result = stream.attend(**sequence.step(0, 11), timeout=30)  # the open stream goes on
+            self.assertEqual(result.out.shape, (1, 8, 512))
+        self.assertEqual(self.server.wait(5), 0, self.server.output())
