@@ -109,6 +109,12 @@ namespace internal {
 // time, reads always posted (so the server is never blocked on answers the
 // caller has not taken yet), answers matched to messages in order, and the
 // step deadline. AttendStream and EchoStream give the messages meaning.
+//
+// No gRPC operation is started or cancelled while mutex_ is held: gRPC may
+// run a reaction (which takes mutex_) on the thread that starts one. A hold
+// keeps the call open while operations may still be started from outside
+// reactions (Send); Finish and the destructor release it once no Send is
+// between deciding to write and starting the write.
 class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   struct Answer {
@@ -120,12 +126,7 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
       : what_(std::move(what)), options_(options) {}
 
   ~RawStream() override {
-    bool release_hold = false;
-    {
-      absl::MutexLock lock(&mutex_);
-      release_hold = holding_;
-      holding_ = false;
-    }
+    const bool release_hold = TakeHold();
     if (release_hold) {
       context_.TryCancel();
       RemoveHold();
@@ -140,7 +141,10 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
     }
     grpc::GenericStub stub(channel);
     stub.PrepareBidiStreamingCall(&context_, method, grpc::StubOptions(), this);
-    holding_ = true;
+    {
+      absl::MutexLock lock(&mutex_);
+      holding_ = true;
+    }
     AddHold();
     StartRead(&read_buffer_);
     StartCall();
@@ -155,56 +159,76 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
     {
       absl::MutexLock lock(&mutex_);
       auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
-        return !Usable().ok() ||
+        return !Usable().ok() || reads_done_ ||
                static_cast<int>(unanswered_.size()) < std::max(1, options_.max_in_flight) ||
                Overdue();
       };
       while (!room()) {
         mutex_.AwaitWithDeadline(absl::Condition(&room), unanswered_.front().deadline);
       }
-      if (Overdue()) BreakOverdue();
-      if (absl::Status usable = Usable(); !usable.ok()) return usable;
-      id = ++last_id_;
-      absl::StatusOr<grpc::ByteBuffer> message = build(id);
-      if (!message.ok()) {
-        --last_id_;
-        return message.status();
-      }
-      unanswered_.push_back({id, absl::Now() + options_.step_timeout});
-      writes_.push_back(*std::move(message));
-      if (!writing_) {
-        writing_ = true;
-        start = &writes_.front();
+      if (Overdue()) MarkOverdue();
+      // The call is ending (OnDone is due, the hold released): its status.
+      if (reads_done_) mutex_.Await(absl::Condition(&done_));
+      absl::Status usable = Usable();
+      if (usable.ok()) {
+        id = ++last_id_;
+        absl::StatusOr<grpc::ByteBuffer> message = build(id);
+        if (!message.ok()) {
+          --last_id_;
+          return message.status();
+        }
+        unanswered_.push_back({id, absl::Now() + options_.step_timeout});
+        writes_.push_back(*std::move(message));
+        if (!writing_) {
+          writing_ = true;
+          start = &writes_.front();
+          ++starting_writes_;
+        }
+      } else if (!cancel_) {
+        return usable;
       }
     }
-    if (start != nullptr) StartWrite(start);
+    if (id == 0) {
+      CancelIfNeeded();
+      return status();
+    }
+    if (start != nullptr) {
+      StartWrite(start);
+      bool release_hold = false;
+      {
+        absl::MutexLock lock(&mutex_);
+        --starting_writes_;
+        release_hold = ReleaseHoldIfEnded();
+      }
+      if (release_hold) RemoveHold();
+    }
     return id;
   }
 
   // The oldest answer not yet taken.
   absl::StatusOr<Answer> Receive() {
-    absl::MutexLock lock(&mutex_);
-    if (answers_.empty() && unanswered_.empty()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(what_, ": Receive with no message outstanding (Send first)"));
+    {
+      absl::MutexLock lock(&mutex_);
+      if (answers_.empty() && unanswered_.empty()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(what_, ": Receive with no message outstanding (Send first)"));
+      }
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+        return !answers_.empty() || done_ || Overdue();
+      };
+      while (!ready()) {
+        mutex_.AwaitWithDeadline(absl::Condition(&ready), unanswered_.front().deadline);
+      }
+      if (!answers_.empty()) {
+        Answer answer = std::move(answers_.front());
+        answers_.pop_front();
+        return answer;
+      }
+      if (done_) return Ended();
+      MarkOverdue();
     }
-    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
-      return !answers_.empty() || done_ || Overdue();
-    };
-    while (!ready()) {
-      mutex_.AwaitWithDeadline(absl::Condition(&ready), unanswered_.front().deadline);
-    }
-    if (!answers_.empty()) {
-      Answer answer = std::move(answers_.front());
-      answers_.pop_front();
-      return answer;
-    }
-    if (!done_) BreakOverdue();
-    if (!broken_.ok()) return broken_;
-    return absl::InternalError(absl::StrCat(what_, ": the server ended the stream (",
-                                            final_status_.ok() ? "OK" : final_status_.message(),
-                                            ") without answering message ",
-                                            unanswered_.front().id));
+    CancelIfNeeded();
+    return status();
   }
 
   int outstanding() const {
@@ -224,6 +248,8 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
       absl::MutexLock lock(&mutex_);
       if (!finishing_) {
         finishing_ = true;
+        mutex_.Await(absl::Condition(
+            +[](int* starting) { return *starting == 0; }, &starting_writes_));
         writes_done_now = !writing_ && !done_;
         release_hold = holding_;
         holding_ = false;
@@ -231,33 +257,38 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
     }
     if (writes_done_now) StartWritesDone();
     if (release_hold) RemoveHold();
-    absl::MutexLock lock(&mutex_);
-    if (!mutex_.AwaitWithTimeout(absl::Condition(&done_), options_.step_timeout)) {
-      if (broken_.ok()) {
+    bool ended = false;
+    {
+      absl::MutexLock lock(&mutex_);
+      ended = mutex_.AwaitWithTimeout(absl::Condition(&done_), options_.step_timeout);
+      if (!ended && broken_.ok()) {
         broken_ = absl::DeadlineExceededError(absl::StrCat(
             what_, ": the server did not end the stream within ",
             absl::FormatDuration(options_.step_timeout), " of Finish; cancelled"));
       }
-      context_.TryCancel();
-      mutex_.Await(absl::Condition(&done_));
     }
+    if (!ended) context_.TryCancel();
+    absl::MutexLock lock(&mutex_);
+    mutex_.Await(absl::Condition(&done_));
     if (!broken_.ok()) return broken_;
     if (!final_status_.ok()) return final_status_;
-    if (!unanswered_.empty()) {
-      return absl::InternalError(absl::StrCat(what_, ": the server ended the stream without "
-                                                     "answering message ",
-                                              unanswered_.front().id));
-    }
+    if (!unanswered_.empty()) return Ended();
     return absl::OkStatus();
   }
 
   void OnWriteDone(bool ok) override {
     grpc::ByteBuffer* next = nullptr;
     bool writes_done_now = false;
+    bool release_hold = false;
     {
       absl::MutexLock lock(&mutex_);
       writes_.pop_front();
-      if (!ok) writes_.clear();  // the call is over; OnDone says why
+      if (!ok) {
+        // The call is over; OnDone says why.
+        writes_.clear();
+        reads_done_ = true;
+        release_hold = ReleaseHoldIfEnded();
+      }
       if (!writes_.empty()) {
         next = &writes_.front();
       } else {
@@ -267,23 +298,41 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
     }
     if (next != nullptr) StartWrite(next);
     if (writes_done_now) StartWritesDone();
+    if (release_hold) RemoveHold();
   }
 
   void OnReadDone(bool ok) override {
-    if (!ok) return;  // the server ended the stream; OnDone follows
+    if (!ok) {
+      // The server ended the stream or the connection broke: no answer
+      // comes any more. OnDone, with the reason, follows once the hold is
+      // released.
+      bool release_hold = false;
+      {
+        absl::MutexLock lock(&mutex_);
+        reads_done_ = true;
+        release_hold = ReleaseHoldIfEnded();
+      }
+      if (release_hold) RemoveHold();
+      return;
+    }
+    bool unexpected = false;
     {
       absl::MutexLock lock(&mutex_);
       if (unanswered_.empty()) {
+        unexpected = true;
         if (broken_.ok()) {
           broken_ = absl::InternalError(
               absl::StrCat(what_, ": the server sent an answer no message asked for"));
         }
-        context_.TryCancel();
-        return;
+      } else {
+        answers_.push_back({unanswered_.front().id, std::move(read_buffer_)});
+        unanswered_.pop_front();
+        read_buffer_ = grpc::ByteBuffer();
       }
-      answers_.push_back({unanswered_.front().id, std::move(read_buffer_)});
-      unanswered_.pop_front();
-      read_buffer_ = grpc::ByteBuffer();
+    }
+    if (unexpected) {
+      context_.TryCancel();
+      return;
     }
     StartRead(&read_buffer_);
   }
@@ -293,8 +342,6 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
     final_status_ = StatusFromGrpc(status, what_);
     done_ = true;
   }
-
-  const std::string& what() const { return what_; }
 
  private:
   // OK while messages can still be sent and answered.
@@ -311,18 +358,61 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
     return absl::OkStatus();
   }
 
+  // Why the oldest message will get no answer, once the call is over: the
+  // call's status (UNAVAILABLE when the server went away, ...).
+  absl::Status Ended() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    if (!broken_.ok()) return broken_;
+    if (!final_status_.ok()) return final_status_;
+    return absl::InternalError(absl::StrCat(what_,
+                                            ": the server ended the stream without answering "
+                                            "message ",
+                                            unanswered_.front().id));
+  }
+
   bool Overdue() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
     return !unanswered_.empty() && absl::Now() >= unanswered_.front().deadline;
   }
 
-  void BreakOverdue() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+  // The stream fails with DEADLINE_EXCEEDED; CancelIfNeeded, called without
+  // the lock, cancels the call.
+  void MarkOverdue() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
     if (broken_.ok()) {
       broken_ = absl::DeadlineExceededError(absl::StrCat(
           what_, ": message ", unanswered_.front().id, " was not answered within ",
           absl::FormatDuration(options_.step_timeout),
           " of its Send (StreamOptions::step_timeout); the stream is cancelled"));
+      cancel_ = true;
     }
-    context_.TryCancel();
+  }
+
+  void CancelIfNeeded() ABSL_LOCKS_EXCLUDED(mutex_) {
+    bool cancel = false;
+    {
+      absl::MutexLock lock(&mutex_);
+      cancel = cancel_;
+      cancel_ = false;
+    }
+    if (cancel) context_.TryCancel();
+  }
+
+  // After the call ended on the server's side: true once, for whoever must
+  // release the hold, when no Send is about to start a write (that Send
+  // releases it after its StartWrite).
+  bool ReleaseHoldIfEnded() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    if (!reads_done_ || !holding_ || starting_writes_ > 0) return false;
+    holding_ = false;
+    return true;
+  }
+
+  // True once, for whoever must release the hold: no Send is then about to
+  // start a write.
+  bool TakeHold() ABSL_LOCKS_EXCLUDED(mutex_) {
+    absl::MutexLock lock(&mutex_);
+    mutex_.Await(absl::Condition(+[](int* starting) { return *starting == 0; },
+                                 &starting_writes_));
+    const bool held = holding_;
+    holding_ = false;
+    return held;
   }
 
   struct Unanswered {
@@ -333,13 +423,18 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
   const std::string what_;
   const StreamOptions options_;
   grpc::ClientContext context_;
-  grpc::ByteBuffer read_buffer_;  // touched only by the read callbacks
+  grpc::ByteBuffer read_buffer_;  // touched only by the read reactions
 
   mutable absl::Mutex mutex_;
   std::deque<grpc::ByteBuffer> writes_ ABSL_GUARDED_BY(mutex_);
   bool writing_ ABSL_GUARDED_BY(mutex_) = false;
+  // Sends between queueing the first write and StartWrite.
+  int starting_writes_ ABSL_GUARDED_BY(mutex_) = 0;
   bool finishing_ ABSL_GUARDED_BY(mutex_) = false;
   bool holding_ ABSL_GUARDED_BY(mutex_) = false;
+  bool cancel_ ABSL_GUARDED_BY(mutex_) = false;
+  // A read or write failed: the call is over on the server's side.
+  bool reads_done_ ABSL_GUARDED_BY(mutex_) = false;
   uint64_t last_id_ ABSL_GUARDED_BY(mutex_) = 0;
   std::deque<Unanswered> unanswered_ ABSL_GUARDED_BY(mutex_);
   std::deque<Answer> answers_ ABSL_GUARDED_BY(mutex_);

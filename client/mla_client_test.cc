@@ -720,9 +720,24 @@ TEST(ClusterServersTest, PlacesSessionsAndSurvivesALostServer) {
     EXPECT_EQ(static_cast<int>(listed->size()), per_server[server]) << targets[server];
   }
 
+  // An Attend stream to b, working before the loss.
+  Sequence on_b = seq;
+  for (const auto& [key, placed] : sessions) {
+    if (placed.server == 1) on_b.id = placed.session.session_id();
+  }
+  absl::StatusOr<std::unique_ptr<AttendStream>> stream = (*cluster)->client(1).OpenAttendStream();
+  ASSERT_TRUE(stream.ok());
+  ASSERT_TRUE((*stream)->Send(InputOf(on_b, MakeStep(on_b, 0, 8, 1, false, false))).ok());
+  ASSERT_TRUE((*stream)->Receive().ok());
+
   // Server b is lost with everything it held.
   (*b)->Signal(SIGKILL);
   (*b)->WaitExit(absl::Seconds(5));
+  absl::StatusOr<uint64_t> sent = (*stream)->Send(InputOf(on_b, MakeStep(on_b, 0, 9, 1, false, false)));
+  const absl::Status lost = sent.ok() ? (*stream)->Receive().status() : sent.status();
+  EXPECT_EQ(lost.code(), absl::StatusCode::kUnavailable) << lost;
+  EXPECT_THAT(lost.message(), HasSubstr("Attend stream on " + targets[1]));
+  EXPECT_EQ((*stream)->status().code(), absl::StatusCode::kUnavailable);
   for (const auto& [key, placed] : sessions) {
     const Prompt more = MakePrompt(seq, 8, 1);
     absl::StatusOr<pb::AppendKVResponse> appended =
