@@ -11,6 +11,7 @@
 #include <optional>
 #include <set>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -667,9 +668,10 @@ VerifyStats VerifySamples(std::vector<std::unique_ptr<Node>>& nodes, const LoadO
   stats.enabled = true;
   Verifier verifier(*setup.workload, options.verify_threads);
   const ModelProfile& model = *setup.model;
+  std::set<std::tuple<int, int64_t, int>> layer_steps;  // (node, step, layer)
   for (auto& node : nodes) {
     for (Sample& sample : node->samples()) {
-      ++stats.layer_steps;
+      layer_steps.insert({node->index(), sample.step, sample.layer});
       const int64_t tokens = static_cast<int64_t>(sample.sessions.size()) * setup.tokens_per_step;
       const absl::Span<const uint16_t> q = setup.workload->Query(
           Workload::MessageKey(setup.seed, node->index(), sample.step, sample.layer, sample.server), tokens,
@@ -719,6 +721,7 @@ VerifyStats VerifySamples(std::vector<std::unique_ptr<Node>>& nodes, const LoadO
     }
     node->samples().clear();
   }
+  stats.layer_steps = static_cast<int64_t>(layer_steps.size());
   return stats;
 }
 
@@ -850,6 +853,10 @@ absl::StatusOr<RunOutput> RunLoadTest(const LoadOptions& options) {
   }
   report.prompt_seconds = Seconds(Clock::now() - prompt_start);
   config.padded_heads = nodes.front()->padded_heads();
+  config.sessions_per_target.assign(options.targets.size(), 0);
+  for (auto& node : nodes) {
+    for (const Group& group : node->groups()) config.sessions_per_target[group.server] += group.sessions.size();
+  }
   if (absl::Status s = ReadKv(**probe, &report.kv.used_after_prompt, &report.kv.blocks_total); !s.ok()) return s;
 
   PhasePlan plan;

@@ -143,13 +143,15 @@ absl::Status WriteLatencyPlot(const std::vector<PlotSeries>& series, const std::
     absl::StrAppend(&cdf_plot, cdf_plot.empty() ? "" : ", ", Quote(cdf_file),
                     " using 1:2 with steps lw 2 title ", name);
     if (first) {
-      for (const auto& [q, label] : {std::make_pair(0.5, "p50"), std::make_pair(0.99, "p99")}) {
-        const double x = latency->Percentile(q) / 1e6;
-        absl::StrAppendFormat(&marks,
-                              "set arrow from %.6g, graph 0 to %.6g, graph 1 nohead dt 2 lc rgb 'gray40'\n"
-                              "set label '%s %.3g ms' at %.6g, graph 0.95 left offset 0.5,0 tc rgb 'gray30'\n",
-                              x, x, label, x, x);
-      }
+      // p50 labelled left of its line, p99 right of its line, so that
+      // close ones do not overlap.
+      const double p50 = latency->Percentile(0.5) / 1e6, p99 = latency->Percentile(0.99) / 1e6;
+      absl::StrAppendFormat(&marks,
+                            "set arrow from %.6g, graph 0 to %.6g, graph 1 nohead dt 2 lc rgb 'gray40'\n"
+                            "set label 'p50 %.3g ms' at %.6g, graph 0.6 right offset -0.5,0 tc rgb 'gray30'\n"
+                            "set arrow from %.6g, graph 0 to %.6g, graph 1 nohead dt 2 lc rgb 'gray40'\n"
+                            "set label 'p99 %.3g ms' at %.6g, graph 0.5 left offset 0.5,0 tc rgb 'gray30'\n",
+                            p50, p50, p50, p50, p99, p99, p99, p99);
       first = false;
     }
   }

@@ -131,8 +131,15 @@ std::string FormatReport(const RunReport& report) {
       c.model, c.tp, c.heads, c.padded_heads, c.streams, c.streams == 1 ? "" : "s", c.sessions,
       c.sessions == 1 ? "" : "s", c.tokens_per_step, c.tokens_per_step == 1 ? "" : "s", c.layers,
       c.model_layers, c.prompt);
-  absl::StrAppend(&text, Line("server", absl::StrCat(absl::StrJoin(c.targets, ", "), ": ", c.server_version,
-                                                     ", backend ", c.backend)));
+  std::vector<std::string> targets;
+  for (size_t i = 0; i < c.targets.size(); ++i) {
+    targets.push_back(i < c.sessions_per_target.size() && c.targets.size() > 1
+                          ? absl::StrCat(c.targets[i], " (", c.sessions_per_target[i], " sessions)")
+                          : c.targets[i]);
+  }
+  absl::StrAppend(&text, Line(c.targets.size() > 1 ? "servers" : "server",
+                              absl::StrCat(absl::StrJoin(targets, ", "), ": ", c.server_version,
+                                           ", backend ", c.backend)));
   const std::string load =
       c.mode == "open"
           ? absl::StrFormat("open loop, Poisson arrivals at %.1f layer steps/s (all nodes)", c.rate)
@@ -204,6 +211,7 @@ nlohmann::json ReportJson(const RunReport& report) {
   const RunConfig& c = report.config;
   nlohmann::json json;
   json["config"] = {{"targets", c.targets},
+                    {"sessions_per_target", c.sessions_per_target},
                     {"server_version", c.server_version},
                     {"backend", c.backend},
                     {"model", c.model},

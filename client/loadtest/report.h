@@ -34,6 +34,7 @@ namespace mla::loadtest {
 // How the run was set up (flags, and what the servers said).
 struct RunConfig {
   std::vector<std::string> targets;
+  std::vector<int> sessions_per_target;  // where the sessions were placed
   std::string server_version;
   std::string backend;
   std::string model;

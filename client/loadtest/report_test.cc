@@ -94,6 +94,14 @@ TEST(ReportTest, TextShowsEveryFigure) {
   EXPECT_FALSE(report.verify.passed());
 }
 
+TEST(ReportTest, SeveralServersShowWhereTheSessionsAre) {
+  RunReport report = SampleReport();
+  report.config.targets = {"a:1", "b:2"};
+  report.config.sessions_per_target = {2, 4};
+  EXPECT_THAT(FormatReport(report), HasSubstr("servers                  a:1 (2 sessions), b:2 (4 sessions): "));
+  EXPECT_EQ(ReportJson(report)["config"]["sessions_per_target"][1], 4);
+}
+
 TEST(ReportTest, JsonHoldsTheNumbers) {
   RunReport report = SampleReport();
   report.verify.enabled = true;

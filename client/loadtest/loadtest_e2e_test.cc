@@ -1,0 +1,346 @@
+// mla_offload_loadtest against the real mla_offload_server (CPU backend),
+// both as child processes over loopback: short closed- and open-loop runs
+// with --verify, the Echo baseline and every output file, and the exits of
+// runs that cannot go.
+//
+// The numbers are checked for consistency with each other and with what the
+// run was told to do (counts of layer steps and tokens, CSV lines against the
+// JSON, percentiles in order, zero errors, verification passed, KV freed),
+// not against fixed figures: CI has two cores and other work.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+extern char** environ;
+
+namespace mla::loadtest {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Runfile(const std::string& path) {
+  return absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"), "/", path);
+}
+
+std::string OutDir() {
+  const char* dir = std::getenv("TEST_UNDECLARED_OUTPUTS_DIR");
+  if (dir == nullptr) dir = std::getenv("TEST_TMPDIR");
+  return dir != nullptr ? dir : "/tmp";
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+// A child process whose stdout and stderr are collected by a thread.
+class Process {
+ public:
+  explicit Process(std::vector<std::string> args) {
+    std::vector<char*> argv;
+    for (std::string& arg : args) argv.push_back(arg.data());
+    argv.push_back(nullptr);
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) return;
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+    posix_spawn_file_actions_adddup2(&actions, fds[1], STDERR_FILENO);
+    const int rc = posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    close(fds[1]);
+    if (rc != 0) {
+      close(fds[0]);
+      pid_ = 0;
+      return;
+    }
+    fd_ = fds[0];
+    reader_ = std::thread([this] {
+      char buffer[4096];
+      ssize_t got;
+      while ((got = read(fd_, buffer, sizeof(buffer))) > 0 || (got < 0 && errno == EINTR)) {
+        if (got <= 0) continue;
+        std::lock_guard<std::mutex> lock(mutex_);
+        output_.append(buffer, got);
+        changed_.notify_all();
+      }
+      std::lock_guard<std::mutex> lock(mutex_);
+      eof_ = true;
+      changed_.notify_all();
+    });
+  }
+
+  ~Process() {
+    if (pid_ > 0 && !status_.has_value()) {
+      kill(pid_, SIGTERM);
+      if (!Wait(std::chrono::seconds(8)).has_value()) {
+        kill(pid_, SIGKILL);
+        Wait(std::chrono::seconds(60));
+      }
+    }
+    if (reader_.joinable()) reader_.join();
+    if (fd_ >= 0) close(fd_);
+  }
+
+  bool started() const { return pid_ > 0; }
+
+  // The exit status (WEXITSTATUS; 128 + signal when killed), or nullopt
+  // while it runs after `timeout`.
+  std::optional<int> Wait(std::chrono::seconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!status_.has_value()) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      } else if (std::chrono::steady_clock::now() >= deadline) {
+        return std::nullopt;
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+    return status_;
+  }
+
+  // Everything printed, once the process has closed its output.
+  std::string AllOutput() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait_for(lock, std::chrono::seconds(10), [this] { return eof_; });
+    return output_;
+  }
+
+  // The first capture group of the first line matching `pattern`, waiting
+  // up to `timeout`.
+  std::optional<std::string> WaitForLine(const std::regex& pattern, std::chrono::seconds timeout) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (true) {
+      std::istringstream lines(output_);
+      for (std::string line; std::getline(lines, line);) {
+        std::smatch match;
+        if (std::regex_search(line, match, pattern)) return match[1].str();
+      }
+      if (eof_ || changed_.wait_until(lock, deadline) == std::cv_status::timeout) return std::nullopt;
+    }
+  }
+
+ private:
+  pid_t pid_ = 0;
+  int fd_ = -1;
+  std::thread reader_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::string output_;
+  bool eof_ = false;
+  std::optional<int> status_;
+};
+
+// The server binary on a free loopback port, CPU backend.
+class Server {
+ public:
+  Server()
+      : process_({Runfile("server/mla_offload_server"), "--listen=127.0.0.1:0", "--metrics_port=-1",
+                  "--kv_cache_gb=0.2", "--cpu_threads=1", "--max_position=4096", "--drain_seconds=2"}) {
+    static const std::regex kServing(R"(serving on (127\.0\.0\.1:\d+))");
+    target_ = process_.WaitForLine(kServing, std::chrono::seconds(60)).value_or("");
+  }
+  const std::string& target() const { return target_; }
+
+ private:
+  Process process_;
+  std::string target_;
+};
+
+struct LoadTestRun {
+  int exit_code = -1;
+  std::string output;
+};
+
+LoadTestRun LoadTest(const std::vector<std::string>& flags) {
+  std::vector<std::string> args = {Runfile("client/loadtest/mla_offload_loadtest")};
+  args.insert(args.end(), flags.begin(), flags.end());
+  Process process(args);
+  LoadTestRun run;
+  if (!process.started()) return run;
+  const std::optional<int> code = process.Wait(std::chrono::seconds(120));
+  run.exit_code = code.value_or(-1);
+  run.output = process.AllOutput();
+  return run;
+}
+
+// The CSV's lines by column name.
+std::vector<std::map<std::string, std::string>> ReadCsv(const std::string& path) {
+  std::vector<std::map<std::string, std::string>> rows;
+  std::istringstream text(ReadFile(path));
+  std::string line;
+  std::getline(text, line);
+  const std::vector<std::string> header = absl::StrSplit(line, ',');
+  while (std::getline(text, line)) {
+    const std::vector<std::string> cells = absl::StrSplit(line, ',');
+    EXPECT_EQ(cells.size(), header.size()) << line;
+    std::map<std::string, std::string> row;
+    for (size_t i = 0; i < header.size() && i < cells.size(); ++i) row[header[i]] = cells[i];
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+// Latency figures in order and positive.
+void ExpectSaneLatency(const nlohmann::json& latency) {
+  const double p50 = latency["p50_us"], p90 = latency["p90_us"], p99 = latency["p99_us"];
+  const double p999 = latency["p99_9_us"], max = latency["max_us"], min = latency["min_us"];
+  EXPECT_GT(min, 0);
+  EXPECT_LE(min, p50);
+  EXPECT_LE(p50, p90);
+  EXPECT_LE(p90, p99);
+  EXPECT_LE(p99, p999);
+  EXPECT_LE(p999, max);
+  EXPECT_LT(max, 30e6);  // well below the step timeout
+  int64_t buckets = 0;
+  for (const auto& bucket : latency["buckets_us"]) buckets += bucket[2].get<int64_t>();
+  EXPECT_EQ(buckets, latency["count"].get<int64_t>());
+}
+
+TEST(LoadTestEndToEnd, ClosedLoopWithBaselineVerifyAndEveryOutput) {
+  Server server;
+  ASSERT_FALSE(server.target().empty()) << "the server did not start";
+  const std::string dir = OutDir();
+  const std::string json_path = dir + "/closed.json", csv_path = dir + "/closed.csv", png_path = dir + "/closed.png";
+  const LoadTestRun run = LoadTest({"--target=" + server.target(), "--model=deepseek-v4-flash", "--tp=8", "--layers=4",
+                            "--streams=2", "--sessions=2", "--prompt=200", "--concurrency=2",
+                            "--warmup_s=0.3", "--duration_s=1.5", "--baseline", "--verify", "--verify_every=3",
+                            "--verify_max=8", "--verify_tokens=2", "--json_out=" + json_path,
+                            "--csv_out=" + csv_path, "--plot_out=" + png_path});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("latency per layer step   p50 "));
+  EXPECT_THAT(run.output, HasSubstr("errors                   none"));
+  EXPECT_THAT(run.output, HasSubstr("verify                   PASSED: 8 layer steps (16 tokens)"));
+  EXPECT_THAT(run.output, HasSubstr("service overhead"));
+
+  const nlohmann::json json = nlohmann::json::parse(ReadFile(json_path));
+  const nlohmann::json& attend = json["attend"];
+  const int64_t ok = attend["layer_steps_ok"];
+  EXPECT_GT(ok, 10);
+  EXPECT_EQ(attend["layer_steps_failed"], 0);
+  EXPECT_EQ(attend["tokens"], ok * 2);  // 2 sessions x 1 token
+  EXPECT_DOUBLE_EQ(attend["seconds"].get<double>(), 1.5);
+  EXPECT_NEAR(attend["decode_steps_per_s"].get<double>(), ok / 1.5 / 4, 1e-9);
+  EXPECT_NEAR(attend["tokens_per_s"].get<double>(), ok / 1.5 / 4 * 2, 1e-9);
+  // q 2 x 8 x 1 KiB + kv 2 x 1 KiB each, at least; out 2 x 8 x 1 KiB.
+  EXPECT_GE(attend["payload_in_bytes"].get<int64_t>(), ok * 18 * 1024);
+  EXPECT_GE(attend["payload_out_bytes"].get<int64_t>(), ok * 16 * 1024);
+  EXPECT_EQ(attend["latency"]["count"], ok);
+  ExpectSaneLatency(attend["latency"]);
+  const nlohmann::json& timing = attend["server_timing_mean_us"];
+  EXPECT_EQ(timing["count"], ok);
+  EXPECT_GT(timing["decode"].get<double>(), 0);
+  EXPECT_LE(timing["total"].get<double>(), attend["latency"]["mean_us"].get<double>());
+  EXPECT_GE(timing["batch_tokens"].get<double>(), 2);
+
+  ASSERT_TRUE(json.contains("echo"));
+  EXPECT_GT(json["echo"]["layer_steps_ok"].get<int64_t>(), 0);
+  EXPECT_EQ(json["echo"]["layer_steps_failed"], 0);
+  ExpectSaneLatency(json["echo"]["latency"]);
+  EXPECT_GT(json["overhead"]["latency_p50_ratio"].get<double>(), 0);
+
+  EXPECT_TRUE(json["verify"]["passed"].get<bool>());
+  EXPECT_EQ(json["verify"]["layer_steps"], 8);
+  EXPECT_EQ(json["verify"]["tokens"], 16);
+  EXPECT_EQ(json["verify"]["failed_tokens"], 0);
+  // The server runs the same CPU backend: bit for bit.
+  EXPECT_EQ(json["verify"]["bit_identical_tokens"], 16);
+
+  const nlohmann::json& kv = json["kv"];
+  EXPECT_GT(kv["used_after_prompt"].get<int64_t>(), kv["used_at_start"].get<int64_t>());
+  EXPECT_GE(kv["used_at_end"].get<int64_t>(), kv["used_after_prompt"].get<int64_t>());
+  EXPECT_EQ(kv["used_after_close"], kv["used_at_start"]);
+  EXPECT_GT(kv["blocks_total"].get<int64_t>(), kv["used_at_end"].get<int64_t>());
+
+  // One CSV line per measured layer step of each phase, all OK.
+  const std::vector<std::map<std::string, std::string>> rows = ReadCsv(csv_path);
+  int64_t attend_rows = 0, echo_rows = 0;
+  for (const auto& row : rows) {
+    EXPECT_EQ(row.at("code"), "OK");
+    (row.at("phase") == "attend" ? attend_rows : echo_rows) += 1;
+    EXPECT_GT(std::stod(row.at("latency_us")), 0);
+    EXPECT_GE(std::stod(row.at("due_s")), 0);
+    EXPECT_LT(std::stoi(row.at("layer")), 4);
+  }
+  EXPECT_EQ(attend_rows, ok);
+  EXPECT_EQ(echo_rows, json["echo"]["layer_steps_ok"].get<int64_t>());
+
+  const std::string png = ReadFile(png_path);
+  ASSERT_GT(png.size(), 1000u);
+  EXPECT_EQ(png.substr(1, 3), "PNG");
+}
+
+TEST(LoadTestEndToEnd, OpenLoopStepsAndTwoServers) {
+  Server first, second;
+  ASSERT_FALSE(first.target().empty());
+  ASSERT_FALSE(second.target().empty());
+  const std::string dir = OutDir();
+  const std::string json_path = dir + "/open.json", svg_path = dir + "/open.svg";
+  // 2 nodes x 5 decode steps x 3 layers: exactly 30 measured layer steps.
+  const LoadTestRun run = LoadTest({"--target=" + first.target(), "--target", second.target(), "--model=deepseek-v4-pro",
+                            "--tp=16", "--layers=3", "--streams=2", "--sessions=4", "--tokens_per_step=2",
+                            "--prompt=130", "--rate=150", "--warmup_s=0.2", "--steps=5", "--verify",
+                            "--verify_every=2", "--verify_max=6", "--json_out=" + json_path,
+                            "--plot_out=" + svg_path});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("open loop, Poisson arrivals at 150.0 layer steps/s"));
+  const nlohmann::json json = nlohmann::json::parse(ReadFile(json_path));
+  EXPECT_EQ(json["config"]["mode"], "open");
+  EXPECT_EQ(json["config"]["heads"], 8);  // 128 / 16
+  EXPECT_EQ(json["attend"]["layer_steps_ok"], 30);
+  EXPECT_EQ(json["attend"]["layer_steps_failed"], 0);
+  ExpectSaneLatency(json["attend"]["latency"]);
+  EXPECT_GT(json["attend"]["seconds"].get<double>(), 0);
+  EXPECT_TRUE(json["verify"]["passed"].get<bool>());
+  EXPECT_EQ(json["verify"]["layer_steps"], 6);
+  // Sessions were placed on both servers, 8 in all.
+  const std::vector<int> placed = json["config"]["sessions_per_target"];
+  ASSERT_EQ(placed.size(), 2u);
+  EXPECT_EQ(placed[0] + placed[1], 8);
+  EXPECT_GT(placed[0], 0);
+  EXPECT_GT(placed[1], 0);
+  EXPECT_THAT(ReadFile(svg_path), HasSubstr("<svg"));
+}
+
+TEST(LoadTestEndToEnd, RunsThatCannotGoSaySo) {
+  LoadTestRun run = LoadTest({"--target=127.0.0.1:1", "--tp=3"});
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.output, HasSubstr("--tp=3"));
+  run = LoadTest({"--target=127.0.0.1:1", "--plot_out=x.jpg"});
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.output, HasSubstr(".png or .svg"));
+  // Nothing listens on port 1.
+  run = LoadTest({"--target=127.0.0.1:1", "--duration_s=1"});
+  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_THAT(run.output, HasSubstr("UNAVAILABLE"));
+}
+
+}  // namespace
+}  // namespace mla::loadtest
