@@ -73,6 +73,41 @@ __device__ __forceinline__ float E4m3(uint32_t code) {
   return __uint_as_float(bits) * 0x1p120f;
 }
 
+// Four e4m3 codes (one 32-bit word, code i in byte i) times 2^(s - 127) as
+// four bf16 values: codes 0, 1 in `lo`, codes 2, 3 in `hi` (low half first).
+// Each code's bits are moved into a bf16's (sign to bit 15, exponent and
+// mantissa shifted so that the value is the e4m3 value times 2^-120, also for
+// subnormal codes), then one bf16x2 multiply by 2^(s - 7) applies the bias
+// difference and the block scale. Exact wherever the fp32 path is (products
+// of 4 significant bits above 2^-133) for 3 <= s <= 134: 2^(s - 7) is a
+// normal bf16 and no product falls below bf16's smallest subnormal
+// (FastScaleOk); other scales take the fp32 path.
+__device__ __forceinline__ uint32_t E4m3PairToScaledBits(uint32_t spread) {
+  return (spread & 0x80008000u) | ((spread >> 4) & 0x07f007f0u);
+}
+
+__device__ __forceinline__ uint32_t MulBf16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+__device__ __forceinline__ bool FastScaleOk(uint32_t scale_byte) {
+  return scale_byte >= 3u && scale_byte <= 134u;
+}
+
+// bf16x2 of 2^(s - 7) in both halves, for FastScaleOk(s).
+__device__ __forceinline__ uint32_t FastScaleWord(uint32_t scale_byte) {
+  const uint32_t half = (scale_byte + 120u) << 7;
+  return half | half << 16;
+}
+
+__device__ __forceinline__ void E4m3x4ToBf16(uint32_t codes, uint32_t scale_word, uint32_t& lo,
+                                             uint32_t& hi) {
+  lo = MulBf16x2(E4m3PairToScaledBits(__byte_perm(codes, 0u, 0x1404u)), scale_word);
+  hi = MulBf16x2(E4m3PairToScaledBits(__byte_perm(codes, 0u, 0x3424u)), scale_word);
+}
+
 __device__ __forceinline__ float ScaleOfByte(uint32_t byte) {
   return byte != 0 ? __uint_as_float(byte << 23) : 0x1p-127f;
 }
@@ -81,6 +116,13 @@ struct Entry {
   const uint8_t* data;    // null: skipped entry
   const uint8_t* scales;
 };
+
+__device__ __forceinline__ Entry EntryOf(const uint8_t* base, int32_t slot) {
+  const uint8_t* block_base = base + static_cast<int64_t>(slot / kBlockTokens) * kBlockBytes;
+  const int offset = slot % kBlockTokens;
+  return {block_base + offset * kTokenDataBytes,
+          block_base + kBlockTokens * kTokenDataBytes + offset * kTokenScaleBytes};
+}
 
 __device__ __forceinline__ Entry LookUp(const DecodeParams& p, int64_t t, int e, int main_len) {
   int32_t slot;
@@ -386,21 +428,32 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 // ---- Tensor-core version (mma.sync m16n8k16, bf16 in, fp32 accumulate).
 //
-// One CTA of 8 warps: one token, 16 heads (the M of the MMA; with Hp = 8 the
-// upper 8 rows are zero queries whose results are dropped), a range of key
-// entries in chunks of 64. Per chunk:
-//   1. dequantise 64 rows into shared memory as bf16 (as above);
-//   2. S = Q K^T: warp w computes the 16 x 8 tile of keys 8w..8w+7 over the
-//      512 dims (32 MMAs), writes scale * S (or -inf) to shared memory;
+// One CTA: one token, MT x 16 heads (the M of the MMA; with Hp = 8 the upper
+// 8 rows are zero queries whose results are dropped), a range of key entries
+// in chunks of 64, 8 warps per M-tile. The FP8 rows of a chunk are gathered
+// with cp.async into one of kStages raw stages in shared memory, kStages - 1
+// chunks ahead of the one being computed, so that several chunks of random
+// row reads are in flight per SM at any time; the slots of a chunk's entries
+// are read from global memory one step before its rows are requested. Per
+// chunk:
+//   1. dequantise the chunk's raw stage into the bf16 key tile (each row once
+//      for all the CTA's heads; -1 entries are zero rows with -inf scores);
+//   2. S = Q K^T: warp w of an M-tile computes the 16 x 8 tile of keys
+//      8w..8w+7 over the 512 dims (Q and K fragments by ldmatrix), writes
+//      scale * S (or -inf) to shared memory;
 //   3. online softmax per head in fp32 (denominator from unrounded
 //      probabilities); P rounded to bf16 for the product only;
 //   4. O += P V: warp w owns dims 64w..64w+63 (8 n-tiles), 4 k-steps of 16
 //      keys; V fragments come from the bf16 rows with ldmatrix.trans.
+// Head groups of one token are adjacent in the grid (blockIdx.x), so the
+// second group's row reads find the first's in L2.
 constexpr int kMmaHeads = 16;
 constexpr int kMmaChunk = 64;
+constexpr int kStages = 3;
 constexpr int kRowHalves = 520;  // bf16 row stride: 1040 bytes, 16-byte aligned, conflict-free
 constexpr int kRowWords = kRowHalves / 2;
 constexpr int kProbHalves = 72;  // P row stride in bf16
+constexpr int kPiecesPerRow = kTokenDataBytes / 16;  // 36 16-byte pieces of row data
 
 // MT M-tiles of 16 heads a CTA (MT = 2 for Hp >= 32: 512 threads, each
 // dequantised chunk serves 32 heads).
@@ -408,14 +461,19 @@ template <int MT>
 struct MmaLayout {
   static constexpr int kHeads = kMmaHeads * MT;
   static constexpr int kThreadCount = kThreads * MT;
+  static constexpr size_t kRawData = size_t{kStages} * kMmaChunk * kTokenDataBytes;
+  static constexpr size_t kRawScales = size_t{kStages} * kMmaChunk * kTokenScaleBytes;
   static constexpr size_t kKeys = sizeof(uint16_t) * kMmaChunk * kRowHalves;
   static constexpr size_t kQ = sizeof(uint16_t) * kHeads * kRowHalves;
   static constexpr size_t kScores = sizeof(float) * kHeads * kMmaChunk;
   static constexpr size_t kProbs = sizeof(uint16_t) * kHeads * kProbHalves;
   static constexpr size_t kState = sizeof(float) * 3 * kHeads;
-  static constexpr size_t kValid = sizeof(int) * kMmaChunk;
-  static constexpr size_t kBytes = kKeys + kQ + kScores + kProbs + kState + kValid;
+  static constexpr size_t kValid = sizeof(int) * kStages * kMmaChunk;
+  static constexpr size_t kSlots = sizeof(int32_t) * 2 * kMmaChunk;
+  static constexpr size_t kBytes =
+      kRawData + kRawScales + kKeys + kQ + kScores + kProbs + kState + kValid + kSlots;
 };
+static_assert(MmaLayout<2>::kBytes <= 227 * 1024, "shared memory of the 32-head CTA");
 
 __device__ __forceinline__ void Mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                     uint32_t a3, uint32_t b0, uint32_t b1) {
@@ -426,6 +484,14 @@ __device__ __forceinline__ void Mma(float (&c)[4], uint32_t a0, uint32_t a1, uin
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+__device__ __forceinline__ void LdMatrixX4(const void* smem_ptr, uint32_t& r0, uint32_t& r1,
+                                           uint32_t& r2, uint32_t& r3) {
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(smem_ptr));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(address));
+}
+
 __device__ __forceinline__ void LdMatrixX4Trans(const void* smem_ptr, uint32_t& r0, uint32_t& r1,
                                                 uint32_t& r2, uint32_t& r3) {
   const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(smem_ptr));
@@ -434,33 +500,55 @@ __device__ __forceinline__ void LdMatrixX4Trans(const void* smem_ptr, uint32_t& 
                : "r"(address));
 }
 
+// Asynchronous copy of `bytes` (8 or 16) from global to shared memory; with
+// `fill_zero` nothing is read and the destination gets zeros.
+template <int kBytesCopied>
+__device__ __forceinline__ void CpAsync(void* smem_dst, const void* global_src, bool fill_zero) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+  const int src_bytes = fill_zero ? 0 : kBytesCopied;
+  if constexpr (kBytesCopied == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(global_src),
+                 "r"(src_bytes));
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(global_src),
+                 "n"(kBytesCopied), "r"(src_bytes));
+  }
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
 template <int MT>
-__global__ void __launch_bounds__(kThreads * MT, 2 / MT)
+__global__ void __launch_bounds__(kThreads * MT, 1)
     DecodeMmaKernel(const DecodeParams p, int splits, int split_entries, Partials partials) {
   using L = MmaLayout<MT>;
   constexpr int kHeadsHere = L::kHeads;
   constexpr int kCtaThreads = L::kThreadCount;
   extern __shared__ __align__(16) unsigned char smem[];
-  uint16_t* keys = reinterpret_cast<uint16_t*>(smem);
-  uint16_t* qs = reinterpret_cast<uint16_t*>(smem + L::kKeys);
-  float* scores = reinterpret_cast<float*>(smem + L::kKeys + L::kQ);
+  uint8_t* raw_data = smem;
+  uint8_t* raw_scales = raw_data + L::kRawData;
+  uint16_t* keys = reinterpret_cast<uint16_t*>(raw_scales + L::kRawScales);
+  uint16_t* qs = keys + kMmaChunk * kRowHalves;
+  float* scores = reinterpret_cast<float*>(qs + kHeadsHere * kRowHalves);
   uint16_t* probs = reinterpret_cast<uint16_t*>(scores + kHeadsHere * kMmaChunk);
   float* run_max = reinterpret_cast<float*>(probs + kHeadsHere * kProbHalves);
   float* run_sum = run_max + kHeadsHere;
   float* alphas = run_sum + kHeadsHere;
-  int* valid = reinterpret_cast<int*>(alphas + kHeadsHere);
+  int* stage_valid = reinterpret_cast<int*>(alphas + kHeadsHere);  // [kStages][64]
+  int32_t* chunk_slots = stage_valid + kStages * kMmaChunk;        // [2][64]
   uint32_t* key_words = reinterpret_cast<uint32_t*>(keys);
-  const uint32_t* q_words = reinterpret_cast<const uint32_t*>(qs);
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  const int mt = warp >> 3;     // the M-tile (16 heads) this warp multiplies
-  const int wl = warp & 7;      // the warp's place among the 8 of its M-tile
+  const int mt = warp >> 3;  // the M-tile (16 heads) this warp multiplies
+  const int wl = warp & 7;   // the warp's place among the 8 of its M-tile
   const int g = lane >> 2;   // MMA group id
   const int tig = lane & 3;  // thread in group
-  const int64_t t = blockIdx.x;
-  const int h0 = blockIdx.y * kHeadsHere;
+  const int64_t t = blockIdx.y;
+  const int h0 = blockIdx.x * kHeadsHere;
   const int heads_here = min(kHeadsHere, p.padded_heads - h0);
   const int split = blockIdx.z;
 
@@ -468,6 +556,7 @@ __global__ void __launch_bounds__(kThreads * MT, 2 / MT)
   const int total = main_len + ListLength(p.extra, t);
   const int begin = split * split_entries;
   const int end = min(total, begin + split_entries);
+  const int num_chunks = begin < end ? (end - begin + kMmaChunk - 1) / kMmaChunk : 0;
 
   for (int i = tid; i < kHeadsHere * kHeadDim / 2; i += kCtaThreads) {
     const int h = i / (kHeadDim / 2);
@@ -483,96 +572,136 @@ __global__ void __launch_bounds__(kThreads * MT, 2 / MT)
     run_max[tid] = -INFINITY;
     run_sum[tid] = 0.0f;
   }
-  __syncthreads();
+
+  // Slot of entry `tid` of chunk j (threads 0..63), -1 past the range.
+  auto fetch_slot = [&](int j) -> int32_t {
+    const int e = begin + j * kMmaChunk + tid;
+    if (j >= num_chunks || e >= end) return -1;
+    return e < main_len ? __ldg(p.main.indices + t * p.main.width + e)
+                        : __ldg(p.extra.indices + t * p.extra.width + (e - main_len));
+  };
+  // Requests chunk j's rows (slots in chunk_slots[j & 1]) into raw stage
+  // j % kStages; skipped entries get zero bytes and valid = 0.
+  auto issue_chunk = [&](int j) {
+    const int stage = j % kStages;
+    const int32_t* slots = chunk_slots + (j & 1) * kMmaChunk;
+    uint8_t* data = raw_data + stage * (kMmaChunk * kTokenDataBytes);
+    uint8_t* scales_dst = raw_scales + stage * (kMmaChunk * kTokenScaleBytes);
+    for (int i = tid; i < kMmaChunk * (kPiecesPerRow + 1); i += kCtaThreads) {
+      const int r = i / (kPiecesPerRow + 1);
+      const int piece = i % (kPiecesPerRow + 1);
+      const int32_t slot = slots[r];
+      const int e = begin + j * kMmaChunk + r;
+      const uint8_t* pool = e < main_len ? p.main.pool.base : p.extra.pool.base;
+      const bool skip = slot == -1;
+      const uint8_t* block_base =
+          pool + (skip ? 0 : static_cast<int64_t>(slot / kBlockTokens) * kBlockBytes);
+      const int offset = skip ? 0 : slot % kBlockTokens;
+      if (piece < kPiecesPerRow) {
+        CpAsync<16>(data + r * kTokenDataBytes + piece * 16,
+                    block_base + offset * kTokenDataBytes + piece * 16, skip);
+      } else {
+        CpAsync<8>(scales_dst + r * kTokenScaleBytes,
+                   block_base + kBlockTokens * kTokenDataBytes + offset * kTokenScaleBytes, skip);
+        stage_valid[stage * kMmaChunk + r] = !skip;
+      }
+    }
+  };
+  // Dequantises raw stage j % kStages into the bf16 key tile.
+  auto dequantise_chunk = [&](int j) {
+    const int stage = j % kStages;
+    const uint8_t* data = raw_data + stage * (kMmaChunk * kTokenDataBytes);
+    const uint8_t* scales = raw_scales + stage * (kMmaChunk * kTokenScaleBytes);
+    for (int i = tid; i < kMmaChunk * kPiecesPerRow; i += kCtaThreads) {
+      const int r = i / kPiecesPerRow;
+      const int ch = i % kPiecesPerRow;
+      const uint4 raw = *reinterpret_cast<const uint4*>(data + r * kTokenDataBytes + ch * 16);
+      uint32_t* row = key_words + r * kRowWords;
+      if (ch < 28) {
+        // A skipped entry has zero bytes: +0 values (scale irrelevant).
+        const uint32_t scale_byte = scales[r * kTokenScaleBytes + (ch >> 2)];
+        const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+        uint32_t out[8];
+        if (FastScaleOk(scale_byte)) {
+          const uint32_t scale_word = FastScaleWord(scale_byte);
+#pragma unroll
+          for (int q = 0; q < 4; ++q) E4m3x4ToBf16(words[q], scale_word, out[2 * q], out[2 * q + 1]);
+        } else {
+          const float scale = ScaleOfByte(scale_byte);
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const uint32_t w = words[q];
+            out[2 * q] = ExactBf16Bits(E4m3(w & 0xffu) * scale) |
+                         ExactBf16Bits(E4m3((w >> 8) & 0xffu) * scale) << 16;
+            out[2 * q + 1] = ExactBf16Bits(E4m3((w >> 16) & 0xffu) * scale) |
+                             ExactBf16Bits(E4m3(w >> 24) * scale) << 16;
+          }
+        }
+        uint4* dst = reinterpret_cast<uint4*>(row + ch * 8);
+        dst[0] = make_uint4(out[0], out[1], out[2], out[3]);
+        dst[1] = make_uint4(out[4], out[5], out[6], out[7]);
+      } else {
+        *reinterpret_cast<uint4*>(row + 224 + (ch - 28) * 4) = raw;
+      }
+    }
+  };
+
+  // Fill the pipeline: chunks 0 .. kStages - 2 requested, the slots of chunk
+  // kStages - 1 fetched.
+#pragma unroll
+  for (int j = 0; j < kStages - 1; ++j) {
+    if (tid < kMmaChunk) chunk_slots[(j & 1) * kMmaChunk + tid] = fetch_slot(j);
+    __syncthreads();
+    if (j < num_chunks) issue_chunk(j);
+    CpAsyncCommit();
+    __syncthreads();
+  }
+  int32_t next_slot = tid < kMmaChunk ? fetch_slot(kStages - 1) : -1;
 
   float acc[8][4];
 #pragma unroll
   for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 
-  // The raw bytes of the next chunk are loaded into registers while the
-  // current one is computed (kPerThread 16-byte pieces a thread).
-  constexpr int kPieces = kMmaChunk * kChunksPerRow;  // 2304
-  constexpr int kPerThread = (kPieces + kCtaThreads - 1) / kCtaThreads;  // 9 or 5
-  uint4 raw[kPerThread];
-  uint32_t raw_scale[kPerThread];
-  uint32_t raw_valid = 0;
-  auto load_chunk = [&](int c0) {
-    raw_valid = 0;
-#pragma unroll
-    for (int k = 0; k < kPerThread; ++k) {
-      const int i = tid + k * kCtaThreads;
-      const int r = i / kChunksPerRow;
-      const int ch = i % kChunksPerRow;
-      const int e = c0 + r;
-      raw[k] = make_uint4(0, 0, 0, 0);
-      raw_scale[k] = 0;
-      if (i < kPieces && e < end) {
-        const Entry entry = LookUp(p, t, e, main_len);
-        if (entry.data != nullptr) {
-          raw_valid |= 1u << k;
-          if (ch < 28) {
-            raw[k] = __ldg(reinterpret_cast<const uint4*>(entry.data) + ch);
-            raw_scale[k] = __ldg(entry.scales + (ch >> 2));
-          } else {
-            raw[k] = __ldg(reinterpret_cast<const uint4*>(entry.data + kNopeDim) + (ch - 28));
-          }
-        }
-      }
-    }
-  };
-  auto store_chunk = [&]() {
-#pragma unroll
-    for (int k = 0; k < kPerThread; ++k) {
-      const int i = tid + k * kCtaThreads;
-      if (kPieces % kCtaThreads != 0 && i >= kPieces) break;
-      const int r = i / kChunksPerRow;
-      const int ch = i % kChunksPerRow;
-      const bool ok = (raw_valid >> k) & 1u;
-      if (ch == 0) valid[r] = ok;
-      uint32_t* row = key_words + r * kRowWords;
-      if (ch < 28) {
-        uint2* dst = reinterpret_cast<uint2*>(row + ch * 8);
-        const float scale = ScaleOfByte(raw_scale[k]);
-        const uint32_t words[4] = {raw[k].x, raw[k].y, raw[k].z, raw[k].w};
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const uint32_t w = words[q];
-          // A skipped entry has zero bytes: +0 values (scale irrelevant).
-          const uint32_t lo = ExactBf16Bits(E4m3(w & 0xffu) * scale) |
-                              ExactBf16Bits(E4m3((w >> 8) & 0xffu) * scale) << 16;
-          const uint32_t hi = ExactBf16Bits(E4m3((w >> 16) & 0xffu) * scale) |
-                              ExactBf16Bits(E4m3(w >> 24) * scale) << 16;
-          dst[q] = make_uint2(lo, hi);
-        }
-      } else {
-        uint2* dst = reinterpret_cast<uint2*>(row + 224 + (ch - 28) * 4);
-        dst[0] = make_uint2(raw[k].x, raw[k].y);
-        dst[1] = make_uint2(raw[k].z, raw[k].w);
-      }
-    }
-  };
-
-  if (begin < end) load_chunk(begin);
-  for (int c0 = begin; c0 < end; c0 += kMmaChunk) {
-    // 1. Dequantise the chunk (bf16 rows, stride kRowWords words), then
-    //    start loading the next one.
-    store_chunk();
+  for (int chunk = 0; chunk < num_chunks; ++chunk) {
+    // The chunk's rows have landed (this thread's copies; the barrier makes
+    // everyone's visible and frees the stage and key tile of the chunk before).
+    const int ahead = chunk + kStages - 1;
+    if (tid < kMmaChunk) chunk_slots[(ahead & 1) * kMmaChunk + tid] = next_slot;
+    CpAsyncWait<kStages - 2>();
     __syncthreads();
-    if (c0 + kMmaChunk < end) load_chunk(c0 + kMmaChunk);
+    if (ahead < num_chunks) issue_chunk(ahead);
+    CpAsyncCommit();
+    if (tid < kMmaChunk) next_slot = fetch_slot(ahead + 1);
 
-    // 2. S = Q K^T for keys 8w..8w+7.
+    // 1. Dequantise.
+    dequantise_chunk(chunk);
+    __syncthreads();
+    const int* valid = stage_valid + (chunk % kStages) * kMmaChunk;
+
+    // 2. S = Q K^T for keys 8w..8w+7, 32 dims a step: Q fragments (16 heads
+    //    x 16 dims, twice) and K fragments (8 keys x 32 dims) by ldmatrix,
+    //    two accumulators to halve the dependent chain of MMAs.
     {
       float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      const uint32_t* krow = key_words + (wl * 8 + g) * kRowWords + tig;
-      const uint32_t* qrow0 = q_words + (mt * 16 + g) * kRowWords + tig;
-      const uint32_t* qrow1 = q_words + (mt * 16 + g + 8) * kRowWords + tig;
-#pragma unroll 8
-      for (int k = 0; k < kHeadDim / 2; k += 8) {  // k in words: 16 dims a step
-        Mma(s, qrow0[k], qrow1[k], qrow0[k + 4], qrow1[k + 4], krow[k], krow[k + 4]);
+      float s_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      const int mat = lane >> 3;
+      const uint16_t* a_rows = qs + (mt * 16 + (mat & 1) * 8 + (lane & 7)) * kRowHalves + (mat >> 1) * 8;
+      const uint16_t* b_rows = keys + (wl * 8 + (lane & 7)) * kRowHalves + mat * 8;
+#pragma unroll 4
+      for (int k0 = 0; k0 < kHeadDim; k0 += 32) {
+        uint32_t a[8], b[4];
+        LdMatrixX4(a_rows + k0, a[0], a[1], a[2], a[3]);
+        LdMatrixX4(a_rows + k0 + 16, a[4], a[5], a[6], a[7]);
+        LdMatrixX4(b_rows + k0, b[0], b[1], b[2], b[3]);
+        Mma(s, a[0], a[1], a[2], a[3], b[0], b[1]);
+        Mma(s_odd, a[4], a[5], a[6], a[7], b[2], b[3]);
       }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[i] += s_odd[i];
       const int c = wl * 8 + 2 * tig;
-      const bool v0 = valid[c] != 0;
-      const bool v1 = valid[c + 1] != 0;
+      const int e0 = begin + chunk * kMmaChunk + c;
+      const bool v0 = valid[c] != 0 && e0 < end;
+      const bool v1 = valid[c + 1] != 0 && e0 + 1 < end;
       const int r0 = mt * 16 + g;
       scores[r0 * kMmaChunk + c] = v0 ? p.softmax_scale * s[0] : -INFINITY;
       scores[r0 * kMmaChunk + c + 1] = v1 ? p.softmax_scale * s[1] : -INFINITY;
@@ -637,7 +766,8 @@ __global__ void __launch_bounds__(kThreads * MT, 2 / MT)
         }
       }
     }
-    __syncthreads();
+    // The next chunk's first barrier keeps its dequantisation off this
+    // chunk's key tile and probabilities.
   }
 
   // Thread holds heads mt*16 + g and + 8, dims wl*64 + 8j + 2tig (+1).
@@ -713,11 +843,12 @@ Plan MakePlan(const DecodeParams& p, int num_sms) {
     plan.groups = (p.padded_heads + plan.hg - 1) / plan.hg;
     const int kc = kMmaChunk;
     const int width = p.main.width + p.extra.width;
+    // One CTA per SM (shared memory): split the keys only as far as whole
+    // waves of CTAs allow, never below two chunks a split.
     const int64_t ctas = p.num_tokens * plan.groups;
-    const int64_t wanted = 2 * int64_t{num_sms};
     int splits = 1;
-    if (ctas > 0 && ctas < wanted && width > 2 * kc) {
-      splits = static_cast<int>((wanted + ctas - 1) / ctas);
+    if (ctas > 0 && ctas < num_sms && width > 2 * kc) {
+      splits = static_cast<int>(num_sms / ctas);
       splits = min(splits, (width + 2 * kc - 1) / (2 * kc));
       splits = max(1, min(splits, kMaxSplits));
     }
@@ -767,7 +898,7 @@ cudaError_t LaunchMma(const DecodeParams& p, const Plan& plan, Partials partials
   cudaError_t error = cudaFuncSetAttribute(
       DecodeMmaKernel<MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   if (error != cudaSuccess) return error;
-  const dim3 grid(static_cast<unsigned>(p.num_tokens), plan.groups, plan.splits);
+  const dim3 grid(plan.groups, static_cast<unsigned>(p.num_tokens), plan.splits);
   DecodeMmaKernel<MT><<<grid, kThreads * MT, bytes, stream>>>(p, plan.splits, plan.split_entries,
                                                               partials);
   return cudaGetLastError();
