@@ -2,6 +2,9 @@
 // it is judged against, measured in the same run.
 //
 //   cuda_bench [--out=results.json] [--iters=50] [--commit=abc123]
+//              [--b=64,128,512] [--heads=8,16,32,64,128] [--prologue=1]
+// (--b and --heads keep only those decode shapes, --prologue=0 skips the
+// prologue shapes: for profiling one shape; RESULTS.md holds full runs.)
 //
 // Ceilings: a device-to-device cudaMemcpy of 2 GiB (bytes read + written per
 // second), and an 8192^3 bf16 matmul through cuBLAS (cublasGemmEx, fp32
@@ -209,11 +212,19 @@ int main(int argc, char** argv) {
   std::string out_path = "results.json";
   std::string commit = "unknown";
   int iters = 50;
+  std::string only_b, only_heads;  // ",64,128," when filtered
+  bool run_prologue = true;
+  auto kept = [](const std::string& list, int value) {
+    return list.empty() || list.find("," + std::to_string(value) + ",") != std::string::npos;
+  };
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg.rfind("--out=", 0) == 0) out_path = arg.substr(6);
     if (arg.rfind("--iters=", 0) == 0) iters = std::atoi(arg.c_str() + 8);
     if (arg.rfind("--commit=", 0) == 0) commit = arg.substr(9);
+    if (arg.rfind("--b=", 0) == 0) only_b = "," + arg.substr(4) + ",";
+    if (arg.rfind("--heads=", 0) == 0) only_heads = "," + arg.substr(8) + ",";
+    if (arg == "--prologue=0") run_prologue = false;
   }
   absl::StatusOr<std::unique_ptr<CudaBackend>> created = CudaBackend::Create(0);
   CHECK_OK(created.status());
@@ -287,7 +298,9 @@ int main(int argc, char** argv) {
   for (int h : {8, 16, 32, 64, 128}) shapes.push_back({"V4-Pro", 1024, h});
   std::mt19937_64 rng(99);
   for (int b : {64, 128, 512}) {
+    if (!kept(only_b, b)) continue;
     for (const DecodeShape& shape : shapes) {
+      if (!kept(only_heads, shape.heads)) continue;
       const int hp = *PaddedHeadCount(shape.heads);
       const int width_main = kSwaWindow, width_extra = shape.topk;
       // Index sets: distinct random slots (a partial shuffle of the pool).
@@ -362,6 +375,7 @@ int main(int argc, char** argv) {
   for (const PrologueShape shape : {PrologueShape{128, 16}, PrologueShape{128, 64},
                                     PrologueShape{128, 128}, PrologueShape{4096, 16},
                                     PrologueShape{4096, 64}}) {
+    if (!run_prologue) break;
     const int b = shape.tokens;
     const int hp = *PaddedHeadCount(shape.heads);
     const int compressed_rows = b / 4;
