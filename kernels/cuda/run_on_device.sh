@@ -3,7 +3,9 @@
 # kernels/cuda/prepare_device.sh filled .device/ here): the CUDA backend's
 # tests, compute-sanitizer memcheck and racecheck on a smaller case set, then
 # the benchmark. Logs and results.json go to $OUT.
-#   run_on_device.sh [test|simt|sanitize|tool|bench|all]...   (default: all)
+#   run_on_device.sh [test|simt|sanitize|tool|bench|e2e|transport|all]...   (default: all)
+# e2e: the server's end-to-end tests with --backend=cuda; transport: the
+# transport benchmark with the CUDA backend (TRANSPORT_ARGS adds flags).
 set -uo pipefail
 cd "$(dirname "$0")"
 OUT=${OUT:-/tmp/out}
@@ -52,6 +54,18 @@ fi
 if [[ $steps == *all* || $steps == *bench* ]]; then
   echo "== cuda_bench"
   ./cuda_bench --out="$OUT/results.json" --iters=30 --commit="$(cat commit.txt 2>/dev/null || echo unknown)" 2>&1 | tee "$OUT/bench.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if [[ $steps == *all* || $steps == *e2e* ]]; then
+  echo "== server_e2e_test, server --backend=cuda"
+  MLA_OFFLOAD_BACKEND=cuda MLA_OFFLOAD_SERVER="$PWD/mla_offload_server" ./server_e2e_test 2>&1 |
+    tee "$OUT/e2e.log" | grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|FAILED|Failure' | head -40
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if [[ $steps == *all* || $steps == *transport* ]]; then
+  echo "== transport_bench --backend=cuda ${TRANSPORT_ARGS:-}"
+  ./transport_bench --backend=cuda --json_out="$OUT/transport.json" ${TRANSPORT_ARGS:-} 2>&1 |
+    tee "$OUT/transport.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 exit $status

@@ -21,7 +21,7 @@
 //                       (grpc::GenericStub, a slice referencing the payload,
 //                       no serialization copy): pure transport of our
 //                       server's configuration; 1 or 2 messages in flight.
-//   Attend (codec)      the real service stack (CPU backend, engine,
+//   Attend (codec)      the real service stack (--backend, engine,
 //                       scheduler, metrics) and a raw client using
 //                       proto/attend_codec.h, 1, 2 or 4 messages in flight.
 // Each row runs with 1 and with 4 streams (--streams); "x plain" divides a
@@ -71,7 +71,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/time/time.h"
-#include "kernels/cpu_backend.h"
+#include "kernels/backend_factory.h"
 #include "kernels/geometry.h"
 #include "kernels/model_profile.h"
 #include "proto/attend_codec.h"
@@ -117,6 +117,9 @@ ABSL_FLAG(std::string, echo_in_flight, "1,2",
           "Messages our Echo client keeps in flight, comma separated (the server's Echo answers "
           "one at a time; more in flight only lets the next request travel meanwhile).");
 ABSL_FLAG(int, echo_chunk, 32, "Echo messages per stream between timing checks.");
+ABSL_FLAG(std::string, backend, "cpu",
+          "Compute backend of the Attend rows' server: cpu, or cuda (on a GPU machine).");
+ABSL_FLAG(int, device, 0, "GPU ordinal for --backend=cuda.");
 ABSL_FLAG(int, cpu_threads, 0, "Threads of the CPU backend; 0 uses every hardware thread.");
 ABSL_FLAG(int, batch_wait_us, 200, "Server --batch_wait_us.");
 ABSL_FLAG(int, max_batch_tokens, 1024, "Server --max_batch_tokens.");
@@ -292,6 +295,8 @@ struct OffloadOptions {
   const ModelProfile* model = nullptr;
   int64_t kv_blocks = 0;
   int cpu_threads = 0;
+  std::string backend = "cpu";
+  int device = 0;
   int batch_wait_us = 200;
   int max_batch_tokens = 1024;
   int max_messages_in_flight = 8;
@@ -305,9 +310,13 @@ class OffloadServer {
  public:
   static absl::StatusOr<std::unique_ptr<OffloadServer>> Start(const OffloadOptions& options) {
     std::unique_ptr<OffloadServer> server(new OffloadServer());
-    // What CreateBackend("cpu", ...) builds, without linking the factory's
-    // CUDA backend into a transport benchmark.
-    std::unique_ptr<ComputeBackend> backend = std::make_unique<CpuBackend>(options.cpu_threads);
+    BackendOptions backend_options;
+    backend_options.cpu_threads = options.cpu_threads;
+    backend_options.device = options.device;
+    absl::StatusOr<std::unique_ptr<ComputeBackend>> created =
+        CreateBackend(options.backend, backend_options);
+    if (!created.ok()) return created.status();
+    std::unique_ptr<ComputeBackend> backend = *std::move(created);
     server->backend_text_ = backend->Describe();
     EngineOptions engine_options;
     engine_options.kv_blocks = options.kv_blocks;
@@ -1050,6 +1059,8 @@ OffloadOptions MakeOffloadOptions(const Setup& setup, const TransportConfig& tra
   options.kv_blocks = int64_t{max_streams} * setup.session_sets * setup.tokens *
                           setup.model->num_attention_layers() * 4 + 1024;
   options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  options.backend = absl::GetFlag(FLAGS_backend);
+  options.device = absl::GetFlag(FLAGS_device);
   options.batch_wait_us = absl::GetFlag(FLAGS_batch_wait_us);
   options.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   options.max_messages_in_flight = absl::GetFlag(FLAGS_max_messages_in_flight);
