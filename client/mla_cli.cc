@@ -146,6 +146,11 @@ absl::StatusOr<std::unique_ptr<Client>> ConnectFromFlags() {
   return Client::Connect(absl::GetFlag(FLAGS_target), options);
 }
 
+// "1 token", "2 tokens".
+std::string Count(int64_t count, absl::string_view noun) {
+  return absl::StrCat(count, " ", noun, count == 1 ? "" : "s");
+}
+
 std::string Join(const google::protobuf::RepeatedField<int32_t>& values) {
   return absl::StrJoin(values.begin(), values.end(), " ");
 }
@@ -158,10 +163,10 @@ int Info(Client& client) {
   for (const std::string& device : info->devices()) std::printf("device      %s\n", device.c_str());
   std::printf("heads       kernels run at %s; %s\n", Join(info->supported_head_counts()).c_str(),
               info->head_padding().c_str());
-  std::printf("KV cache    %lld of %lld blocks used (%d tokens x %d bytes each), %d sessions\n",
+  std::printf("KV cache    %lld of %lld blocks used (%d tokens x %d bytes each), %s\n",
               static_cast<long long>(info->kv_blocks_used()),
               static_cast<long long>(info->kv_blocks_total()), info->kv_block_tokens(),
-              info->kv_bytes_per_token(), info->sessions());
+              info->kv_bytes_per_token(), Count(info->sessions(), "session").c_str());
   std::printf("limits      %d tokens per Attend message, %lld bytes per message, positions < %d\n",
               info->max_tokens_per_message(), static_cast<long long>(info->max_message_bytes()),
               info->max_position());
@@ -198,7 +203,7 @@ int ListSessions(Client& client) {
                 session.model().c_str(), session.num_heads(), session.next_position(),
                 static_cast<long long>(session.kv_blocks()), session.idle_seconds());
   }
-  std::printf("%zu session%s\n", sessions->size(), sessions->size() == 1 ? "" : "s");
+  std::printf("%s\n", Count(static_cast<int64_t>(sessions->size()), "session").c_str());
   return 0;
 }
 
@@ -283,10 +288,10 @@ int Attend(Client& client) {
   if (absl::Status written = WriteNpy(absl::GetFlag(FLAGS_out), out); !written.ok()) {
     return UsageError(absl::StrCat("--out: ", written.message()));
   }
-  std::printf("attend      session %s, layer %d, positions %d..%lld (%lld tokens x %lld heads)\n",
+  std::printf("attend      session %s, layer %d, positions %d..%lld (%s x %s)\n",
               session.c_str(), input.layer, input.segments[0].position,
               static_cast<long long>(input.segments[0].position + tokens - 1),
-              static_cast<long long>(tokens), static_cast<long long>(heads));
+              Count(tokens, "token").c_str(), Count(heads, "head").c_str());
   std::printf("out         [%lld, %lld, 512] bf16 -> %s\n", static_cast<long long>(tokens),
               static_cast<long long>(heads), absl::GetFlag(FLAGS_out).c_str());
   if (input.return_lse) {
@@ -300,9 +305,9 @@ int Attend(Client& client) {
   }
   const wire::TimingView& timing = result->timing();
   std::printf("server      queue %.0f us, prologue %.0f us, decode %.0f us, total %.0f us "
-              "(batch of %d tokens)\n",
+              "(batch of %s)\n",
               timing.queue_us, timing.prologue_us, timing.decode_us, timing.total_us,
-              timing.batch_tokens);
+              Count(timing.batch_tokens, "token").c_str());
   return 0;
 }
 

@@ -108,7 +108,7 @@ TEST_F(CliTest, InfoPrintsWhatTheServerRuns) {
   EXPECT_THAT(result.out, HasSubstr("mla-offload 0.1.0"));
   EXPECT_THAT(result.out, HasSubstr("at " + server_->target()));
   EXPECT_THAT(result.out, HasSubstr("backend     cpu (2 threads)"));
-  EXPECT_THAT(result.out, HasSubstr("KV cache    0 of 1335 blocks used"));
+  EXPECT_THAT(result.out, HasSubstr("KV cache    0 of 1335 blocks used (64 tokens x 584 bytes each), 0 sessions"));
   EXPECT_THAT(result.out, HasSubstr("deepseek-v4-flash: 43 layers + MTP (44 attention layers), "
                                     "64 query heads"));
   EXPECT_THAT(result.out, HasSubstr("compress ratios by layer: 0 0 4 128 4"));
