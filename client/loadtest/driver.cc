@@ -94,7 +94,8 @@ struct Sample {
 
 // Counters all nodes update, for the progress line.
 struct Live {
-  std::atomic<int64_t> ok{0};
+  std::atomic<int64_t> ok{0};        // measured
+  std::atomic<int64_t> answered{0};  // warm-up included, for the rate
   std::atomic<int64_t> errors{0};
   std::atomic<int64_t> in_flight{0};
   std::mutex mutex;
@@ -484,6 +485,7 @@ class Node {
       ++live_->errors;
     } else if (p.measured) {
       stats_.latency.Record(latency_ns);
+      stats_.latency_by_kind[std::string(LayerKindName(setup_.model->layer_kind(p.layer)))].Record(latency_ns);
       ++stats_.ok;
       stats_.tokens += p.tokens;
       stats_.bytes_in += p.bytes_in;
@@ -498,6 +500,9 @@ class Node {
         s.batch_tokens += p.timing.batch_tokens;
       }
       ++live_->ok;
+    }
+    if (p.code == 0) {
+      ++live_->answered;
       std::lock_guard<std::mutex> live_lock(live_->mutex);
       live_->recent.Record(latency_ns);
     }
@@ -584,13 +589,14 @@ PhaseStats RunPhase(std::vector<std::unique_ptr<Node>>& nodes, PhasePlan plan, c
     });
   }
   ProgressDisplay display(options.progress_out, options.progress_tty);
-  int64_t last_ok = 0;
+  int64_t last_answered = 0;
   Clock::time_point last = Clock::now();
   while (running > 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     if (!options.progress) continue;
     const Clock::time_point now = Clock::now();
     ProgressSnapshot snapshot;
+    snapshot.phase = plan.kind == PhaseKind::kAttend ? "attend" : "echo baseline";
     snapshot.elapsed_s = std::max(0.0, Seconds(now - plan.start));
     snapshot.warming_up = now < plan.warm_end;
     snapshot.window_s = std::max(0.0, Seconds(now - plan.warm_end));
@@ -601,12 +607,13 @@ PhaseStats RunPhase(std::vector<std::unique_ptr<Node>>& nodes, PhasePlan plan, c
     snapshot.layers = setup.layers;
     const double interval = Seconds(now - last);
     if (interval >= (options.progress_tty ? 0.25 : 5.0)) {
-      snapshot.recent_rate = (snapshot.layer_steps - last_ok) / interval;
+      const int64_t answered = live.answered;
+      snapshot.recent_rate = (answered - last_answered) / interval;
       std::lock_guard<std::mutex> lock(live.mutex);
       snapshot.recent_p50_ns = live.recent.Percentile(0.5);
       snapshot.recent_p99_ns = live.recent.Percentile(0.99);
       live.recent.Clear();
-      last_ok = snapshot.layer_steps;
+      last_answered = answered;
       last = now;
       display.Update(snapshot, Seconds(now.time_since_epoch()));
     }
@@ -625,6 +632,7 @@ PhaseStats RunPhase(std::vector<std::unique_ptr<Node>>& nodes, PhasePlan plan, c
     merged.bytes_in += s.bytes_in;
     merged.bytes_out += s.bytes_out;
     merged.latency.Merge(s.latency);
+    for (const auto& [kind, latency] : s.latency_by_kind) merged.latency_by_kind[kind].Merge(latency);
     for (const auto& [code, count] : s.errors) merged.errors[code] += count;
     merged.server.count += s.server.count;
     merged.server.queue_us += s.server.queue_us;

@@ -18,6 +18,7 @@ namespace mla::loadtest {
 
 // What the run has done so far, sampled by the caller.
 struct ProgressSnapshot {
+  std::string phase = "attend";  // "attend" or "echo"
   double elapsed_s = 0;       // since the load began
   bool warming_up = false;
   double window_s = 0;        // measured so far (after warm-up)
@@ -25,13 +26,13 @@ struct ProgressSnapshot {
   int64_t layer_steps = 0;    // answered OK in the measured window
   int64_t errors = 0;         // failed in the measured window
   int64_t in_flight = 0;      // sent, not yet answered
-  double recent_rate = 0;     // layer steps/s since the previous snapshot
-  int64_t recent_p50_ns = 0;  // of the answers since the previous snapshot
+  double recent_rate = 0;     // layer steps/s answered since the previous snapshot (warm-up too)
+  int64_t recent_p50_ns = 0;  // of the answers since the previous snapshot (warm-up too)
   int64_t recent_p99_ns = 0;
   int layers = 1;             // to show decode steps/s
 };
 
-// "measure 3.2/10.0 s | 1234 layer steps (246.8/s = 61.7 decode steps/s) |
+// "attend: measure 3.2/10.0 s | 1234 layer steps (246.8/s = 61.7 decode steps/s) |
 // p50 1.23 ms p99 4.56 ms | in flight 8 | errors 0"
 std::string FormatProgress(const ProgressSnapshot& snapshot);
 

@@ -51,7 +51,7 @@ ProgressSnapshot Measuring() {
 TEST(ProgressTest, FormatsOneLine) {
   const std::string line = FormatProgress(Measuring());
   EXPECT_EQ(line,
-            "measure 3.2/10.0 s | 1234 layer steps (246.8/s = 61.70 decode steps/s) | "
+            "attend: measure 3.2/10.0 s | 1234 layer steps (246.8/s = 61.70 decode steps/s) | "
             "p50 1.23 ms p99 4.56 ms | in flight 8 | errors 2");
   ProgressSnapshot warm;
   warm.warming_up = true;

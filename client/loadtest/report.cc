@@ -70,6 +70,14 @@ nlohmann::json PhaseJson(const PhaseStats& phase) {
   json["payload_in_gbps"] = phase.GBpsIn();
   json["payload_out_gbps"] = phase.GBpsOut();
   json["latency"] = LatencyJson(phase.latency);
+  nlohmann::json by_kind = nlohmann::json::object();
+  for (const auto& [kind, latency] : phase.latency_by_kind) {
+    by_kind[kind] = {{"count", latency.count()},
+                     {"p50_us", latency.Percentile(0.5) / 1e3},
+                     {"p99_us", latency.Percentile(0.99) / 1e3},
+                     {"max_us", latency.max_ns() / 1e3}};
+  }
+  json["latency_by_layer_kind"] = std::move(by_kind);
   json["errors"] = phase.errors;
   return json;
 }
@@ -150,6 +158,14 @@ std::string FormatReport(const RunReport& report) {
                                                       report.stop_reason)));
   const PhaseStats& a = report.attend;
   absl::StrAppend(&text, Line("latency per layer step", LatencyText(a.latency)));
+  if (a.latency_by_kind.size() > 1) {
+    std::vector<std::string> parts;
+    for (const auto& [kind, latency] : a.latency_by_kind) {
+      parts.push_back(absl::StrCat(kind, " p50 ", FormatDuration(latency.Percentile(0.5)), " p99 ",
+                                   FormatDuration(latency.Percentile(0.99)), " (n=", latency.count(), ")"));
+    }
+    absl::StrAppend(&text, Line("  by layer kind", absl::StrJoin(parts, ", ")));
+  }
   absl::StrAppend(&text, Line("throughput", absl::StrFormat(
                                                 "%.1f layer steps/s = %.2f decode steps/s = %.1f tokens/s",
                                                 a.LayerStepsPerSecond(), report.DecodeStepsPerSecond(),

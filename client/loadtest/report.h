@@ -75,6 +75,9 @@ struct PhaseStats {
   int64_t bytes_in = 0;    // payload sent to the server (OK layer steps)
   int64_t bytes_out = 0;   // payload received (OK layer steps)
   LatencyHistogram latency;
+  // The same latencies by the kind of layer ("swa", "c4a", "c128a"), whose
+  // costs differ: a C4A layer attends up to top-k more rows.
+  std::map<std::string, LatencyHistogram> latency_by_kind;
   std::map<std::string, int64_t> errors;  // status code name -> layer steps
   ServerTiming server;                    // attend only
 

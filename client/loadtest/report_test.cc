@@ -44,6 +44,7 @@ RunReport SampleReport() {
   a.bytes_in = 400 * 30000;
   a.bytes_out = 400 * 24576;
   a.server = {400, 100, 50, 800, 1000, 6};
+  for (int i = 1; i <= 400; ++i) a.latency_by_kind[i % 2 ? "c4a" : "swa"].Record(int64_t{i} * 10000);
   report.kv = {10000, 0, 1000, 1010, 0, 64, 584, 37440};
   return report;
 }
@@ -64,6 +65,7 @@ TEST(ReportTest, TextShowsEveryFigure) {
   EXPECT_THAT(text, HasSubstr("p50 2.00 ms"));
   EXPECT_THAT(text, HasSubstr("p99 3.96 ms"));
   EXPECT_THAT(text, HasSubstr("max 4.00 ms"));
+  EXPECT_THAT(text, HasSubstr("    by layer kind          c4a p50 1.99 ms p99 3.95 ms (n=200), swa p50 2.00 ms p99 3.96 ms (n=200)\n"));
   EXPECT_THAT(text, HasSubstr("200.0 layer steps/s = 50.00 decode steps/s = 150.0 tokens/s"));
   EXPECT_THAT(text, HasSubstr("queue 100 us, prologue 50 us, decode 800 us, total 1000 us"));
   EXPECT_THAT(text, HasSubstr("errors                   none (400 OK)"));
@@ -119,6 +121,7 @@ TEST(ReportTest, JsonHoldsTheNumbers) {
   for (const auto& bucket : json["attend"]["latency"]["buckets_us"]) bucket_total += bucket[2].get<int64_t>();
   EXPECT_EQ(bucket_total, 400);
   EXPECT_EQ(json["kv"]["used_at_end"], 1010);
+  EXPECT_EQ(json["attend"]["latency_by_layer_kind"]["c4a"]["count"], 200);
   EXPECT_TRUE(json["verify"]["passed"].get<bool>());
   EXPECT_FALSE(json.contains("echo"));
 }
