@@ -114,7 +114,8 @@ struct PhasePlan {
   int concurrency = 1;
   double rate_per_node = 0;
   int verify_every = 0;  // 0: no samples
-  int verify_budget = 0;
+  int verify_max = 0;    // layer steps sampled over all nodes
+  int streams = 1;
 };
 
 class Node {
@@ -360,7 +361,7 @@ class Node {
       }
       const bool sample = plan_.kind == PhaseKind::kAttend && measured && plan_.verify_every > 0 &&
                           seq % plan_.verify_every == plan_.verify_every / 2 &&
-                          samples_taken_ < plan_.verify_budget;
+                          samples_taken_ < VerifyBudget();
       {
         std::lock_guard<std::mutex> lock(mutex_);
         Pending& pending = pending_[seq];
@@ -446,6 +447,11 @@ class Node {
       std::lock_guard<std::mutex> lock(mutex_);
       CompleteLocked(seq, code, now, bytes_out, timing, result.has_value() ? &*result : nullptr, group);
     }
+  }
+
+  // This node's share of --verify_max.
+  int VerifyBudget() const {
+    return plan_.verify_max / plan_.streams + (index_ < plan_.verify_max % plan_.streams ? 1 : 0);
   }
 
   void NoteFailure(const absl::Status& status) {
@@ -872,9 +878,10 @@ absl::StatusOr<RunOutput> RunLoadTest(const LoadOptions& options) {
   plan.open_loop = options.rate > 0;
   plan.concurrency = options.concurrency;
   plan.rate_per_node = options.rate / options.streams;
+  plan.streams = options.streams;
   if (options.verify) {
     plan.verify_every = options.verify_every;
-    plan.verify_budget = (options.verify_max + options.streams - 1) / options.streams;
+    plan.verify_max = options.verify_max;
   }
   report.attend = RunPhase(nodes, plan, options, setup, &output.records, &report.stop_reason);
   if (absl::Status s = ReadKv(**probe, &report.kv.used_at_end, &report.kv.blocks_total); !s.ok()) return s;
