@@ -102,6 +102,10 @@ struct ConnectOptions {
   // When positive, Connect waits this long for the channel to connect and
   // returns UNAVAILABLE naming the target if it does not.
   absl::Duration connect_timeout = absl::ZeroDuration();
+  // gRPC shares one connection among the Clients of a process that connect
+  // to the same target with the same options. true gives this Client a
+  // connection of its own (e.g. a load test simulating several nodes).
+  bool own_connection = false;
 };
 
 struct CallOptions {

@@ -10,6 +10,7 @@
 // pool through CpuBackend and decodes each token over the window of spec
 // section 1 (positions max(0, p-127)..p, ascending), with the session's
 // sinks of the rank's heads.
+#include <dirent.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -372,6 +373,43 @@ TEST_F(ClientTest, ConnectsAndReadsServerInfoAndHealth) {
   absl::StatusOr<HealthStatus> unknown = client_->CheckHealth("no.such.Service");
   // The default health service answers NOT_FOUND for a service it does not know.
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound) << unknown.status();
+}
+
+// Sockets this process holds (each gRPC connection is one).
+int OpenSockets() {
+  int count = 0;
+  DIR* fds = opendir("/proc/self/fd");
+  if (fds == nullptr) return -1;
+  while (dirent* entry = readdir(fds)) {
+    char target[256];
+    const ssize_t length = readlink(absl::StrCat("/proc/self/fd/", entry->d_name).c_str(), target,
+                                    sizeof(target) - 1);
+    if (length > 0 && absl::string_view(target, length).substr(0, 7) == "socket:") ++count;
+  }
+  closedir(fds);
+  return count;
+}
+
+// Clients of one target share a connection unless own_connection is set.
+TEST_F(ClientTest, OwnConnectionOpensASeparateConnection) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  ASSERT_TRUE(client_->GetServerInfo().ok());
+  const int before = OpenSockets();
+  ASSERT_GT(before, 0);
+  ConnectOptions shared;
+  shared.connect_timeout = absl::Seconds(10);
+  absl::StatusOr<std::unique_ptr<Client>> a = Client::Connect(server_->target(), shared);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE((*a)->GetServerInfo().ok());
+  EXPECT_EQ(OpenSockets(), before) << "a second Client with the same options shares the connection";
+  ConnectOptions own = shared;
+  own.own_connection = true;
+  absl::StatusOr<std::unique_ptr<Client>> b = Client::Connect(server_->target(), own);
+  absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(server_->target(), own);
+  ASSERT_TRUE(b.ok() && c.ok());
+  ASSERT_TRUE((*b)->GetServerInfo().ok());
+  ASSERT_TRUE((*c)->GetServerInfo().ok());
+  EXPECT_EQ(OpenSockets(), before + 2) << "own_connection: one connection each";
 }
 
 TEST_F(ClientTest, UnreachableServerIsUnavailableNamingTheTarget) {
