@@ -332,6 +332,11 @@ class Node {
     PoissonArrivals arrivals(plan_.open_loop ? plan_.rate_per_node : 1.0, Mix(setup_.seed, 1000 + index_));
     Clock::time_point next_due = plan_.start;
     int64_t measured_issued = 0;
+    {
+      // Every node begins at the phase's start, which the warm-up counts from.
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait_until(lock, plan_.start, [this] { return stop_; });
+    }
     for (int64_t seq = 0;; ++seq) {
       const int64_t step = seq / layers;
       const int layer = static_cast<int>(seq % layers);

@@ -161,9 +161,10 @@ class Process {
 // The server binary on a free loopback port, CPU backend.
 class Server {
  public:
-  Server()
+  explicit Server(const std::string& kv_cache_gb = "0.2")
       : process_({Runfile("server/mla_offload_server"), "--listen=127.0.0.1:0", "--metrics_port=-1",
-                  "--kv_cache_gb=0.2", "--cpu_threads=1", "--max_position=4096", "--drain_seconds=2"}) {
+                  "--kv_cache_gb=" + kv_cache_gb, "--cpu_threads=1", "--max_position=4096",
+                  "--drain_seconds=2"}) {
     static const std::regex kServing(R"(serving on (127\.0\.0\.1:\d+))");
     target_ = process_.WaitForLine(kServing, std::chrono::seconds(60)).value_or("");
   }
@@ -327,6 +328,43 @@ TEST(LoadTestEndToEnd, OpenLoopStepsAndTwoServers) {
   EXPECT_GT(placed[0], 0);
   EXPECT_GT(placed[1], 0);
   EXPECT_THAT(ReadFile(svg_path), HasSubstr("<svg"));
+}
+
+TEST(LoadTestEndToEnd, AFullKvCacheIsCountedByCodeAndStopsTheNode) {
+  // 434 blocks: two V4-Flash sessions of 256 prompt tokens fill them (4 ring
+  // blocks a layer and one page a compressed layer each), so the first C4A
+  // layer step that needs a new page (position 259) finds none.
+  Server server("0.01625");
+  ASSERT_FALSE(server.target().empty());
+  const std::string dir = OutDir();
+  const std::string json_path = dir + "/full.json", csv_path = dir + "/full.csv";
+  const LoadTestRun run = LoadTest({"--target=" + server.target(), "--tp=8", "--layers=4", "--sessions=2",
+                                    "--prompt=256", "--warmup_s=0", "--steps=10", "--json_out=" + json_path,
+                                    "--csv_out=" + csv_path});
+  // Layer steps before the failure were answered: a run, not a failure.
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("RESOURCE_EXHAUSTED 1"));
+  const nlohmann::json json = nlohmann::json::parse(ReadFile(json_path));
+  const int64_t ok = json["attend"]["layer_steps_ok"];
+  EXPECT_GT(ok, 0);
+  EXPECT_LT(ok, 40);  // it stopped before its 10 steps x 4 layers
+  EXPECT_EQ(json["attend"]["layer_steps_failed"], 1);  // one in flight, then the node stops
+  EXPECT_EQ(json["attend"]["errors"]["RESOURCE_EXHAUSTED"], 1);
+  EXPECT_THAT(json["stop_reason"].get<std::string>(), HasSubstr("stopped at its first failed layer step"));
+  EXPECT_EQ(json["kv"]["used_at_end"], json["kv"]["blocks_total"]);
+  int64_t ok_lines = 0, failed_lines = 0;
+  for (const auto& row : ReadCsv(csv_path)) {
+    if (row.at("code") == "OK") {
+      ++ok_lines;
+    } else {
+      ++failed_lines;
+      EXPECT_EQ(row.at("code"), "RESOURCE_EXHAUSTED");
+      EXPECT_EQ(row.at("layer"), "2");  // the first C4A layer
+      EXPECT_EQ(std::stod(row.at("latency_us")), 0);
+    }
+  }
+  EXPECT_EQ(ok_lines, ok);
+  EXPECT_EQ(failed_lines, 1);
 }
 
 TEST(LoadTestEndToEnd, RunsThatCannotGoSaySo) {
