@@ -26,6 +26,8 @@
 #include <utility>
 #include <vector>
 
+#include <grpcpp/grpcpp.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/mla_client.h"
@@ -39,6 +41,7 @@
 #include "kernels/geometry.h"
 #include "kernels/model_profile.h"
 #include "kernels/rope.h"
+#include "proto/mla_offload.grpc.pb.h"
 
 namespace mla::client {
 namespace {
@@ -640,9 +643,8 @@ TEST_F(ClientTest, SendWaitsForRoomAndNeverDeadlocks) {
 }
 
 // A layer step not answered within step_timeout (the server holds it for a
-// 2 s batch) fails with DEADLINE_EXCEEDED and ends the stream; a unary call
-// past its deadline is DEADLINE_EXCEEDED too.
-TEST_F(ClientTest, DeadlinesAreEnforced) {
+// 2 s batch) fails with DEADLINE_EXCEEDED and ends the stream.
+TEST_F(ClientTest, StepDeadlineEndsTheStream) {
   ASSERT_NO_FATAL_FAILURE(StartServer({"--batch_wait_us=2000000"}));
   Sequence seq = MakeSequence(51);
   ASSERT_NO_FATAL_FAILURE(CreateAndAppend(&seq, 10));
@@ -662,10 +664,55 @@ TEST_F(ClientTest, DeadlinesAreEnforced) {
   EXPECT_EQ((*stream)->status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ((*stream)->Send(InputOf(seq, step)).status().code(),
             absl::StatusCode::kDeadlineExceeded);
+}
 
-  CallOptions instant;
-  instant.timeout = absl::Nanoseconds(1);
-  EXPECT_EQ(client_->GetServerInfo(instant).status().code(), absl::StatusCode::kDeadlineExceeded);
+// A server that takes a second to answer GetServerInfo.
+class SlowInfoService final : public pb::MlaOffload::Service {
+  grpc::Status GetServerInfo(grpc::ServerContext*, const pb::GetServerInfoRequest*,
+                             pb::ServerInfo* info) override {
+    absl::SleepFor(absl::Seconds(1));
+    info->set_version("slow");
+    return grpc::Status::OK;
+  }
+};
+
+// Unary calls carry CallOptions::timeout, else ConnectOptions::call_timeout.
+TEST(UnaryDeadlineTest, CallsEndAtTheirDeadline) {
+  SlowInfoService service;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  const std::string target = absl::StrCat("127.0.0.1:", port);
+
+  ConnectOptions options;
+  options.call_timeout = absl::Milliseconds(200);
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(target, options);
+  ASSERT_TRUE(client.ok());
+  absl::Time start = absl::Now();
+  absl::Status status = (*client)->GetServerInfo().status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_THAT(status.message(), HasSubstr("GetServerInfo on " + target));
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(900));
+
+  CallOptions longer;
+  longer.timeout = absl::Seconds(5);
+  absl::StatusOr<pb::ServerInfo> info = (*client)->GetServerInfo(longer);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->version(), "slow");
+
+  CallOptions shorter;
+  shorter.timeout = absl::Milliseconds(100);
+  options.call_timeout = absl::Seconds(5);
+  client = Client::Connect(target, options);
+  ASSERT_TRUE(client.ok());
+  start = absl::Now();
+  EXPECT_EQ((*client)->GetServerInfo(shorter).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(900));
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }
 
 TEST_F(ClientTest, EchoReturnsEveryPayloadInOrder) {
