@@ -117,13 +117,6 @@ struct Entry {
   const uint8_t* scales;
 };
 
-__device__ __forceinline__ Entry EntryOf(const uint8_t* base, int32_t slot) {
-  const uint8_t* block_base = base + static_cast<int64_t>(slot / kBlockTokens) * kBlockBytes;
-  const int offset = slot % kBlockTokens;
-  return {block_base + offset * kTokenDataBytes,
-          block_base + kBlockTokens * kTokenDataBytes + offset * kTokenScaleBytes};
-}
-
 __device__ __forceinline__ Entry LookUp(const DecodeParams& p, int64_t t, int e, int main_len) {
   int32_t slot;
   const uint8_t* base;
@@ -430,7 +423,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 //
 // One CTA: one token, MT x 16 heads (the M of the MMA; with Hp = 8 the upper
 // 8 rows are zero queries whose results are dropped), a range of key entries
-// in chunks of 64, 8 warps per M-tile. The FP8 rows of a chunk are gathered
+// in chunks of KC (64 with MT = 2, 32 with MT = 1), 8 warps per M-tile. The FP8 rows of a chunk are gathered
 // with cp.async into one of kStages raw stages in shared memory, kStages - 1
 // chunks ahead of the one being computed, so that several chunks of random
 // row reads are in flight per SM at any time; the slots of a chunk's entries
@@ -448,32 +441,40 @@ __global__ void __launch_bounds__(kThreads, 2)
 // Head groups of one token are adjacent in the grid (blockIdx.x), so the
 // second group's row reads find the first's in L2.
 constexpr int kMmaHeads = 16;
-constexpr int kMmaChunk = 64;
+// Keys a chunk: 64 with 32 heads a CTA (MT = 2), 32 with 16 (MT = 1).
+constexpr int MmaChunkKeys(int mt) { return mt == 1 ? 32 : 64; }
 constexpr int kStages = 3;
+constexpr int kSlotRing = 4;  // chunks whose slots are held (kStages + 1)
 constexpr int kRowHalves = 520;  // bf16 row stride: 1040 bytes, 16-byte aligned, conflict-free
 constexpr int kRowWords = kRowHalves / 2;
-constexpr int kProbHalves = 72;  // P row stride in bf16
 constexpr int kPiecesPerRow = kTokenDataBytes / 16;  // 36 16-byte pieces of row data
 
 // MT M-tiles of 16 heads a CTA (MT = 2 for Hp >= 32: 512 threads, each
 // dequantised chunk serves 32 heads).
-template <int MT>
+// KC keys a chunk: 64 with MT = 2 (one CTA an SM), 32 with MT = 1 so that
+// two CTAs fit an SM and one's barriers overlap the other's work. With
+// KC = 32 the 8 warps of an M-tile split q.K as 4 key tiles x 2 halves of
+// the dims, and the softmax adds the two halves.
+template <int MT, int KC>
 struct MmaLayout {
   static constexpr int kHeads = kMmaHeads * MT;
   static constexpr int kThreadCount = kThreads * MT;
-  static constexpr size_t kRawData = size_t{kStages} * kMmaChunk * kTokenDataBytes;
-  static constexpr size_t kRawScales = size_t{kStages} * kMmaChunk * kTokenScaleBytes;
-  static constexpr size_t kKeys = sizeof(uint16_t) * kMmaChunk * kRowHalves;
+  static constexpr int kScoreParts = KC == 64 ? 1 : 2;
+  static constexpr int kProbHalves = KC + 8;  // P row stride in bf16: conflict-free A loads
+  static constexpr size_t kRawData = size_t{kStages} * KC * kTokenDataBytes;
+  static constexpr size_t kRawScales = size_t{kStages} * KC * kTokenScaleBytes;
+  static constexpr size_t kKeys = sizeof(uint16_t) * KC * kRowHalves;
   static constexpr size_t kQ = sizeof(uint16_t) * kHeads * kRowHalves;
-  static constexpr size_t kScores = sizeof(float) * kHeads * kMmaChunk;
+  static constexpr size_t kScores = sizeof(float) * kScoreParts * kHeads * KC;
   static constexpr size_t kProbs = sizeof(uint16_t) * kHeads * kProbHalves;
   static constexpr size_t kState = sizeof(float) * 3 * kHeads;
-  static constexpr size_t kValid = sizeof(int) * kStages * kMmaChunk;
-  static constexpr size_t kSlots = sizeof(int32_t) * 2 * kMmaChunk;
+  static constexpr size_t kValid = sizeof(int) * kStages * KC;
+  static constexpr size_t kSlots = sizeof(int32_t) * kSlotRing * KC;
   static constexpr size_t kBytes =
       kRawData + kRawScales + kKeys + kQ + kScores + kProbs + kState + kValid + kSlots;
 };
-static_assert(MmaLayout<2>::kBytes <= 227 * 1024, "shared memory of the 32-head CTA");
+static_assert(MmaLayout<2, 64>::kBytes <= 227 * 1024, "shared memory of the 32-head CTA");
+static_assert(2 * (MmaLayout<1, 32>::kBytes + 1024) <= 228 * 1024, "two 16-head CTAs an SM");
 
 __device__ __forceinline__ void Mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                     uint32_t a3, uint32_t b0, uint32_t b1) {
@@ -520,24 +521,25 @@ __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
-template <int MT>
-__global__ void __launch_bounds__(kThreads * MT, 1)
+template <int MT, int KC>
+__global__ void __launch_bounds__(kThreads * MT, 2 / MT)
     DecodeMmaKernel(const DecodeParams p, int splits, int split_entries, Partials partials) {
-  using L = MmaLayout<MT>;
+  using L = MmaLayout<MT, KC>;
+  constexpr int kProbHalves = L::kProbHalves;
   constexpr int kHeadsHere = L::kHeads;
   constexpr int kCtaThreads = L::kThreadCount;
   extern __shared__ __align__(16) unsigned char smem[];
   uint8_t* raw_data = smem;
   uint8_t* raw_scales = raw_data + L::kRawData;
   uint16_t* keys = reinterpret_cast<uint16_t*>(raw_scales + L::kRawScales);
-  uint16_t* qs = keys + kMmaChunk * kRowHalves;
+  uint16_t* qs = keys + KC * kRowHalves;
   float* scores = reinterpret_cast<float*>(qs + kHeadsHere * kRowHalves);
-  uint16_t* probs = reinterpret_cast<uint16_t*>(scores + kHeadsHere * kMmaChunk);
+  uint16_t* probs = reinterpret_cast<uint16_t*>(scores + L::kScoreParts * kHeadsHere * KC);
   float* run_max = reinterpret_cast<float*>(probs + kHeadsHere * kProbHalves);
   float* run_sum = run_max + kHeadsHere;
   float* alphas = run_sum + kHeadsHere;
   int* stage_valid = reinterpret_cast<int*>(alphas + kHeadsHere);  // [kStages][64]
-  int32_t* chunk_slots = stage_valid + kStages * kMmaChunk;        // [2][64]
+  int32_t* chunk_slots = stage_valid + kStages * KC;  // [kSlotRing][KC]
   uint32_t* key_words = reinterpret_cast<uint32_t*>(keys);
 
   const int tid = threadIdx.x;
@@ -556,7 +558,7 @@ __global__ void __launch_bounds__(kThreads * MT, 1)
   const int total = main_len + ListLength(p.extra, t);
   const int begin = split * split_entries;
   const int end = min(total, begin + split_entries);
-  const int num_chunks = begin < end ? (end - begin + kMmaChunk - 1) / kMmaChunk : 0;
+  const int num_chunks = begin < end ? (end - begin + KC - 1) / KC : 0;
 
   for (int i = tid; i < kHeadsHere * kHeadDim / 2; i += kCtaThreads) {
     const int h = i / (kHeadDim / 2);
@@ -573,25 +575,28 @@ __global__ void __launch_bounds__(kThreads * MT, 1)
     run_sum[tid] = 0.0f;
   }
 
-  // Slot of entry `tid` of chunk j (threads 0..63), -1 past the range.
-  auto fetch_slot = [&](int j) -> int32_t {
-    const int e = begin + j * kMmaChunk + tid;
-    if (j >= num_chunks || e >= end) return -1;
-    return e < main_len ? __ldg(p.main.indices + t * p.main.width + e)
-                        : __ldg(p.extra.indices + t * p.extra.width + (e - main_len));
+  // Requests the slot of entry `tid` of chunk j (threads 0..KC-1) into
+  // chunk_slots[j % kSlotRing] (asynchronously, with the current group);
+  // entries past the range are not fetched (issue_chunk skips them).
+  auto fetch_slots = [&](int j) {
+    const int e = begin + j * KC + tid;
+    if (tid >= KC || j >= num_chunks || e >= end) return;
+    const int32_t* index = e < main_len ? p.main.indices + t * p.main.width + e
+                                        : p.extra.indices + t * p.extra.width + (e - main_len);
+    CpAsync<4>(chunk_slots + (j % kSlotRing) * KC + tid, index, false);
   };
-  // Requests chunk j's rows (slots in chunk_slots[j & 1]) into raw stage
-  // j % kStages; skipped entries get zero bytes and valid = 0.
+  // Requests chunk j's rows into raw stage j % kStages; -1 entries and
+  // entries past the range get zero bytes and valid = 0.
   auto issue_chunk = [&](int j) {
     const int stage = j % kStages;
-    const int32_t* slots = chunk_slots + (j & 1) * kMmaChunk;
-    uint8_t* data = raw_data + stage * (kMmaChunk * kTokenDataBytes);
-    uint8_t* scales_dst = raw_scales + stage * (kMmaChunk * kTokenScaleBytes);
-    for (int i = tid; i < kMmaChunk * (kPiecesPerRow + 1); i += kCtaThreads) {
+    const int32_t* slots = chunk_slots + (j % kSlotRing) * KC;
+    uint8_t* data = raw_data + stage * (KC * kTokenDataBytes);
+    uint8_t* scales_dst = raw_scales + stage * (KC * kTokenScaleBytes);
+    for (int i = tid; i < KC * (kPiecesPerRow + 1); i += kCtaThreads) {
       const int r = i / (kPiecesPerRow + 1);
       const int piece = i % (kPiecesPerRow + 1);
-      const int32_t slot = slots[r];
-      const int e = begin + j * kMmaChunk + r;
+      const int e = begin + j * KC + r;
+      const int32_t slot = e < end ? slots[r] : -1;
       const uint8_t* pool = e < main_len ? p.main.pool.base : p.extra.pool.base;
       const bool skip = slot == -1;
       const uint8_t* block_base =
@@ -603,16 +608,16 @@ __global__ void __launch_bounds__(kThreads * MT, 1)
       } else {
         CpAsync<8>(scales_dst + r * kTokenScaleBytes,
                    block_base + kBlockTokens * kTokenDataBytes + offset * kTokenScaleBytes, skip);
-        stage_valid[stage * kMmaChunk + r] = !skip;
+        stage_valid[stage * KC + r] = !skip;
       }
     }
   };
   // Dequantises raw stage j % kStages into the bf16 key tile.
   auto dequantise_chunk = [&](int j) {
     const int stage = j % kStages;
-    const uint8_t* data = raw_data + stage * (kMmaChunk * kTokenDataBytes);
-    const uint8_t* scales = raw_scales + stage * (kMmaChunk * kTokenScaleBytes);
-    for (int i = tid; i < kMmaChunk * kPiecesPerRow; i += kCtaThreads) {
+    const uint8_t* data = raw_data + stage * (KC * kTokenDataBytes);
+    const uint8_t* scales = raw_scales + stage * (KC * kTokenScaleBytes);
+    for (int i = tid; i < KC * kPiecesPerRow; i += kCtaThreads) {
       const int r = i / kPiecesPerRow;
       const int ch = i % kPiecesPerRow;
       const uint4 raw = *reinterpret_cast<const uint4*>(data + r * kTokenDataBytes + ch * 16);
@@ -646,17 +651,20 @@ __global__ void __launch_bounds__(kThreads * MT, 1)
     }
   };
 
-  // Fill the pipeline: chunks 0 .. kStages - 2 requested, the slots of chunk
-  // kStages - 1 fetched.
+  // Fill the pipeline: the slots of chunks 0 .. kSlotRing - 1 and the rows
+  // of chunks 0 .. kStages - 2 requested. Iteration i then requests the rows
+  // of chunk i + kStages - 1 and the slots of chunk i + kSlotRing in one
+  // group, so a chunk's slots arrive two iterations before its rows are
+  // requested and its rows kStages - 1 iterations before they are used.
+  for (int j = 0; j < kSlotRing; ++j) fetch_slots(j);
+  CpAsyncCommit();
+  CpAsyncWait<0>();
+  __syncthreads();
 #pragma unroll
   for (int j = 0; j < kStages - 1; ++j) {
-    if (tid < kMmaChunk) chunk_slots[(j & 1) * kMmaChunk + tid] = fetch_slot(j);
-    __syncthreads();
     if (j < num_chunks) issue_chunk(j);
     CpAsyncCommit();
-    __syncthreads();
   }
-  int32_t next_slot = tid < kMmaChunk ? fetch_slot(kStages - 1) : -1;
 
   float acc[8][4];
 #pragma unroll
@@ -666,29 +674,33 @@ __global__ void __launch_bounds__(kThreads * MT, 1)
     // The chunk's rows have landed (this thread's copies; the barrier makes
     // everyone's visible and frees the stage and key tile of the chunk before).
     const int ahead = chunk + kStages - 1;
-    if (tid < kMmaChunk) chunk_slots[(ahead & 1) * kMmaChunk + tid] = next_slot;
     CpAsyncWait<kStages - 2>();
     __syncthreads();
     if (ahead < num_chunks) issue_chunk(ahead);
+    fetch_slots(chunk + kSlotRing);  // into the ring entry chunk's slots used
     CpAsyncCommit();
-    if (tid < kMmaChunk) next_slot = fetch_slot(ahead + 1);
 
     // 1. Dequantise.
     dequantise_chunk(chunk);
     __syncthreads();
-    const int* valid = stage_valid + (chunk % kStages) * kMmaChunk;
+    const int* valid = stage_valid + (chunk % kStages) * KC;
 
-    // 2. S = Q K^T for keys 8w..8w+7, 32 dims a step: Q fragments (16 heads
-    //    x 16 dims, twice) and K fragments (8 keys x 32 dims) by ldmatrix,
-    //    two accumulators to halve the dependent chain of MMAs.
+    // 2. S = Q K^T for keys 8w..8w+7 (KC = 64; KC = 32: keys 8(w % 4).., dims
+    //    of half w / 4), 32 dims a step: Q fragments (16 heads x 16 dims,
+    //    twice) and K fragments (8 keys x 32 dims) by ldmatrix, two
+    //    accumulators to halve the dependent chain of MMAs.
     {
+      constexpr int kDimsHere = KC == 64 ? kHeadDim : kHeadDim / 2;
+      const int key_tile = KC == 64 ? wl : (wl & 3);
+      const int dim0 = KC == 64 ? 0 : (wl >> 2) * kDimsHere;
       float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       float s_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       const int mat = lane >> 3;
-      const uint16_t* a_rows = qs + (mt * 16 + (mat & 1) * 8 + (lane & 7)) * kRowHalves + (mat >> 1) * 8;
-      const uint16_t* b_rows = keys + (wl * 8 + (lane & 7)) * kRowHalves + mat * 8;
+      const uint16_t* a_rows =
+          qs + (mt * 16 + (mat & 1) * 8 + (lane & 7)) * kRowHalves + (mat >> 1) * 8 + dim0;
+      const uint16_t* b_rows = keys + (key_tile * 8 + (lane & 7)) * kRowHalves + mat * 8 + dim0;
 #pragma unroll 4
-      for (int k0 = 0; k0 < kHeadDim; k0 += 32) {
+      for (int k0 = 0; k0 < kDimsHere; k0 += 32) {
         uint32_t a[8], b[4];
         LdMatrixX4(a_rows + k0, a[0], a[1], a[2], a[3]);
         LdMatrixX4(a_rows + k0 + 16, a[4], a[5], a[6], a[7]);
@@ -698,25 +710,38 @@ __global__ void __launch_bounds__(kThreads * MT, 1)
       }
 #pragma unroll
       for (int i = 0; i < 4; ++i) s[i] += s_odd[i];
-      const int c = wl * 8 + 2 * tig;
-      const int e0 = begin + chunk * kMmaChunk + c;
-      const bool v0 = valid[c] != 0 && e0 < end;
-      const bool v1 = valid[c + 1] != 0 && e0 + 1 < end;
+      const int c = key_tile * 8 + 2 * tig;
       const int r0 = mt * 16 + g;
-      scores[r0 * kMmaChunk + c] = v0 ? p.softmax_scale * s[0] : -INFINITY;
-      scores[r0 * kMmaChunk + c + 1] = v1 ? p.softmax_scale * s[1] : -INFINITY;
-      scores[(r0 + 8) * kMmaChunk + c] = v0 ? p.softmax_scale * s[2] : -INFINITY;
-      scores[(r0 + 8) * kMmaChunk + c + 1] = v1 ? p.softmax_scale * s[3] : -INFINITY;
+      if constexpr (KC == 64) {
+        const bool v0 = valid[c] != 0;
+        const bool v1 = valid[c + 1] != 0;
+        scores[r0 * KC + c] = v0 ? p.softmax_scale * s[0] : -INFINITY;
+        scores[r0 * KC + c + 1] = v1 ? p.softmax_scale * s[1] : -INFINITY;
+        scores[(r0 + 8) * KC + c] = v0 ? p.softmax_scale * s[2] : -INFINITY;
+        scores[(r0 + 8) * KC + c + 1] = v1 ? p.softmax_scale * s[3] : -INFINITY;
+      } else {
+        // Partial sums over this half of the dims; the softmax adds, scales
+        // and masks.
+        float* part = scores + (wl >> 2) * (kHeadsHere * KC);
+        *reinterpret_cast<float2*>(part + r0 * KC + c) = make_float2(s[0], s[1]);
+        *reinterpret_cast<float2*>(part + (r0 + 8) * KC + c) = make_float2(s[2], s[3]);
+      }
     }
     __syncthreads();
 
     // 3. Online softmax: warp w handles heads 2w and 2w+1, a lane keys
-    //    lane and lane + 32.
+    //    lane (and lane + 32 when KC = 64).
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int h = 2 * warp + hh;
-      const float z0 = scores[h * kMmaChunk + lane];
-      const float z1 = scores[h * kMmaChunk + lane + 32];
+      float z0, z1 = -INFINITY;
+      if constexpr (KC == 64) {
+        z0 = scores[h * KC + lane];
+        z1 = scores[h * KC + lane + 32];
+      } else {
+        const float dot = scores[h * KC + lane] + scores[kHeadsHere * KC + h * KC + lane];
+        z0 = valid[lane] != 0 ? p.softmax_scale * dot : -INFINITY;
+      }
       float chunk_max = fmaxf(z0, z1);
 #pragma unroll
       for (int offset = 16; offset > 0; offset >>= 1) {
@@ -727,7 +752,7 @@ __global__ void __launch_bounds__(kThreads * MT, 1)
       const float p0 = z0 == -INFINITY ? 0.0f : expf(z0 - new_max);
       const float p1 = z1 == -INFINITY ? 0.0f : expf(z1 - new_max);
       probs[h * kProbHalves + lane] = static_cast<uint16_t>(ToBf16Bits(p0));
-      probs[h * kProbHalves + lane + 32] = static_cast<uint16_t>(ToBf16Bits(p1));
+      if constexpr (KC == 64) probs[h * kProbHalves + lane + 32] = static_cast<uint16_t>(ToBf16Bits(p1));
       float sum = p0 + p1;
       UpdateRunningSoftmax(sum, old_max, new_max, lane, h, alphas, run_sum, run_max);
     }
@@ -748,7 +773,7 @@ __global__ void __launch_bounds__(kThreads * MT, 1)
       const int mat = lane >> 3;
       const int mrow = lane & 7;
 #pragma unroll
-      for (int ks = 0; ks < kMmaChunk / 16; ++ks) {
+      for (int ks = 0; ks < KC / 16; ++ks) {
         const int kw = ks * 8 + tig;  // word of P rows
         const int pr = mt * 16 + g;
         const uint32_t a0 = prob_words[pr * (kProbHalves / 2) + kw];
@@ -841,14 +866,17 @@ Plan MakePlan(const DecodeParams& p, int num_sms) {
   if (UseMma()) {
     plan.hg = p.padded_heads >= 32 ? 2 * kMmaHeads : kMmaHeads;
     plan.groups = (p.padded_heads + plan.hg - 1) / plan.hg;
-    const int kc = kMmaChunk;
+    const int mt = plan.hg / kMmaHeads;
+    const int kc = MmaChunkKeys(mt);
     const int width = p.main.width + p.extra.width;
-    // One CTA per SM (shared memory): split the keys only as far as whole
-    // waves of CTAs allow, never below two chunks a split.
+    // Split the keys only as far as whole waves of CTAs allow (shared memory
+    // holds one 32-head or two 16-head CTAs an SM), never below two chunks a
+    // split.
+    const int64_t resident = int64_t{num_sms} * (mt == 1 ? 2 : 1);
     const int64_t ctas = p.num_tokens * plan.groups;
     int splits = 1;
-    if (ctas > 0 && ctas < num_sms && width > 2 * kc) {
-      splits = static_cast<int>(num_sms / ctas);
+    if (ctas > 0 && ctas < resident && width > 2 * kc) {
+      splits = static_cast<int>(resident / ctas);
       splits = min(splits, (width + 2 * kc - 1) / (2 * kc));
       splits = max(1, min(splits, kMaxSplits));
     }
@@ -894,12 +922,14 @@ cudaError_t LaunchWith(const DecodeParams& p, const Plan& plan, Partials partial
 template <int MT>
 cudaError_t LaunchMma(const DecodeParams& p, const Plan& plan, Partials partials,
                       cudaStream_t stream) {
-  const size_t bytes = MmaLayout<MT>::kBytes;
-  cudaError_t error = cudaFuncSetAttribute(
-      DecodeMmaKernel<MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  constexpr int kc = MmaChunkKeys(MT);
+  const size_t bytes = MmaLayout<MT, kc>::kBytes;
+  cudaError_t error = cudaFuncSetAttribute(DecodeMmaKernel<MT, kc>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(bytes));
   if (error != cudaSuccess) return error;
   const dim3 grid(plan.groups, static_cast<unsigned>(p.num_tokens), plan.splits);
-  DecodeMmaKernel<MT><<<grid, kThreads * MT, bytes, stream>>>(p, plan.splits, plan.split_entries,
+  DecodeMmaKernel<MT, kc><<<grid, kThreads * MT, bytes, stream>>>(p, plan.splits, plan.split_entries,
                                                               partials);
   return cudaGetLastError();
 }
