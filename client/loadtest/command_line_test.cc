@@ -23,8 +23,9 @@ TEST(CommandLineTest, CollectsEveryOccurrenceAndCommaList) {
 }
 
 TEST(CommandLineTest, IgnoresOtherFlagsPrefixesAndAfterDoubleDash) {
-  EXPECT_THAT(Values({"prog", "--targets=x:1", "--target_file=y", "target=z:1", "--", "--target=w:1"}),
-              ElementsAre());
+  EXPECT_THAT(
+      Values({"prog", "--targets=x:1", "--target_file=y", "target=z:1", "--", "--target=w:1"}),
+      ElementsAre());
   EXPECT_THAT(Values({"prog", "--target"}), ElementsAre());
 }
 

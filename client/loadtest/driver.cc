@@ -121,7 +121,9 @@ struct PhasePlan {
 class Node {
  public:
   Node(int index, const Setup& setup, std::unique_ptr<client::Cluster> cluster, int tp)
-      : index_(index), setup_(setup), cluster_(std::move(cluster)),
+      : index_(index),
+        setup_(setup),
+        cluster_(std::move(cluster)),
         head_offset_((index % tp) * setup.heads) {}
 
   client::Cluster& cluster() { return *cluster_; }
@@ -191,17 +193,20 @@ class Node {
     for (Group& group : groups_) {
       auto& server = cluster_->client(group.server);
       if (plan.kind == PhaseKind::kAttend) {
-        absl::StatusOr<std::unique_ptr<client::AttendStream>> stream = server.OpenAttendStream(stream_options);
+        absl::StatusOr<std::unique_ptr<client::AttendStream>> stream =
+            server.OpenAttendStream(stream_options);
         if (!stream.ok()) return Broken(stream.status());
         group.attend = *std::move(stream);
       } else {
-        absl::StatusOr<std::unique_ptr<client::EchoStream>> stream = server.OpenEchoStream(stream_options);
+        absl::StatusOr<std::unique_ptr<client::EchoStream>> stream =
+            server.OpenEchoStream(stream_options);
         if (!stream.ok()) return Broken(stream.status());
         group.echo = *std::move(stream);
       }
     }
     std::vector<std::thread> receivers;
-    for (size_t g = 0; g < groups_.size(); ++g) receivers.emplace_back([this, g] { ReceiveLoop(g); });
+    for (size_t g = 0; g < groups_.size(); ++g)
+      receivers.emplace_back([this, g] { ReceiveLoop(g); });
     SendLoop();
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -227,7 +232,8 @@ class Node {
   absl::Status AppendPrompt(client::Client& server, const SessionRef& session) {
     const ModelProfile& model = *setup_.model;
     const int layers = model.num_attention_layers();
-    const int chunk = static_cast<int>(std::max<int64_t>(1, kAppendChunkBytes / (layers * kRowBytes)));
+    const int chunk =
+        static_cast<int>(std::max<int64_t>(1, kAppendChunkBytes / (layers * kRowBytes)));
     for (int first = 0; first < setup_.prompt; first += chunk) {
       const int count = std::min(chunk, setup_.prompt - first);
       std::vector<std::vector<uint16_t>> swa(layers), compressed(layers);
@@ -249,7 +255,8 @@ class Node {
           rows[layer].compressed_kv = compressed[layer];
         }
       }
-      absl::StatusOr<pb::AppendKVResponse> appended = server.AppendKV(session.id, first, count, rows);
+      absl::StatusOr<pb::AppendKVResponse> appended =
+          server.AppendKV(session.id, first, count, rows);
       if (!appended.ok()) return appended.status();
     }
     return absl::OkStatus();
@@ -301,13 +308,14 @@ class Node {
       input.segments.push_back(std::move(segment));
     }
     const int64_t tokens = static_cast<int64_t>(group.sessions.size()) * setup_.tokens_per_step;
-    input.q = workload.Query(Workload::MessageKey(setup_.seed, index_, step, layer, group.server), tokens,
-                             setup_.heads);
+    input.q = workload.Query(Workload::MessageKey(setup_.seed, index_, step, layer, group.server),
+                             tokens, setup_.heads);
     input.kv = message->kv;
     input.compressed_kv = message->compressed;
     input.topk = message->topk;
-    const int64_t bytes = static_cast<int64_t>(input.q.size() + input.kv.size() + input.compressed_kv.size()) * 2 +
-                          static_cast<int64_t>(input.topk.size()) * 4;
+    const int64_t bytes =
+        static_cast<int64_t>(input.q.size() + input.kv.size() + input.compressed_kv.size()) * 2 +
+        static_cast<int64_t>(input.topk.size()) * 4;
     input.keep_alive = std::move(message);
     absl::StatusOr<uint64_t> sent = group.attend->Send(input);
     if (!sent.ok()) return sent.status();
@@ -329,7 +337,8 @@ class Node {
 
   void SendLoop() {
     const int layers = setup_.layers;
-    PoissonArrivals arrivals(plan_.open_loop ? plan_.rate_per_node : 1.0, Mix(setup_.seed, 1000 + index_));
+    PoissonArrivals arrivals(plan_.open_loop ? plan_.rate_per_node : 1.0,
+                             Mix(setup_.seed, 1000 + index_));
     Clock::time_point next_due = plan_.start;
     int64_t measured_issued = 0;
     {
@@ -342,7 +351,8 @@ class Node {
       const int layer = static_cast<int>(seq % layers);
       const int64_t position = setup_.prompt + step * setup_.tokens_per_step;
       if (position + setup_.tokens_per_step > setup_.max_position) {
-        SetStop(absl::StrCat("node ", index_, " reached the server's max_position ", setup_.max_position));
+        SetStop(absl::StrCat("node ", index_, " reached the server's max_position ",
+                             setup_.max_position));
         return;
       }
       Clock::time_point due;
@@ -387,7 +397,8 @@ class Node {
         } else {
           const int64_t size = AttendBytes(group, step, layer);
           const absl::Span<const uint8_t> payload = setup_.workload->Bytes(
-              Workload::MessageKey(setup_.seed, index_, step, layer, group.server), static_cast<size_t>(size));
+              Workload::MessageKey(setup_.seed, index_, step, layer, group.server),
+              static_cast<size_t>(size));
           absl::StatusOr<uint64_t> sent = group.echo->Send(payload);
           if (sent.ok()) {
             bytes = size;
@@ -398,12 +409,14 @@ class Node {
         std::lock_guard<std::mutex> lock(mutex_);
         if (bytes.ok()) {
           pending_[seq].bytes_in += *bytes;
-          pending_[seq].tokens += static_cast<int64_t>(group.sessions.size()) * setup_.tokens_per_step;
+          pending_[seq].tokens +=
+              static_cast<int64_t>(group.sessions.size()) * setup_.tokens_per_step;
           group.sent.push_back(seq);
           cv_.notify_all();
         } else {
           // Never sent: this group's part is done, failed.
-          CompleteLocked(seq, static_cast<int>(bytes.status().code()), Clock::now(), 0, {}, nullptr, group);
+          CompleteLocked(seq, static_cast<int>(bytes.status().code()), Clock::now(), 0, {}, nullptr,
+                         group);
           stop_ = true;
           if (stop_reason_.empty()) {
             stop_reason_ = absl::StrCat("node ", index_, ": ", bytes.status().message());
@@ -450,7 +463,8 @@ class Node {
       }
       const Clock::time_point now = Clock::now();
       std::lock_guard<std::mutex> lock(mutex_);
-      CompleteLocked(seq, code, now, bytes_out, timing, result.has_value() ? &*result : nullptr, group);
+      CompleteLocked(seq, code, now, bytes_out, timing, result.has_value() ? &*result : nullptr,
+                     group);
     }
   }
 
@@ -462,7 +476,9 @@ class Node {
   void NoteFailure(const absl::Status& status) {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
-    if (stop_reason_.empty()) stop_reason_ = absl::StrCat("node ", index_, " stopped at its first failed layer step: ", status.message());
+    if (stop_reason_.empty())
+      stop_reason_ = absl::StrCat("node ", index_,
+                                  " stopped at its first failed layer step: ", status.message());
     cv_.notify_all();
   }
 
@@ -475,7 +491,8 @@ class Node {
   // One group's answer to layer step `seq`; the step is recorded when it was
   // the last one.
   void CompleteLocked(int64_t seq, int code, Clock::time_point now, int64_t bytes_out,
-                      const wire::TimingView& timing, client::AttendResult* result, const Group& group) {
+                      const wire::TimingView& timing, client::AttendResult* result,
+                      const Group& group) {
     auto it = pending_.find(seq);
     if (it == pending_.end()) return;
     Pending& p = it->second;
@@ -486,17 +503,20 @@ class Node {
     }
     p.bytes_out += bytes_out;
     if (p.sample && result != nullptr) {
-      samples_.push_back({p.step, p.layer, group.server, head_offset_, group.sessions, std::move(*result)});
+      samples_.push_back(
+          {p.step, p.layer, group.server, head_offset_, group.sessions, std::move(*result)});
     }
     if (--p.remaining > 0) return;
 
-    const int64_t latency_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(p.done - p.due).count();
+    const int64_t latency_ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(p.done - p.due).count();
     if (p.code != 0) {
       ++stats_.errors[StatusCodeName(p.code)];
       ++live_->errors;
     } else if (p.measured) {
       stats_.latency.Record(latency_ns);
-      stats_.latency_by_kind[std::string(LayerKindName(setup_.model->layer_kind(p.layer)))].Record(latency_ns);
+      stats_.latency_by_kind[std::string(LayerKindName(setup_.model->layer_kind(p.layer)))].Record(
+          latency_ns);
       ++stats_.ok;
       stats_.tokens += p.tokens;
       stats_.bytes_in += p.bytes_in;
@@ -518,7 +538,8 @@ class Node {
       live_->recent.Record(latency_ns);
     }
     if (p.measured) {
-      if (!last_measured_done_.has_value() || p.done > *last_measured_done_) last_measured_done_ = p.done;
+      if (!last_measured_done_.has_value() || p.done > *last_measured_done_)
+        last_measured_done_ = p.done;
       StepRecord record;
       record.phase = plan_.kind == PhaseKind::kAttend ? 'a' : 'e';
       record.stream = index_;
@@ -580,8 +601,9 @@ absl::Status ReadKv(client::Cluster& cluster, int64_t* used, int64_t* total) {
 }
 
 // Runs one phase on every node, with the progress line, and merges the stats.
-PhaseStats RunPhase(std::vector<std::unique_ptr<Node>>& nodes, PhasePlan plan, const LoadOptions& options,
-                    const Setup& setup, std::vector<StepRecord>* records, std::string* stop_reason) {
+PhaseStats RunPhase(std::vector<std::unique_ptr<Node>>& nodes, PhasePlan plan,
+                    const LoadOptions& options, const Setup& setup,
+                    std::vector<StepRecord>* records, std::string* stop_reason) {
   client::StreamOptions stream_options;
   stream_options.step_timeout = absl::Seconds(options.step_timeout_s);
   stream_options.max_in_flight = plan.open_loop ? 1024 : options.concurrency;
@@ -643,7 +665,8 @@ PhaseStats RunPhase(std::vector<std::unique_ptr<Node>>& nodes, PhasePlan plan, c
     merged.bytes_in += s.bytes_in;
     merged.bytes_out += s.bytes_out;
     merged.latency.Merge(s.latency);
-    for (const auto& [kind, latency] : s.latency_by_kind) merged.latency_by_kind[kind].Merge(latency);
+    for (const auto& [kind, latency] : s.latency_by_kind)
+      merged.latency_by_kind[kind].Merge(latency);
     for (const auto& [code, count] : s.errors) merged.errors[code] += count;
     merged.server.count += s.server.count;
     merged.server.queue_us += s.server.queue_us;
@@ -693,8 +716,8 @@ VerifyStats VerifySamples(std::vector<std::unique_ptr<Node>>& nodes, const LoadO
       layer_steps.insert({node->index(), sample.step, sample.layer});
       const int64_t tokens = static_cast<int64_t>(sample.sessions.size()) * setup.tokens_per_step;
       const absl::Span<const uint16_t> q = setup.workload->Query(
-          Workload::MessageKey(setup.seed, node->index(), sample.step, sample.layer, sample.server), tokens,
-          setup.heads);
+          Workload::MessageKey(setup.seed, node->index(), sample.step, sample.layer, sample.server),
+          tokens, setup.heads);
       const absl::Span<const uint16_t> out = sample.result.out();
       const absl::Span<const float> lse = sample.result.lse();
       const int64_t checked = std::min<int64_t>(tokens, options.verify_tokens);
@@ -717,10 +740,12 @@ VerifyStats VerifySamples(std::vector<std::unique_ptr<Node>>& nodes, const LoadO
         const bool shape_ok = out.size() == static_cast<size_t>(tokens) * setup.heads * kHeadDim &&
                               lse.size() == static_cast<size_t>(tokens) * setup.heads;
         absl::StatusOr<TokenVerdict> verdict =
-            shape_ok ? verifier.Check(token, out.subspan(row, static_cast<size_t>(setup.heads) * kHeadDim),
-                                      lse.subspan(static_cast<size_t>(t) * setup.heads, setup.heads))
-                     : absl::InternalError(absl::StrCat("the answer holds ", out.size(), " out and ", lse.size(),
-                                                        " lse values for ", tokens, " tokens"));
+            shape_ok ? verifier.Check(
+                           token, out.subspan(row, static_cast<size_t>(setup.heads) * kHeadDim),
+                           lse.subspan(static_cast<size_t>(t) * setup.heads, setup.heads))
+                     : absl::InternalError(absl::StrCat("the answer holds ", out.size(),
+                                                        " out and ", lse.size(), " lse values for ",
+                                                        tokens, " tokens"));
         std::string failure;
         if (!verdict.ok()) {
           failure = std::string(verdict.status().message());
@@ -732,8 +757,9 @@ VerifyStats VerifySamples(std::vector<std::unique_ptr<Node>>& nodes, const LoadO
         if (!failure.empty()) {
           ++stats.failed_tokens;
           if (stats.first_failure.empty()) {
-            stats.first_failure = absl::StrCat("node ", node->index(), " step ", sample.step, " layer ",
-                                               sample.layer, " token ", t, ": ", failure);
+            stats.first_failure =
+                absl::StrCat("node ", node->index(), " step ", sample.step, " layer ", sample.layer,
+                             " token ", t, ": ", failure);
           }
         }
       }
@@ -755,15 +781,18 @@ absl::Status ValidateOptions(const LoadOptions& o) {
     if (colon == std::string::npos || colon == 0 || colon + 1 == target.size()) {
       return bad(absl::StrCat("--target=", target, ": expected HOST:PORT"));
     }
-    if (!seen.insert(target).second) return bad(absl::StrCat("--target=", target, " is given twice"));
+    if (!seen.insert(target).second)
+      return bad(absl::StrCat("--target=", target, " is given twice"));
   }
   absl::StatusOr<const ModelProfile*> model = FindModelProfile(o.model);
   if (!model.ok()) return bad(absl::StrCat("--model: ", model.status().message()));
   if (o.tp < 1 || (*model)->num_query_heads % o.tp != 0) {
-    return bad(absl::StrCat("--tp=", o.tp, ": must divide the ", (*model)->num_query_heads, " heads of ", o.model));
+    return bad(absl::StrCat("--tp=", o.tp, ": must divide the ", (*model)->num_query_heads,
+                            " heads of ", o.model));
   }
   if (o.layers < 0 || o.layers > (*model)->num_attention_layers()) {
-    return bad(absl::StrCat("--layers=", o.layers, ": 0 (all) to ", (*model)->num_attention_layers()));
+    return bad(
+        absl::StrCat("--layers=", o.layers, ": 0 (all) to ", (*model)->num_attention_layers()));
   }
   if (o.streams < 1) return bad("--streams must be at least 1");
   if (o.sessions < 1) return bad("--sessions must be at least 1");
@@ -773,7 +802,8 @@ absl::Status ValidateOptions(const LoadOptions& o) {
   if (o.rate < 0) return bad("--rate must not be negative");
   if (o.warmup_s < 0) return bad("--warmup_s must not be negative");
   if (o.steps < 0) return bad("--steps must not be negative");
-  if (o.steps == 0 && o.duration_s <= 0) return bad("--duration_s must be positive (or give --steps)");
+  if (o.steps == 0 && o.duration_s <= 0)
+    return bad("--duration_s must be positive (or give --steps)");
   if (o.verify && (o.verify_every < 1 || o.verify_max < 1 || o.verify_tokens < 1)) {
     return bad("--verify_every, --verify_max and --verify_tokens must be at least 1");
   }
@@ -815,7 +845,8 @@ absl::StatusOr<RunOutput> RunLoadTest(const LoadOptions& options) {
 
   // What the servers run and hold.
   client::ConnectOptions connect;
-  absl::StatusOr<std::unique_ptr<client::Cluster>> probe = client::Cluster::Connect(options.targets, connect);
+  absl::StatusOr<std::unique_ptr<client::Cluster>> probe =
+      client::Cluster::Connect(options.targets, connect);
   if (!probe.ok()) return probe.status();
   std::set<std::string> versions, backends;
   setup.max_position = INT32_MAX;
@@ -837,10 +868,12 @@ absl::StatusOr<RunOutput> RunLoadTest(const LoadOptions& options) {
   report.kv.block_bytes = kBlockBytes;
   config.server_version = absl::StrJoin(versions, " | ");
   config.backend = absl::StrJoin(backends, " | ");
-  if (absl::Status s = ReadKv(**probe, &report.kv.used_at_start, &report.kv.blocks_total); !s.ok()) return s;
+  if (absl::Status s = ReadKv(**probe, &report.kv.used_at_start, &report.kv.blocks_total); !s.ok())
+    return s;
 
   const int64_t tokens = int64_t{options.sessions} * options.tokens_per_step;
-  const Workload workload(*model, std::max<int64_t>(8192, 2 * tokens * (setup.heads + 8)), options.seed);
+  const Workload workload(*model, std::max<int64_t>(8192, 2 * tokens * (setup.heads + 8)),
+                          options.seed);
   setup.workload = &workload;
 
   // Nodes, sessions, prompts (untimed; nodes in parallel).
@@ -851,7 +884,8 @@ absl::StatusOr<RunOutput> RunLoadTest(const LoadOptions& options) {
     // with different arguments do not share one, so each node's limit
     // differs by a byte.
     if (options.connection_per_node) node_connect.max_message_bytes += n;
-    absl::StatusOr<std::unique_ptr<client::Cluster>> cluster = client::Cluster::Connect(options.targets, node_connect);
+    absl::StatusOr<std::unique_ptr<client::Cluster>> cluster =
+        client::Cluster::Connect(options.targets, node_connect);
     if (!cluster.ok()) return cluster.status();
     nodes.push_back(std::make_unique<Node>(n, setup, *std::move(cluster), options.tp));
   }
@@ -866,7 +900,8 @@ absl::StatusOr<RunOutput> RunLoadTest(const LoadOptions& options) {
     for (const absl::Status& status : statuses) {
       if (!status.ok()) {
         for (auto& node : nodes) node->CloseSessions().IgnoreError();
-        return absl::Status(status.code(), absl::StrCat("creating sessions and prompts: ", status.message()));
+        return absl::Status(status.code(),
+                            absl::StrCat("creating sessions and prompts: ", status.message()));
       }
     }
   }
@@ -874,9 +909,12 @@ absl::StatusOr<RunOutput> RunLoadTest(const LoadOptions& options) {
   config.padded_heads = nodes.front()->padded_heads();
   config.sessions_per_target.assign(options.targets.size(), 0);
   for (auto& node : nodes) {
-    for (const Group& group : node->groups()) config.sessions_per_target[group.server] += group.sessions.size();
+    for (const Group& group : node->groups())
+      config.sessions_per_target[group.server] += group.sessions.size();
   }
-  if (absl::Status s = ReadKv(**probe, &report.kv.used_after_prompt, &report.kv.blocks_total); !s.ok()) return s;
+  if (absl::Status s = ReadKv(**probe, &report.kv.used_after_prompt, &report.kv.blocks_total);
+      !s.ok())
+    return s;
 
   PhasePlan plan;
   plan.kind = PhaseKind::kAttend;
@@ -889,7 +927,8 @@ absl::StatusOr<RunOutput> RunLoadTest(const LoadOptions& options) {
     plan.verify_max = options.verify_max;
   }
   report.attend = RunPhase(nodes, plan, options, setup, &output.records, &report.stop_reason);
-  if (absl::Status s = ReadKv(**probe, &report.kv.used_at_end, &report.kv.blocks_total); !s.ok()) return s;
+  if (absl::Status s = ReadKv(**probe, &report.kv.used_at_end, &report.kv.blocks_total); !s.ok())
+    return s;
 
   if (options.baseline) {
     PhasePlan echo = plan;
@@ -906,7 +945,9 @@ absl::StatusOr<RunOutput> RunLoadTest(const LoadOptions& options) {
     if (closed.ok()) closed = status;
   }
   if (!closed.ok()) return closed;
-  if (absl::Status s = ReadKv(**probe, &report.kv.used_after_close, &report.kv.blocks_total); !s.ok()) return s;
+  if (absl::Status s = ReadKv(**probe, &report.kv.used_after_close, &report.kv.blocks_total);
+      !s.ok())
+    return s;
   return output;
 }
 

@@ -48,11 +48,11 @@ struct LoadOptions {
   int sessions = 8;
   int tokens_per_step = 1;
   int prompt = 512;
-  int concurrency = 1;    // closed loop
-  double rate = 0;        // > 0: open loop, layer steps/s over all nodes
+  int concurrency = 1;  // closed loop
+  double rate = 0;      // > 0: open loop, layer steps/s over all nodes
   double warmup_s = 1;
   double duration_s = 10;
-  int64_t steps = 0;      // > 0: decode steps per node instead of duration_s
+  int64_t steps = 0;  // > 0: decode steps per node instead of duration_s
   bool baseline = false;
   bool verify = false;
   int verify_every = 17;  // sample every N-th layer step of a node

@@ -71,8 +71,9 @@ TEST(LatencyHistogramTest, BucketsAbutAndCountEverySample) {
     EXPECT_LE(bucket.lower_ns, bucket.upper_ns);
     // A bucket is at most 2^-S of its lower bound wide.
     if (bucket.lower_ns >= (2 << LatencyHistogram::kSubBucketBits)) {
-      EXPECT_LE(static_cast<double>(bucket.upper_ns - bucket.lower_ns + 1),
-                std::ldexp(static_cast<double>(bucket.lower_ns), -LatencyHistogram::kSubBucketBits));
+      EXPECT_LE(
+          static_cast<double>(bucket.upper_ns - bucket.lower_ns + 1),
+          std::ldexp(static_cast<double>(bucket.lower_ns), -LatencyHistogram::kSubBucketBits));
     }
     previous_upper = bucket.upper_ns;
     total += bucket.count;

@@ -143,7 +143,8 @@ class Process {
         std::smatch match;
         if (std::regex_search(line, match, pattern)) return match[1].str();
       }
-      if (eof_ || changed_.wait_until(lock, deadline) == std::cv_status::timeout) return std::nullopt;
+      if (eof_ || changed_.wait_until(lock, deadline) == std::cv_status::timeout)
+        return std::nullopt;
     }
   }
 
@@ -229,12 +230,14 @@ TEST(LoadTestEndToEnd, ClosedLoopWithBaselineVerifyAndEveryOutput) {
   Server server;
   ASSERT_FALSE(server.target().empty()) << "the server did not start";
   const std::string dir = OutDir();
-  const std::string json_path = dir + "/closed.json", csv_path = dir + "/closed.csv", png_path = dir + "/closed.png";
-  const LoadTestRun run = LoadTest({"--target=" + server.target(), "--model=deepseek-v4-flash", "--tp=8", "--layers=4",
-                            "--streams=2", "--sessions=2", "--prompt=200", "--concurrency=2",
-                            "--warmup_s=0.3", "--duration_s=1.5", "--baseline", "--verify", "--verify_every=3",
-                            "--verify_max=8", "--verify_tokens=2", "--json_out=" + json_path,
-                            "--csv_out=" + csv_path, "--plot_out=" + png_path});
+  const std::string json_path = dir + "/closed.json", csv_path = dir + "/closed.csv",
+                    png_path = dir + "/closed.png";
+  const LoadTestRun run =
+      LoadTest({"--target=" + server.target(), "--model=deepseek-v4-flash", "--tp=8", "--layers=4",
+                "--streams=2", "--sessions=2", "--prompt=200", "--concurrency=2", "--warmup_s=0.3",
+                "--duration_s=1.5", "--baseline", "--verify", "--verify_every=3", "--verify_max=8",
+                "--verify_tokens=2", "--json_out=" + json_path, "--csv_out=" + csv_path,
+                "--plot_out=" + png_path});
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_THAT(run.output, HasSubstr("latency per layer step   p50 "));
   EXPECT_THAT(run.output, HasSubstr("errors                   none"));
@@ -305,11 +308,11 @@ TEST(LoadTestEndToEnd, OpenLoopStepsAndTwoServers) {
   const std::string dir = OutDir();
   const std::string json_path = dir + "/open.json", svg_path = dir + "/open.svg";
   // 2 nodes x 5 decode steps x 3 layers: exactly 30 measured layer steps.
-  const LoadTestRun run = LoadTest({"--target=" + first.target(), "--target", second.target(), "--model=deepseek-v4-pro",
-                            "--tp=16", "--layers=3", "--streams=2", "--sessions=4", "--tokens_per_step=2",
-                            "--prompt=130", "--rate=150", "--warmup_s=0.2", "--steps=5", "--verify",
-                            "--verify_every=2", "--verify_max=6", "--json_out=" + json_path,
-                            "--plot_out=" + svg_path});
+  const LoadTestRun run = LoadTest(
+      {"--target=" + first.target(), "--target", second.target(), "--model=deepseek-v4-pro",
+       "--tp=16", "--layers=3", "--streams=2", "--sessions=4", "--tokens_per_step=2",
+       "--prompt=130", "--rate=150", "--warmup_s=0.2", "--steps=5", "--verify", "--verify_every=2",
+       "--verify_max=6", "--json_out=" + json_path, "--plot_out=" + svg_path});
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_THAT(run.output, HasSubstr("open loop, Poisson arrivals at 150.0 layer steps/s"));
   const nlohmann::json json = nlohmann::json::parse(ReadFile(json_path));
@@ -338,19 +341,20 @@ TEST(LoadTestEndToEnd, AFullKvCacheIsCountedByCodeAndStopsTheNode) {
   ASSERT_FALSE(server.target().empty());
   const std::string dir = OutDir();
   const std::string json_path = dir + "/full.json", csv_path = dir + "/full.csv";
-  const LoadTestRun run = LoadTest({"--target=" + server.target(), "--tp=8", "--layers=4", "--sessions=2",
-                                    "--prompt=256", "--warmup_s=0", "--steps=10", "--json_out=" + json_path,
-                                    "--csv_out=" + csv_path});
+  const LoadTestRun run = LoadTest({"--target=" + server.target(), "--tp=8", "--layers=4",
+                                    "--sessions=2", "--prompt=256", "--warmup_s=0", "--steps=10",
+                                    "--json_out=" + json_path, "--csv_out=" + csv_path});
   // Layer steps before the failure were answered: a run, not a failure.
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_THAT(run.output, HasSubstr("RESOURCE_EXHAUSTED 1"));
   const nlohmann::json json = nlohmann::json::parse(ReadFile(json_path));
   const int64_t ok = json["attend"]["layer_steps_ok"];
   EXPECT_GT(ok, 0);
-  EXPECT_LT(ok, 40);  // it stopped before its 10 steps x 4 layers
+  EXPECT_LT(ok, 40);                                   // it stopped before its 10 steps x 4 layers
   EXPECT_EQ(json["attend"]["layer_steps_failed"], 1);  // one in flight, then the node stops
   EXPECT_EQ(json["attend"]["errors"]["RESOURCE_EXHAUSTED"], 1);
-  EXPECT_THAT(json["stop_reason"].get<std::string>(), HasSubstr("stopped at its first failed layer step"));
+  EXPECT_THAT(json["stop_reason"].get<std::string>(),
+              HasSubstr("stopped at its first failed layer step"));
   EXPECT_EQ(json["kv"]["used_at_end"], json["kv"]["blocks_total"]);
   int64_t ok_lines = 0, failed_lines = 0;
   for (const auto& row : ReadCsv(csv_path)) {

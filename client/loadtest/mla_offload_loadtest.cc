@@ -39,14 +39,16 @@ ABSL_FLAG(int, sessions, 8, "S: sessions (sequences) per node, all decoded in ev
 ABSL_FLAG(int, tokens_per_step, 1,
           "Tokens each session decodes per step (1; more for speculative or MTP decoding): a "
           "layer step carries T = S x tokens_per_step tokens.");
-ABSL_FLAG(int, prompt, 512, "P: prompt tokens appended to every session (AppendKV) before decoding.");
+ABSL_FLAG(int, prompt, 512,
+          "P: prompt tokens appended to every session (AppendKV) before decoding.");
 ABSL_FLAG(int, concurrency, 1,
           "Closed loop: layer steps each node keeps in flight (sent, not yet answered).");
 ABSL_FLAG(double, rate, 0,
           "Open loop when > 0: target layer steps per second over all nodes, Poisson arrivals; "
           "latency counts from each step's scheduled arrival, so falling behind shows.");
 ABSL_FLAG(double, warmup_s, 1.0, "Seconds at the start whose layer steps are not measured.");
-ABSL_FLAG(double, duration_s, 10.0, "Seconds measured after the warm-up (unless --steps is given).");
+ABSL_FLAG(double, duration_s, 10.0,
+          "Seconds measured after the warm-up (unless --steps is given).");
 ABSL_FLAG(int64_t, steps, 0,
           "When > 0: each node runs this many measured decode steps (L layer steps each) after "
           "the warm-up, instead of --duration_s.");
@@ -63,7 +65,8 @@ ABSL_FLAG(int, verify_max, 32, "--verify checks at most this many layer steps (a
 ABSL_FLAG(int, verify_tokens, 4, "--verify checks this many tokens of each sampled layer step.");
 ABSL_FLAG(bool, derotate, false, "Ask the server to de-rotate outputs (derotate_output).");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the synthetic data, session keys and arrivals.");
-ABSL_FLAG(double, step_timeout_s, 30, "A layer step not answered within this long is DEADLINE_EXCEEDED.");
+ABSL_FLAG(double, step_timeout_s, 30,
+          "A layer step not answered within this long is DEADLINE_EXCEEDED.");
 ABSL_FLAG(bool, connection_per_node, true,
           "Each node gets its own TCP connection to each server (as real serving nodes would); "
           "false: all nodes share one.");
@@ -75,7 +78,8 @@ ABSL_FLAG(std::string, csv_out, "",
           "Write one CSV line per measured layer step (attend and echo) to this file.");
 ABSL_FLAG(std::string, plot_out, "",
           "Draw the latency histogram and CDF into this .png or .svg file (needs gnuplot).");
-ABSL_FLAG(std::string, gnuplot, "gnuplot", "The gnuplot program for --plot_out (a path or a name in $PATH).");
+ABSL_FLAG(std::string, gnuplot, "gnuplot",
+          "The gnuplot program for --plot_out (a path or a name in $PATH).");
 
 namespace mla::loadtest {
 namespace {
@@ -114,7 +118,8 @@ int Main(const std::vector<std::string>& repeated_targets) {
   if (!plot_out.empty()) {
     // A wrong extension is known before the run; say so before spending it.
     if (absl::StatusOr<std::string> terminal = GnuplotTerminal(plot_out); !terminal.ok()) {
-      std::fprintf(stderr, "mla_offload_loadtest: %s\n", std::string(terminal.status().message()).c_str());
+      std::fprintf(stderr, "mla_offload_loadtest: %s\n",
+                   std::string(terminal.status().message()).c_str());
       return 2;
     }
   }
@@ -155,18 +160,21 @@ int Main(const std::vector<std::string>& repeated_targets) {
     const std::string title = absl::StrFormat(
         "%s TP%d, %d node(s) x %d session(s), %s loop: latency per layer step", report.config.model,
         report.config.tp, report.config.streams, report.config.sessions, report.config.mode);
-    if (absl::Status status = WriteLatencyPlot(series, title, plot_out, absl::GetFlag(FLAGS_gnuplot));
+    if (absl::Status status =
+            WriteLatencyPlot(series, title, plot_out, absl::GetFlag(FLAGS_gnuplot));
         !status.ok()) {
       std::fprintf(stderr, "mla_offload_loadtest: %s\n", std::string(status.message()).c_str());
       exit_code = 1;
     }
   }
   if (report.attend.ok == 0) {
-    std::fprintf(stderr, "mla_offload_loadtest: no layer step was answered in the measured window\n");
+    std::fprintf(stderr,
+                 "mla_offload_loadtest: no layer step was answered in the measured window\n");
     exit_code = 1;
   }
   if (options.verify && !report.verify.passed()) {
-    std::fprintf(stderr, "mla_offload_loadtest: --verify failed: %lld of %lld tokens out of tolerance%s\n",
+    std::fprintf(stderr,
+                 "mla_offload_loadtest: --verify failed: %lld of %lld tokens out of tolerance%s\n",
                  static_cast<long long>(report.verify.failed_tokens),
                  static_cast<long long>(report.verify.tokens),
                  report.verify.layer_steps == 0 ? " (no layer step was sampled)" : "");

@@ -48,7 +48,8 @@ class TempDir {
  public:
   TempDir() {
     const char* base = std::getenv("TMPDIR");
-    std::string pattern = absl::StrCat(base != nullptr && *base ? base : "/tmp", "/mla_loadtest_plot_XXXXXX");
+    std::string pattern =
+        absl::StrCat(base != nullptr && *base ? base : "/tmp", "/mla_loadtest_plot_XXXXXX");
     if (mkdtemp(pattern.data()) != nullptr) path_ = pattern;
   }
   ~TempDir() {
@@ -81,7 +82,8 @@ std::string HistogramData(const LatencyHistogram& latency) {
   std::string data;
   for (int i = 0; i < kHistogramBins; ++i) {
     const double center = lo * std::exp((i + 0.5) * step);
-    absl::StrAppendFormat(&data, "%.6g %.6g\n", center / 1e6, static_cast<double>(bins[i]) / latency.count());
+    absl::StrAppendFormat(&data, "%.6g %.6g\n", center / 1e6,
+                          static_cast<double>(bins[i]) / latency.count());
   }
   return data;
 }
@@ -93,7 +95,8 @@ std::string CdfData(const LatencyHistogram& latency) {
   for (const LatencyHistogram::Bucket& bucket : latency.NonEmptyBuckets()) {
     seen += bucket.count;
     const double upper = std::min<double>(bucket.upper_ns, latency.max_ns());
-    absl::StrAppendFormat(&data, "%.6g %.6g\n", upper / 1e6, static_cast<double>(seen) / latency.count());
+    absl::StrAppendFormat(&data, "%.6g %.6g\n", upper / 1e6,
+                          static_cast<double>(seen) / latency.count());
   }
   return data;
 }
@@ -109,8 +112,10 @@ absl::Status WriteText(const std::string& path, const std::string& text) {
 }  // namespace
 
 absl::StatusOr<std::string> GnuplotTerminal(const std::string& path) {
-  if (absl::EndsWithIgnoreCase(path, ".png")) return std::string("pngcairo size 1200,500 font 'sans,10'");
-  if (absl::EndsWithIgnoreCase(path, ".svg")) return std::string("svg size 1200,500 dynamic font 'sans,10'");
+  if (absl::EndsWithIgnoreCase(path, ".png"))
+    return std::string("pngcairo size 1200,500 font 'sans,10'");
+  if (absl::EndsWithIgnoreCase(path, ".svg"))
+    return std::string("svg size 1200,500 dynamic font 'sans,10'");
   return absl::InvalidArgumentError(
       absl::StrCat("--plot_out=", path, ": the picture must end in .png or .svg"));
 }
@@ -146,23 +151,25 @@ absl::Status WriteLatencyPlot(const std::vector<PlotSeries>& series, const std::
       // p50 labelled left of its line, p99 right of its line, so that
       // close ones do not overlap.
       const double p50 = latency->Percentile(0.5) / 1e6, p99 = latency->Percentile(0.99) / 1e6;
-      absl::StrAppendFormat(&marks,
-                            "set arrow from %.6g, graph 0 to %.6g, graph 1 nohead dt 2 lc rgb 'gray40'\n"
-                            "set label 'p50 %.3g ms' at %.6g, graph 0.6 right offset -0.5,0 tc rgb 'gray30'\n"
-                            "set arrow from %.6g, graph 0 to %.6g, graph 1 nohead dt 2 lc rgb 'gray40'\n"
-                            "set label 'p99 %.3g ms' at %.6g, graph 0.5 left offset 0.5,0 tc rgb 'gray30'\n",
-                            p50, p50, p50, p50, p99, p99, p99, p99);
+      absl::StrAppendFormat(
+          &marks,
+          "set arrow from %.6g, graph 0 to %.6g, graph 1 nohead dt 2 lc rgb 'gray40'\n"
+          "set label 'p50 %.3g ms' at %.6g, graph 0.6 right offset -0.5,0 tc rgb 'gray30'\n"
+          "set arrow from %.6g, graph 0 to %.6g, graph 1 nohead dt 2 lc rgb 'gray40'\n"
+          "set label 'p99 %.3g ms' at %.6g, graph 0.5 left offset 0.5,0 tc rgb 'gray30'\n",
+          p50, p50, p50, p50, p99, p99, p99, p99);
       first = false;
     }
   }
   if (histogram_plot.empty()) return absl::FailedPreconditionError("no latency samples to plot");
 
-  std::string script = absl::StrCat("set terminal ", *terminal, "\nset output ", Quote(output_path), "\n");
+  std::string script =
+      absl::StrCat("set terminal ", *terminal, "\nset output ", Quote(output_path), "\n");
   absl::StrAppend(&script, "set multiplot layout 1,2 title ", Quote(title), "\n",
                   "set logscale x\nset grid\nset key top right\n",
                   "set xlabel 'latency per layer step (ms, log scale)'\n",
-                  "set ylabel 'fraction of layer steps'\nset title 'histogram'\n",
-                  "plot ", histogram_plot, "\n");
+                  "set ylabel 'fraction of layer steps'\nset title 'histogram'\n", "plot ",
+                  histogram_plot, "\n");
   absl::StrAppend(&script, "set title 'CDF'\nset ylabel 'fraction answered within x'\n",
                   "set yrange [0:1.02]\nset key bottom right\n", marks, "plot ", cdf_plot, "\n",
                   "unset multiplot\n");
@@ -175,12 +182,13 @@ absl::Status WriteLatencyPlot(const std::vector<PlotSeries>& series, const std::
   posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, errors_file.c_str(),
                                    O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
-  std::vector<char*> argv = {const_cast<char*>(binary.c_str()), const_cast<char*>(script_file.c_str()),
-                             nullptr};
+  std::vector<char*> argv = {const_cast<char*>(binary.c_str()),
+                             const_cast<char*>(script_file.c_str()), nullptr};
   pid_t pid = 0;
   const int rc = posix_spawn(&pid, binary.c_str(), &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) return absl::InternalError(absl::StrCat("cannot start ", binary, ": ", std::strerror(rc)));
+  if (rc != 0)
+    return absl::InternalError(absl::StrCat("cannot start ", binary, ": ", std::strerror(rc)));
   int wait_status = 0;
   while (waitpid(pid, &wait_status, 0) < 0 && errno == EINTR) {
   }
@@ -188,11 +196,13 @@ absl::Status WriteLatencyPlot(const std::vector<PlotSeries>& series, const std::
   std::stringstream errors;
   errors << errors_in.rdbuf();
   if (!WIFEXITED(wait_status) || WEXITSTATUS(wait_status) != 0) {
-    return absl::InternalError(absl::StrCat(binary, " failed drawing ", output_path, ": ", errors.str()));
+    return absl::InternalError(
+        absl::StrCat(binary, " failed drawing ", output_path, ": ", errors.str()));
   }
   struct stat info;
   if (stat(output_path.c_str(), &info) != 0 || info.st_size == 0) {
-    return absl::InternalError(absl::StrCat(binary, " wrote nothing to ", output_path, ": ", errors.str()));
+    return absl::InternalError(
+        absl::StrCat(binary, " wrote nothing to ", output_path, ": ", errors.str()));
   }
   return absl::OkStatus();
 }

@@ -41,7 +41,8 @@ LatencyHistogram Sample(double median_ns, uint64_t seed) {
 TEST(PlotTest, DrawsAPng) {
   const LatencyHistogram attend = Sample(2e6, 1), echo = Sample(3e5, 2);
   const std::string path = absl::StrCat(TestDir(), "/latency's.png");  // a quote in the name
-  ASSERT_TRUE(WriteLatencyPlot({{"attend", &attend}, {"echo", &echo}}, "test run", path, "gnuplot").ok());
+  ASSERT_TRUE(
+      WriteLatencyPlot({{"attend", &attend}, {"echo", &echo}}, "test run", path, "gnuplot").ok());
   const std::string png = ReadFile(path);
   ASSERT_GT(png.size(), 1000u);
   EXPECT_EQ(png.substr(1, 3), "PNG");
@@ -51,7 +52,8 @@ TEST(PlotTest, DrawsAnSvgWithTheSeriesTitles) {
   const LatencyHistogram attend = Sample(2e6, 3);
   const LatencyHistogram empty;
   const std::string path = absl::StrCat(TestDir(), "/latency.svg");
-  const absl::Status status = WriteLatencyPlot({{"attend", &attend}, {"echo", &empty}}, "svg run", path, "/usr/bin/gnuplot");
+  const absl::Status status = WriteLatencyPlot({{"attend", &attend}, {"echo", &empty}}, "svg run",
+                                               path, "/usr/bin/gnuplot");
   ASSERT_TRUE(status.ok()) << status;
   const std::string svg = ReadFile(path);
   EXPECT_THAT(svg, HasSubstr("<svg"));
@@ -63,7 +65,8 @@ TEST(PlotTest, DrawsAnSvgWithTheSeriesTitles) {
 TEST(PlotTest, ClearErrors) {
   const LatencyHistogram attend = Sample(2e6, 4);
   const std::string dir = TestDir();
-  absl::Status status = WriteLatencyPlot({{"attend", &attend}}, "t", dir + "/x.png", "/nonexistent/gnuplot");
+  absl::Status status =
+      WriteLatencyPlot({{"attend", &attend}}, "t", dir + "/x.png", "/nonexistent/gnuplot");
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(status.message()), HasSubstr("gnuplot-nox"));
   status = WriteLatencyPlot({{"attend", &attend}}, "t", dir + "/x.jpg", "gnuplot");

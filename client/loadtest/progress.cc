@@ -19,11 +19,13 @@ std::string FormatProgress(const ProgressSnapshot& s) {
   }
   std::string latency = "p50 - p99 -";
   if (s.recent_p50_ns > 0 || s.recent_p99_ns > 0) {
-    latency = absl::StrCat("p50 ", FormatDuration(s.recent_p50_ns), " p99 ", FormatDuration(s.recent_p99_ns));
+    latency = absl::StrCat("p50 ", FormatDuration(s.recent_p50_ns), " p99 ",
+                           FormatDuration(s.recent_p99_ns));
   }
-  return absl::StrFormat("%s: %s | %d layer steps (%.1f/s = %.2f decode steps/s) | %s | in flight %d | errors %d",
-                         s.phase, phase, s.layer_steps, s.recent_rate, s.recent_rate / std::max(1, s.layers),
-                         latency, s.in_flight, s.errors);
+  return absl::StrFormat(
+      "%s: %s | %d layer steps (%.1f/s = %.2f decode steps/s) | %s | in flight %d | errors %d",
+      s.phase, phase, s.layer_steps, s.recent_rate, s.recent_rate / std::max(1, s.layers), latency,
+      s.in_flight, s.errors);
 }
 
 ProgressDisplay::ProgressDisplay(std::FILE* out, bool tty, double tty_interval_s,

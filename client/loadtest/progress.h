@@ -19,7 +19,7 @@ namespace mla::loadtest {
 // What the run has done so far, sampled by the caller.
 struct ProgressSnapshot {
   std::string phase = "attend";  // "attend" or "echo"
-  double elapsed_s = 0;       // since the load began
+  double elapsed_s = 0;          // since the load began
   bool warming_up = false;
   double window_s = 0;        // measured so far (after warm-up)
   double planned_s = 0;       // measured window planned; 0 when unknown
@@ -29,7 +29,7 @@ struct ProgressSnapshot {
   double recent_rate = 0;     // layer steps/s answered since the previous snapshot (warm-up too)
   int64_t recent_p50_ns = 0;  // of the answers since the previous snapshot (warm-up too)
   int64_t recent_p99_ns = 0;
-  int layers = 1;             // to show decode steps/s
+  int layers = 1;  // to show decode steps/s
 };
 
 // "attend: measure 3.2/10.0 s | 1234 layer steps (246.8/s = 61.7 decode steps/s) |

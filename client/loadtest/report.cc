@@ -22,18 +22,21 @@ std::string LatencyText(const LatencyHistogram& latency) {
   if (latency.count() == 0) return "no answers";
   std::vector<std::string> parts;
   for (int i = 0; i < 4; ++i) {
-    parts.push_back(absl::StrCat(kPercentileNames[i], " ", FormatDuration(latency.Percentile(kPercentiles[i]))));
+    parts.push_back(absl::StrCat(kPercentileNames[i], " ",
+                                 FormatDuration(latency.Percentile(kPercentiles[i]))));
   }
   parts.push_back(absl::StrCat("max ", FormatDuration(latency.max_ns())));
   return absl::StrCat(absl::StrJoin(parts, "  "), "  (mean ",
-                      FormatDuration(static_cast<int64_t>(latency.mean_ns())), ", n=", latency.count(), ")");
+                      FormatDuration(static_cast<int64_t>(latency.mean_ns())),
+                      ", n=", latency.count(), ")");
 }
 
 std::string ErrorsText(const PhaseStats& phase) {
   if (phase.errors.empty()) return absl::StrCat("none (", phase.ok, " OK)");
   std::vector<std::string> parts;
   for (const auto& [code, count] : phase.errors) parts.push_back(absl::StrCat(code, " ", count));
-  return absl::StrCat(phase.failed(), " of ", phase.ok + phase.failed(), ": ", absl::StrJoin(parts, ", "));
+  return absl::StrCat(phase.failed(), " of ", phase.ok + phase.failed(), ": ",
+                      absl::StrJoin(parts, ", "));
 }
 
 std::string Percent(int64_t part, int64_t whole) {
@@ -122,11 +125,23 @@ std::string FormatDuration(int64_t nanos) {
 }
 
 std::string StatusCodeName(int code) {
-  static const char* const kNames[] = {
-      "OK",          "CANCELLED",         "UNKNOWN",      "INVALID_ARGUMENT",   "DEADLINE_EXCEEDED",
-      "NOT_FOUND",   "ALREADY_EXISTS",    "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
-      "FAILED_PRECONDITION", "ABORTED",   "OUT_OF_RANGE", "UNIMPLEMENTED",      "INTERNAL",
-      "UNAVAILABLE", "DATA_LOSS",         "UNAUTHENTICATED"};
+  static const char* const kNames[] = {"OK",
+                                       "CANCELLED",
+                                       "UNKNOWN",
+                                       "INVALID_ARGUMENT",
+                                       "DEADLINE_EXCEEDED",
+                                       "NOT_FOUND",
+                                       "ALREADY_EXISTS",
+                                       "PERMISSION_DENIED",
+                                       "RESOURCE_EXHAUSTED",
+                                       "FAILED_PRECONDITION",
+                                       "ABORTED",
+                                       "OUT_OF_RANGE",
+                                       "UNIMPLEMENTED",
+                                       "INTERNAL",
+                                       "UNAVAILABLE",
+                                       "DATA_LOSS",
+                                       "UNAUTHENTICATED"};
   if (code >= 0 && code < static_cast<int>(std::size(kNames))) return kNames[code];
   return absl::StrCat("CODE_", code);
 }
@@ -153,56 +168,61 @@ std::string FormatReport(const RunReport& report) {
           ? absl::StrFormat("open loop, Poisson arrivals at %.1f layer steps/s (all nodes)", c.rate)
           : absl::StrFormat("closed loop, %d layer step%s in flight per node", c.concurrency,
                             c.concurrency == 1 ? "" : "s");
-  absl::StrAppend(&text, Line("load", absl::StrFormat("%s; warm-up %.1f s excluded; measured %.2f s (%s)",
-                                                      load, c.warmup_s, report.attend.seconds,
-                                                      report.stop_reason)));
+  absl::StrAppend(
+      &text, Line("load", absl::StrFormat("%s; warm-up %.1f s excluded; measured %.2f s (%s)", load,
+                                          c.warmup_s, report.attend.seconds, report.stop_reason)));
   const PhaseStats& a = report.attend;
   absl::StrAppend(&text, Line("latency per layer step", LatencyText(a.latency)));
   if (a.latency_by_kind.size() > 1) {
     std::vector<std::string> parts;
     for (const auto& [kind, latency] : a.latency_by_kind) {
       parts.push_back(absl::StrCat(kind, " p50 ", FormatDuration(latency.Percentile(0.5)), " p99 ",
-                                   FormatDuration(latency.Percentile(0.99)), " (n=", latency.count(), ")"));
+                                   FormatDuration(latency.Percentile(0.99)),
+                                   " (n=", latency.count(), ")"));
     }
     absl::StrAppend(&text, Line("  by layer kind", absl::StrJoin(parts, ", ")));
   }
-  absl::StrAppend(&text, Line("throughput", absl::StrFormat(
-                                                "%.1f layer steps/s = %.2f decode steps/s = %.1f tokens/s",
-                                                a.LayerStepsPerSecond(), report.DecodeStepsPerSecond(),
-                                                report.TokensPerSecond())));
+  absl::StrAppend(
+      &text,
+      Line("throughput", absl::StrFormat("%.1f layer steps/s = %.2f decode steps/s = %.1f tokens/s",
+                                         a.LayerStepsPerSecond(), report.DecodeStepsPerSecond(),
+                                         report.TokensPerSecond())));
   if (c.mode == "open" && c.rate > 0) {
     absl::StrAppend(&text, Line("", absl::StrFormat("(%.0f%% of the target rate answered)",
                                                     100.0 * a.LayerStepsPerSecond() / c.rate)));
   }
-  absl::StrAppend(&text, Line("payload", absl::StrFormat("in %.4f GB/s (to server), out %.4f GB/s (to client)",
-                                                         a.GBpsIn(), a.GBpsOut())));
+  absl::StrAppend(
+      &text, Line("payload", absl::StrFormat("in %.4f GB/s (to server), out %.4f GB/s (to client)",
+                                             a.GBpsIn(), a.GBpsOut())));
   if (a.server.count > 0) {
-    absl::StrAppend(&text, Line("server time (mean)", absl::StrFormat(
-                                                          "queue %.0f us, prologue %.0f us, decode %.0f us, "
-                                                          "total %.0f us; %.1f tokens per batch",
-                                                          a.server.queue_us, a.server.prologue_us,
-                                                          a.server.decode_us, a.server.total_us,
-                                                          a.server.batch_tokens)));
+    absl::StrAppend(
+        &text, Line("server time (mean)",
+                    absl::StrFormat("queue %.0f us, prologue %.0f us, decode %.0f us, "
+                                    "total %.0f us; %.1f tokens per batch",
+                                    a.server.queue_us, a.server.prologue_us, a.server.decode_us,
+                                    a.server.total_us, a.server.batch_tokens)));
   }
   absl::StrAppend(&text, Line("errors", ErrorsText(a)));
   const KvUse& kv = report.kv;
-  absl::StrAppend(&text, Line("KV cache", absl::StrFormat(
-                                              "%d of %d blocks used at the end (%s; %.2f GB); this run's "
-                                              "prompts took %d, decoding %d more",
-                                              kv.used_at_end, kv.blocks_total,
-                                              Percent(kv.used_at_end, kv.blocks_total),
-                                              static_cast<double>(kv.used_at_end) * kv.block_bytes / 1e9,
-                                              kv.used_after_prompt - kv.used_at_start,
-                                              kv.used_at_end - kv.used_after_prompt)));
+  absl::StrAppend(
+      &text,
+      Line("KV cache", absl::StrFormat("%d of %d blocks used at the end (%s; %.2f GB); this run's "
+                                       "prompts took %d, decoding %d more",
+                                       kv.used_at_end, kv.blocks_total,
+                                       Percent(kv.used_at_end, kv.blocks_total),
+                                       static_cast<double>(kv.used_at_end) * kv.block_bytes / 1e9,
+                                       kv.used_after_prompt - kv.used_at_start,
+                                       kv.used_at_end - kv.used_after_prompt)));
   if (report.echo.has_value()) {
     const PhaseStats& e = *report.echo;
     absl::StrAppend(&text, Line("echo baseline", LatencyText(e.latency)));
     absl::StrAppend(&text, Line("", absl::StrFormat("%.1f messages/s of the same bytes; errors: %s",
                                                     e.LayerStepsPerSecond(), ErrorsText(e))));
-    absl::StrAppend(&text, Line("service overhead", absl::StrFormat(
-                                                        "p50 latency x%.2f of pure transport; "
-                                                        "throughput: echo moves x%.2f the layer steps/s",
-                                                        report.LatencyOverhead(), report.ThroughputOverhead())));
+    absl::StrAppend(&text,
+                    Line("service overhead",
+                         absl::StrFormat("p50 latency x%.2f of pure transport; "
+                                         "throughput: echo moves x%.2f the layer steps/s",
+                                         report.LatencyOverhead(), report.ThroughputOverhead())));
   }
   if (report.verify.enabled) {
     const VerifyStats& v = report.verify;
@@ -215,8 +235,9 @@ std::string FormatReport(const RunReport& report) {
           "allowed error); %d of %d tokens bit-identical to the local CPU backend",
           v.layer_steps, v.tokens, v.max_excess, v.bit_identical, v.tokens);
     } else {
-      result = absl::StrFormat("FAILED: %d of %d tokens out of tolerance (in %d layer steps); first: %s",
-                               v.failed_tokens, v.tokens, v.layer_steps, v.first_failure);
+      result =
+          absl::StrFormat("FAILED: %d of %d tokens out of tolerance (in %d layer steps); first: %s",
+                          v.failed_tokens, v.tokens, v.layer_steps, v.first_failure);
     }
     absl::StrAppend(&text, Line("verify", result));
   }
@@ -252,9 +273,9 @@ nlohmann::json ReportJson(const RunReport& report) {
   attend["decode_steps_per_s"] = report.DecodeStepsPerSecond();
   attend["tokens_per_s"] = report.TokensPerSecond();
   const ServerTiming& s = report.attend.server;
-  attend["server_timing_mean_us"] = {{"count", s.count},           {"queue", s.queue_us},
-                                     {"prologue", s.prologue_us},  {"decode", s.decode_us},
-                                     {"total", s.total_us},        {"batch_tokens", s.batch_tokens}};
+  attend["server_timing_mean_us"] = {{"count", s.count},          {"queue", s.queue_us},
+                                     {"prologue", s.prologue_us}, {"decode", s.decode_us},
+                                     {"total", s.total_us},       {"batch_tokens", s.batch_tokens}};
   json["attend"] = std::move(attend);
   if (report.echo.has_value()) {
     json["echo"] = PhaseJson(*report.echo);
@@ -262,15 +283,18 @@ nlohmann::json ReportJson(const RunReport& report) {
                         {"throughput_ratio", report.ThroughputOverhead()}};
   }
   const KvUse& kv = report.kv;
-  json["kv"] = {{"blocks_total", kv.blocks_total},         {"used_at_start", kv.used_at_start},
+  json["kv"] = {{"blocks_total", kv.blocks_total},           {"used_at_start", kv.used_at_start},
                 {"used_after_prompt", kv.used_after_prompt}, {"used_at_end", kv.used_at_end},
-                {"used_after_close", kv.used_after_close}, {"block_tokens", kv.block_tokens},
-                {"bytes_per_token", kv.bytes_per_token}, {"block_bytes", kv.block_bytes}};
+                {"used_after_close", kv.used_after_close},   {"block_tokens", kv.block_tokens},
+                {"bytes_per_token", kv.bytes_per_token},     {"block_bytes", kv.block_bytes}};
   if (report.verify.enabled) {
     const VerifyStats& v = report.verify;
-    json["verify"] = {{"passed", v.passed()},         {"layer_steps", v.layer_steps},
-                      {"tokens", v.tokens},           {"failed_tokens", v.failed_tokens},
-                      {"bit_identical_tokens", v.bit_identical}, {"max_excess", v.max_excess},
+    json["verify"] = {{"passed", v.passed()},
+                      {"layer_steps", v.layer_steps},
+                      {"tokens", v.tokens},
+                      {"failed_tokens", v.failed_tokens},
+                      {"bit_identical_tokens", v.bit_identical},
+                      {"max_excess", v.max_excess},
                       {"first_failure", v.first_failure}};
   }
   return json;
@@ -281,11 +305,12 @@ void WriteStepCsv(const std::vector<StepRecord>& records, std::ostream& out) {
          "server_queue_us,server_prologue_us,server_decode_us,server_total_us,batch_tokens\n";
   char line[512];
   for (const StepRecord& r : records) {
-    std::snprintf(line, sizeof(line), "%s,%d,%lld,%d,%.6f,%.1f,%s,%d,%lld,%lld,%.1f,%.1f,%.1f,%.1f,%d\n",
-                  r.phase == 'e' ? "echo" : "attend", r.stream, static_cast<long long>(r.step), r.layer,
-                  r.due_s, r.latency_us, StatusCodeName(r.code).c_str(), r.tokens,
-                  static_cast<long long>(r.bytes_in), static_cast<long long>(r.bytes_out), r.queue_us,
-                  r.prologue_us, r.decode_us, r.server_total_us, r.batch_tokens);
+    std::snprintf(line, sizeof(line),
+                  "%s,%d,%lld,%d,%.6f,%.1f,%s,%d,%lld,%lld,%.1f,%.1f,%.1f,%.1f,%d\n",
+                  r.phase == 'e' ? "echo" : "attend", r.stream, static_cast<long long>(r.step),
+                  r.layer, r.due_s, r.latency_us, StatusCodeName(r.code).c_str(), r.tokens,
+                  static_cast<long long>(r.bytes_in), static_cast<long long>(r.bytes_out),
+                  r.queue_us, r.prologue_us, r.decode_us, r.server_total_us, r.batch_tokens);
     out << line;
   }
 }

@@ -39,17 +39,17 @@ struct RunConfig {
   std::string backend;
   std::string model;
   int tp = 1;
-  int heads = 0;          // H per rank = h_total / tp
-  int padded_heads = 0;   // what the server runs H at
-  int layers = 0;         // L: layers each decode step runs
-  int model_layers = 0;   // attention layers of the model
-  int streams = 0;        // N simulated serving nodes
-  int sessions = 0;       // S per node
+  int heads = 0;         // H per rank = h_total / tp
+  int padded_heads = 0;  // what the server runs H at
+  int layers = 0;        // L: layers each decode step runs
+  int model_layers = 0;  // attention layers of the model
+  int streams = 0;       // N simulated serving nodes
+  int sessions = 0;      // S per node
   int tokens_per_step = 1;
-  int prompt = 0;         // P tokens appended before decoding
-  std::string mode;       // "closed" or "open"
-  int concurrency = 1;    // closed loop: layer steps in flight per node
-  double rate = 0;        // open loop: target layer steps/s, all nodes
+  int prompt = 0;       // P tokens appended before decoding
+  std::string mode;     // "closed" or "open"
+  int concurrency = 1;  // closed loop: layer steps in flight per node
+  double rate = 0;      // open loop: target layer steps/s, all nodes
   double warmup_s = 0;
   double duration_s = 0;  // 0 when --steps bounds the run
   int64_t steps = 0;      // decode steps per node when bounded by --steps
@@ -68,12 +68,12 @@ struct ServerTiming {
 
 // One measured phase: the Attend load, or the Echo baseline of the same bytes.
 struct PhaseStats {
-  std::string name;        // "attend" or "echo"
-  double seconds = 0;      // measured window (warm-up excluded)
-  int64_t ok = 0;          // layer steps answered OK in the window
-  int64_t tokens = 0;      // query tokens of those layer steps
-  int64_t bytes_in = 0;    // payload sent to the server (OK layer steps)
-  int64_t bytes_out = 0;   // payload received (OK layer steps)
+  std::string name;       // "attend" or "echo"
+  double seconds = 0;     // measured window (warm-up excluded)
+  int64_t ok = 0;         // layer steps answered OK in the window
+  int64_t tokens = 0;     // query tokens of those layer steps
+  int64_t bytes_in = 0;   // payload sent to the server (OK layer steps)
+  int64_t bytes_out = 0;  // payload received (OK layer steps)
   LatencyHistogram latency;
   // The same latencies by the kind of layer ("swa", "c4a", "c128a"), whose
   // costs differ: a C4A layer attends up to top-k more rows.
@@ -90,10 +90,10 @@ struct PhaseStats {
 // KV cache blocks summed over the targets (GetServerInfo).
 struct KvUse {
   int64_t blocks_total = 0;
-  int64_t used_at_start = 0;       // before this run's sessions
-  int64_t used_after_prompt = 0;   // after every prompt was appended
-  int64_t used_at_end = 0;         // after the last layer step, before closing
-  int64_t used_after_close = 0;    // after closing this run's sessions
+  int64_t used_at_start = 0;      // before this run's sessions
+  int64_t used_after_prompt = 0;  // after every prompt was appended
+  int64_t used_at_end = 0;        // after the last layer step, before closing
+  int64_t used_after_close = 0;   // after closing this run's sessions
   int block_tokens = 64;
   int bytes_per_token = 584;
   int64_t block_bytes = 37440;  // kernels/geometry.h kBlockBytes
@@ -102,12 +102,12 @@ struct KvUse {
 // --verify: sampled layer steps recomputed locally.
 struct VerifyStats {
   bool enabled = false;
-  int64_t layer_steps = 0;      // layer steps checked
-  int64_t tokens = 0;           // tokens checked
-  int64_t failed_tokens = 0;    // tokens with any element out of tolerance
-  int64_t bit_identical = 0;    // tokens whose out equals the local CPU backend's bit for bit
-  double max_excess = 0;        // largest error as a fraction of the allowed one
-  std::string first_failure;    // empty when none failed
+  int64_t layer_steps = 0;    // layer steps checked
+  int64_t tokens = 0;         // tokens checked
+  int64_t failed_tokens = 0;  // tokens with any element out of tolerance
+  int64_t bit_identical = 0;  // tokens whose out equals the local CPU backend's bit for bit
+  double max_excess = 0;      // largest error as a fraction of the allowed one
+  std::string first_failure;  // empty when none failed
   bool passed() const { return enabled && layer_steps > 0 && failed_tokens == 0; }
 };
 
@@ -117,8 +117,8 @@ struct RunReport {
   std::optional<PhaseStats> echo;  // the baseline, when run
   KvUse kv;
   VerifyStats verify;
-  double prompt_seconds = 0;       // creating sessions and appending prompts
-  std::string stop_reason;         // why the measured window ended
+  double prompt_seconds = 0;  // creating sessions and appending prompts
+  std::string stop_reason;    // why the measured window ended
 
   double DecodeStepsPerSecond() const;
   double TokensPerSecond() const;
@@ -141,13 +141,13 @@ nlohmann::json ReportJson(const RunReport& report);
 
 // One row of --csv_out: one layer step of the measured window.
 struct StepRecord {
-  char phase = 'a';          // 'a' attend, 'e' echo
+  char phase = 'a';  // 'a' attend, 'e' echo
   int32_t stream = 0;
-  int64_t step = 0;          // decode step of the node
+  int64_t step = 0;  // decode step of the node
   int32_t layer = 0;
-  double due_s = 0;          // when it was due, seconds since the window began
-  double latency_us = 0;     // 0 when it failed
-  int32_t code = 0;          // grpc::StatusCode, 0 = OK
+  double due_s = 0;       // when it was due, seconds since the window began
+  double latency_us = 0;  // 0 when it failed
+  int32_t code = 0;       // grpc::StatusCode, 0 = OK
   int32_t tokens = 0;
   int64_t bytes_in = 0;
   int64_t bytes_out = 0;

@@ -44,7 +44,8 @@ RunReport SampleReport() {
   a.bytes_in = 400 * 30000;
   a.bytes_out = 400 * 24576;
   a.server = {400, 100, 50, 800, 1000, 6};
-  for (int i = 1; i <= 400; ++i) a.latency_by_kind[i % 2 ? "c4a" : "swa"].Record(int64_t{i} * 10000);
+  for (int i = 1; i <= 400; ++i)
+    a.latency_by_kind[i % 2 ? "c4a" : "swa"].Record(int64_t{i} * 10000);
   report.kv = {10000, 0, 1000, 1010, 0, 64, 584, 37440};
   return report;
 }
@@ -61,11 +62,13 @@ TEST(ReportTest, DerivedRates) {
 TEST(ReportTest, TextShowsEveryFigure) {
   RunReport report = SampleReport();
   const std::string text = FormatReport(report);
-  EXPECT_THAT(text, HasSubstr("deepseek-v4-flash TP8 (H=8 per rank, runs at 8), 2 nodes x 3 sessions"));
+  EXPECT_THAT(text,
+              HasSubstr("deepseek-v4-flash TP8 (H=8 per rank, runs at 8), 2 nodes x 3 sessions"));
   EXPECT_THAT(text, HasSubstr("p50 2.00 ms"));
   EXPECT_THAT(text, HasSubstr("p99 3.96 ms"));
   EXPECT_THAT(text, HasSubstr("max 4.00 ms"));
-  EXPECT_THAT(text, HasSubstr("    by layer kind          c4a p50 1.99 ms p99 3.95 ms (n=200), swa p50 2.00 ms p99 3.96 ms (n=200)\n"));
+  EXPECT_THAT(text, HasSubstr("    by layer kind          c4a p50 1.99 ms p99 3.95 ms (n=200), swa "
+                              "p50 2.00 ms p99 3.96 ms (n=200)\n"));
   EXPECT_THAT(text, HasSubstr("200.0 layer steps/s = 50.00 decode steps/s = 150.0 tokens/s"));
   EXPECT_THAT(text, HasSubstr("queue 100 us, prologue 50 us, decode 800 us, total 1000 us"));
   EXPECT_THAT(text, HasSubstr("errors                   none (400 OK)"));
@@ -100,7 +103,8 @@ TEST(ReportTest, SeveralServersShowWhereTheSessionsAre) {
   RunReport report = SampleReport();
   report.config.targets = {"a:1", "b:2"};
   report.config.sessions_per_target = {2, 4};
-  EXPECT_THAT(FormatReport(report), HasSubstr("servers                  a:1 (2 sessions), b:2 (4 sessions): "));
+  EXPECT_THAT(FormatReport(report),
+              HasSubstr("servers                  a:1 (2 sessions), b:2 (4 sessions): "));
   EXPECT_EQ(ReportJson(report)["config"]["sessions_per_target"][1], 4);
 }
 
@@ -116,9 +120,11 @@ TEST(ReportTest, JsonHoldsTheNumbers) {
   EXPECT_EQ(json["attend"]["layer_steps_failed"], 0);
   EXPECT_DOUBLE_EQ(json["attend"]["decode_steps_per_s"].get<double>(), 50.0);
   EXPECT_DOUBLE_EQ(json["attend"]["latency"]["max_us"].get<double>(), 4000.0);
-  EXPECT_LE(json["attend"]["latency"]["p50_us"].get<double>(), json["attend"]["latency"]["p99_us"].get<double>());
+  EXPECT_LE(json["attend"]["latency"]["p50_us"].get<double>(),
+            json["attend"]["latency"]["p99_us"].get<double>());
   int64_t bucket_total = 0;
-  for (const auto& bucket : json["attend"]["latency"]["buckets_us"]) bucket_total += bucket[2].get<int64_t>();
+  for (const auto& bucket : json["attend"]["latency"]["buckets_us"])
+    bucket_total += bucket[2].get<int64_t>();
   EXPECT_EQ(bucket_total, 400);
   EXPECT_EQ(json["kv"]["used_at_end"], 1010);
   EXPECT_EQ(json["attend"]["latency_by_layer_kind"]["c4a"]["count"], 200);

@@ -45,7 +45,8 @@ const RopeTable& Verifier::Table(RopeKind kind, int32_t position) {
 absl::StatusOr<LocalAnswer> Verifier::Recompute(const SentToken& token) {
   const ModelProfile& model = workload_.model();
   if (token.layer < 0 || token.layer >= model.num_attention_layers()) {
-    return absl::InvalidArgumentError(absl::StrCat("layer ", token.layer, " is not a layer of ", model.name));
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer ", token.layer, " is not a layer of ", model.name));
   }
   absl::StatusOr<int> padded = PaddedHeadCount(token.heads);
   if (!padded.ok()) return padded.status();
@@ -71,7 +72,8 @@ absl::StatusOr<LocalAnswer> Verifier::Recompute(const SentToken& token) {
   std::map<int32_t, int32_t> compressed_slots;  // row -> slot
   auto compressed_slot = [&](int32_t row) {
     auto [it, fresh] = compressed_slots.emplace(row, static_cast<int32_t>(inserts.slots.size()));
-    if (fresh) inserts.Add(workload_.CompressedRow(token.salt, token.layer, row), row * ratio, it->second);
+    if (fresh)
+      inserts.Add(workload_.CompressedRow(token.salt, token.layer, row), row * ratio, it->second);
     return it->second;
   };
   if (ratio == 4) {
@@ -81,7 +83,8 @@ absl::StatusOr<LocalAnswer> Verifier::Recompute(const SentToken& token) {
   }
   const int32_t extra_length = static_cast<int32_t>(extra_indices.size());
 
-  const int64_t blocks = (static_cast<int64_t>(inserts.slots.size()) + kBlockTokens - 1) / kBlockTokens;
+  const int64_t blocks =
+      (static_cast<int64_t>(inserts.slots.size()) + kBlockTokens - 1) / kBlockTokens;
   std::vector<uint8_t> pool(static_cast<size_t>(blocks) * kBlockBytes, 0);
   const CachePoolView pool_view{pool.data(), blocks};
 
@@ -89,8 +92,8 @@ absl::StatusOr<LocalAnswer> Verifier::Recompute(const SentToken& token) {
   insert.num_heads = *padded;
   insert.padded_heads = *padded;
   insert.rope = rope;
-  insert.swa = {static_cast<int64_t>(inserts.slots.size()), inserts.rows.data(), inserts.positions.data(),
-                inserts.slots.data(), pool_view};
+  insert.swa = {static_cast<int64_t>(inserts.slots.size()), inserts.rows.data(),
+                inserts.positions.data(), inserts.slots.data(), pool_view};
   if (absl::Status status = backend_.Prologue(insert); !status.ok()) return status;
 
   std::vector<uint16_t> q_out(static_cast<size_t>(*padded) * kHeadDim, 0xffff);
@@ -106,7 +109,8 @@ absl::StatusOr<LocalAnswer> Verifier::Recompute(const SentToken& token) {
   if (absl::Status status = backend_.Prologue(prologue); !status.ok()) return status;
 
   std::vector<float> sinks;
-  for (int h = 0; h < token.heads; ++h) sinks.push_back(workload_.Sink(token.salt, token.layer, token.head_offset + h));
+  for (int h = 0; h < token.heads; ++h)
+    sinks.push_back(workload_.Sink(token.salt, token.layer, token.head_offset + h));
 
   LocalAnswer answer;
   answer.out.assign(static_cast<size_t>(token.heads) * kHeadDim, 0xffff);
@@ -163,8 +167,9 @@ absl::StatusOr<TokenVerdict> Verifier::Check(const SentToken& token, absl::Span<
       absl::StrAppend(&verdict.failure, verdict.failure.empty() ? "" : "; ", lse_report.ToString());
     }
   }
-  verdict.bit_identical = out.size() == local->out.size() &&
-                          std::memcmp(out.data(), local->out.data(), out.size() * sizeof(uint16_t)) == 0;
+  verdict.bit_identical =
+      out.size() == local->out.size() &&
+      std::memcmp(out.data(), local->out.data(), out.size() * sizeof(uint16_t)) == 0;
   return verdict;
 }
 

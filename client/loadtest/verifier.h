@@ -39,7 +39,7 @@ struct SentToken {
   int heads = 0;        // H
   int head_offset = 0;  // first head of the rank
   bool derotate = false;
-  uint64_t salt = 0;    // its session
+  uint64_t salt = 0;  // its session
   int32_t position = 0;
   absl::Span<const uint16_t> q;  // [H, 512] bf16
   std::vector<int32_t> topk;     // C4A layers: the K entries sent; empty otherwise

@@ -28,7 +28,8 @@ class VerifierTest : public ::testing::Test {
     token.salt = 42;
     token.position = position;
     token.q = workload_.Query(Workload::MessageKey(1, 0, position, layer, 0), 1, 16);
-    if (Flash().compress_ratio(layer) == 4) workload_.AppendTopK(token.salt, layer, position, &token.topk);
+    if (Flash().compress_ratio(layer) == 4)
+      workload_.AppendTopK(token.salt, layer, position, &token.topk);
     return token;
   }
 

@@ -70,14 +70,16 @@ absl::Span<const uint8_t> Workload::Bytes(uint64_t key, size_t size) const {
   return absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(pool_.data()) + start, size);
 }
 
-void Workload::AppendTopK(uint64_t salt, int layer, int32_t position, std::vector<int32_t>* out) const {
+void Workload::AppendTopK(uint64_t salt, int layer, int32_t position,
+                          std::vector<int32_t>* out) const {
   const int width = model_.indexer_topk;
   const int64_t rows = (int64_t{position} + 1) / 4;
   const int64_t valid = std::min<int64_t>(rows, width);
   // Row i of the valid ones: offset + floor(i * rows / valid), modulo rows;
   // strictly increasing before the modulo and spanning less than `rows`, so
   // the rows are distinct.
-  const int64_t offset = rows > 0 ? static_cast<int64_t>(Mix(Mix(Mix(salt, kTopK), layer), position) % rows) : 0;
+  const int64_t offset =
+      rows > 0 ? static_cast<int64_t>(Mix(Mix(Mix(salt, kTopK), layer), position) % rows) : 0;
   for (int64_t i = 0; i < width; ++i) {
     out->push_back(i < valid ? static_cast<int32_t>((offset + i * rows / valid) % rows) : -1);
   }
@@ -94,7 +96,8 @@ std::vector<float> Workload::Sinks(uint64_t salt) const {
   std::vector<float> sinks;
   sinks.reserve(static_cast<size_t>(model_.num_attention_layers()) * model_.num_query_heads);
   for (int layer = 0; layer < model_.num_attention_layers(); ++layer) {
-    for (int head = 0; head < model_.num_query_heads; ++head) sinks.push_back(Sink(salt, layer, head));
+    for (int head = 0; head < model_.num_query_heads; ++head)
+      sinks.push_back(Sink(salt, layer, head));
   }
   return sinks;
 }

@@ -86,7 +86,8 @@ TEST(WorkloadTest, TopKListsDistinctExistingRowsThenPads) {
 TEST(WorkloadTest, SinksLookLikeTheModelsAndMatchOneByOne) {
   const Workload workload(Flash(), 64, 3);
   const std::vector<float> sinks = workload.Sinks(5);
-  ASSERT_EQ(sinks.size(), static_cast<size_t>(Flash().num_attention_layers()) * Flash().num_query_heads);
+  ASSERT_EQ(sinks.size(),
+            static_cast<size_t>(Flash().num_attention_layers()) * Flash().num_query_heads);
   int infinite = 0;
   for (size_t i = 0; i < sinks.size(); ++i) {
     if (std::isinf(sinks[i])) {
