@@ -250,7 +250,9 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
         finishing_ = true;
         mutex_.Await(absl::Condition(
             +[](int* starting) { return *starting == 0; }, &starting_writes_));
-        writes_done_now = !writing_ && !done_;
+        // Without the hold (the call already ended on the server's side)
+        // no operation may be started any more.
+        writes_done_now = !writing_ && holding_;
         release_hold = holding_;
         holding_ = false;
       }

@@ -666,6 +666,50 @@ TEST_F(ClientTest, StepDeadlineEndsTheStream) {
             absl::StatusCode::kDeadlineExceeded);
 }
 
+// A message over the server's --max_message_mb ends the whole stream with
+// RESOURCE_EXHAUSTED (the server's rule); answers before it still arrive,
+// and every later call on the stream reports the stream's end.
+TEST_F(ClientTest, AStreamTheServerEndsFailsWithItsStatus) {
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--max_message_mb=1"}));
+  Sequence seq = MakeSequence(81);
+  ASSERT_NO_FATAL_FAILURE(CreateAndAppend(&seq, 10));
+  SwaMirror mirror(seq);
+  mirror.Insert(0, 11);
+  absl::StatusOr<std::unique_ptr<AttendStream>> stream = client_->OpenAttendStream();
+  ASSERT_TRUE(stream.ok());
+  const Step good = MakeStep(seq, 0, 10, 1, true, false);
+  ASSERT_TRUE((*stream)->Send(InputOf(seq, good)).ok());
+  const std::vector<uint16_t> big(int64_t{256} * kHeads * kHeadDim, 0x3f80);  // 2 MiB of q
+  AttendInput oversized = InputOf(seq, good);
+  oversized.segments[0].num_tokens = 256;
+  oversized.q = big;
+  oversized.kv = {};
+  absl::StatusOr<uint64_t> sent = (*stream)->Send(oversized);
+  ASSERT_TRUE(sent.ok()) << sent.status();
+
+  absl::StatusOr<AttendResult> first = (*stream)->Receive();
+  ASSERT_TRUE(first.ok()) << first.status();
+  ExpectAnswer(*first, good, mirror, "the message before the oversized one");
+  absl::StatusOr<AttendResult> second = (*stream)->Receive();
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kResourceExhausted) << second.status();
+  EXPECT_THAT(second.status().message(), HasSubstr("Attend stream on " + server_->target()));
+  EXPECT_EQ((*stream)->status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ((*stream)->Send(InputOf(seq, good)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ((*stream)->Finish().code(), absl::StatusCode::kResourceExhausted);
+
+  // The session is unaffected: a new stream carries on from position 11.
+  stream = client_->OpenAttendStream();
+  ASSERT_TRUE(stream.ok());
+  mirror.Insert(0, 12);
+  const Step next = MakeStep(seq, 0, 11, 1, false, false);
+  ASSERT_TRUE((*stream)->Send(InputOf(seq, next)).ok());
+  absl::StatusOr<AttendResult> result = (*stream)->Receive();
+  ASSERT_TRUE(result.ok()) << result.status();
+  ExpectAnswer(*result, next, mirror, "on a new stream");
+  EXPECT_TRUE((*stream)->Finish().ok());
+}
+
 // A server that takes a second to answer GetServerInfo.
 class SlowInfoService final : public pb::MlaOffload::Service {
   grpc::Status GetServerInfo(grpc::ServerContext*, const pb::GetServerInfoRequest*,
