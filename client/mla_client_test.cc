@@ -23,6 +23,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -640,6 +641,60 @@ TEST_F(ClientTest, SendWaitsForRoomAndNeverDeadlocks) {
     ExpectAnswer(*result, steps[i], mirror, absl::StrCat("answer ", i));
   }
   EXPECT_TRUE((*stream)->Finish().ok());
+}
+
+// The usual shape of a serving node: one thread sends layer steps, another
+// receives them; every answer in order and right.
+TEST_F(ClientTest, SendAndReceiveFromTwoThreads) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  Sequence seq = MakeSequence(91);
+  ASSERT_NO_FATAL_FAILURE(CreateAndAppend(&seq, 100));
+  SwaMirror mirror(seq);
+  mirror.Insert(0, 120);
+  mirror.Insert(1, 120);
+  std::vector<Step> steps;
+  for (int32_t p = 100; p < 120; ++p) {
+    for (int layer = 0; layer < 2; ++layer) steps.push_back(MakeStep(seq, layer, p, 1, p % 2 == 0, false));
+  }
+  StreamOptions options;
+  options.max_in_flight = 4;
+  absl::StatusOr<std::unique_ptr<AttendStream>> stream = client_->OpenAttendStream(options);
+  ASSERT_TRUE(stream.ok());
+  std::thread sender([&] {
+    for (const Step& step : steps) {
+      absl::StatusOr<uint64_t> id = (*stream)->Send(InputOf(seq, step));
+      EXPECT_TRUE(id.ok()) << id.status();
+    }
+  });
+  for (size_t i = 0; i < steps.size(); ++i) {
+    // Receive may run ahead of Send: wait until this answer's message is out.
+    while ((*stream)->outstanding() == 0) absl::SleepFor(absl::Microseconds(100));
+    absl::StatusOr<AttendResult> result = (*stream)->Receive();
+    ASSERT_TRUE(result.ok()) << "answer " << i << ": " << result.status();
+    EXPECT_EQ(result->request_id(), i + 1);
+    ExpectAnswer(*result, steps[i], mirror, absl::StrCat("answer ", i));
+  }
+  sender.join();
+  EXPECT_TRUE((*stream)->Finish().ok());
+}
+
+// Destroying a stream with messages in flight cancels it without waiting for
+// the answers; the sessions are unaffected.
+TEST_F(ClientTest, DestroyingAnUnfinishedStreamCancelsIt) {
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--batch_wait_us=500000"}));
+  Sequence seq = MakeSequence(92);
+  ASSERT_NO_FATAL_FAILURE(CreateAndAppend(&seq, 10));
+  const absl::Time start = absl::Now();
+  {
+    absl::StatusOr<std::unique_ptr<AttendStream>> stream = client_->OpenAttendStream();
+    ASSERT_TRUE(stream.ok());
+    ASSERT_TRUE((*stream)->Send(InputOf(seq, MakeStep(seq, 0, 10, 1, false, false))).ok());
+    ASSERT_TRUE((*stream)->Send(InputOf(seq, MakeStep(seq, 1, 10, 1, false, false))).ok());
+  }
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(450)) << "the destructor waited for answers";
+  absl::StatusOr<std::vector<pb::SessionInfo>> listed = client_->ListSessions();
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->size(), 1u);
 }
 
 // A layer step not answered within step_timeout (the server holds it for a
