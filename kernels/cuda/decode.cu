@@ -421,23 +421,24 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 // ---- Tensor-core version (mma.sync m16n8k16, bf16 in, fp32 accumulate).
 //
-// One CTA: one token, MT x 16 heads (the M of the MMA; with Hp = 8 the upper
-// 8 rows are zero queries whose results are dropped), a range of key entries
-// in chunks of KC (64 with MT = 2, 32 with MT = 1), 8 warps per M-tile. The FP8 rows of a chunk are gathered
-// with cp.async into one of kStages raw stages in shared memory, kStages - 1
-// chunks ahead of the one being computed, so that several chunks of random
-// row reads are in flight per SM at any time; the slots of a chunk's entries
-// are read from global memory one step before its rows are requested. Per
-// chunk:
+// One CTA of 8 warps: one token, MT x 16 heads (with Hp = 8 the upper 8 are
+// zero queries whose results are dropped), a range of key entries in chunks
+// of KC (64 with MT = 2, 32 with MT = 1). The FP8 rows of a chunk are
+// gathered with cp.async into one of kStages raw stages in shared memory,
+// kStages - 1 chunks ahead of the one being computed, so that several chunks
+// of random row reads are in flight per SM at any time; the slots of a
+// chunk's entries arrive (also by cp.async) two steps before its rows are
+// requested. Per chunk:
 //   1. dequantise the chunk's raw stage into the bf16 key tile (each row once
 //      for all the CTA's heads; -1 entries are zero rows with -inf scores);
-//   2. S = Q K^T: warp w of an M-tile computes the 16 x 8 tile of keys
-//      8w..8w+7 over the 512 dims (Q and K fragments by ldmatrix), writes
-//      scale * S (or -inf) to shared memory;
-//   3. online softmax per head in fp32 (denominator from unrounded
-//      probabilities); P rounded to bf16 for the product only;
-//   4. O += P V: warp w owns dims 64w..64w+63 (8 n-tiles), 4 k-steps of 16
-//      keys; V fragments come from the bf16 rows with ldmatrix.trans.
+//   2. S^T = K Q^T: warp w multiplies its quarter of the dims for its half of
+//      the keys, Q fragments held in registers, K fragments by ldmatrix, and
+//      stores the partial scores;
+//   3. online softmax per head in fp32 over the summed partials (denominator
+//      from unrounded probabilities); P rounded to bf16 for the product only;
+//   4. O += P V: warp w owns dims 64w..64w+63 of every head, 8 n-tiles;
+//      V fragments come from the bf16 rows with ldmatrix.trans, each serving
+//      every M-tile.
 // Head groups of one token are adjacent in the grid (blockIdx.x), so the
 // second group's row reads find the first's in L2.
 constexpr int kMmaHeads = 16;
@@ -452,26 +453,27 @@ constexpr int kPiecesPerRow = kTokenDataBytes / 16;  // 36 16-byte pieces of row
 // MT M-tiles of 16 heads a CTA (MT = 2 for Hp >= 32: 512 threads, each
 // dequantised chunk serves 32 heads).
 // KC keys a chunk: 64 with MT = 2 (one CTA an SM), 32 with MT = 1 so that
-// two CTAs fit an SM and one's barriers overlap the other's work. With
-// KC = 32 the 8 warps of an M-tile split q.K as 4 key tiles x 2 halves of
-// the dims, and the softmax adds the two halves.
+// two CTAs fit an SM and one's barriers overlap the other's work.
 template <int MT, int KC>
 struct MmaLayout {
   static constexpr int kHeads = kMmaHeads * MT;
-  static constexpr int kThreadCount = kThreads * MT;
-  static constexpr int kScoreParts = KC == 64 ? 1 : 2;
-  static constexpr int kProbHalves = KC + 8;  // P row stride in bf16: conflict-free A loads
+  static constexpr int kThreadCount = kThreads;
+  static constexpr int kProbHalves = KC + 8;   // P row stride in bf16: conflict-free A loads
+  static constexpr int kPartStride = KC + 4;   // partial-score row stride: conflict-free stores
   static constexpr size_t kRawData = size_t{kStages} * KC * kTokenDataBytes;
   static constexpr size_t kRawScales = size_t{kStages} * KC * kTokenScaleBytes;
   static constexpr size_t kKeys = sizeof(uint16_t) * KC * kRowHalves;
+  // Q (bf16 rows) until every warp holds its fragments, then the partial
+  // scores of the 4 dim slices: [4][kHeads][kPartStride] fp32.
   static constexpr size_t kQ = sizeof(uint16_t) * kHeads * kRowHalves;
-  static constexpr size_t kScores = sizeof(float) * kScoreParts * kHeads * KC;
+  static constexpr size_t kParts = sizeof(float) * 4 * kHeads * kPartStride;
+  static constexpr size_t kQOrParts = kQ > kParts ? kQ : kParts;
   static constexpr size_t kProbs = sizeof(uint16_t) * kHeads * kProbHalves;
   static constexpr size_t kState = sizeof(float) * 3 * kHeads;
   static constexpr size_t kValid = sizeof(int) * kStages * KC;
   static constexpr size_t kSlots = sizeof(int32_t) * kSlotRing * KC;
   static constexpr size_t kBytes =
-      kRawData + kRawScales + kKeys + kQ + kScores + kProbs + kState + kValid + kSlots;
+      kRawData + kRawScales + kKeys + kQOrParts + kProbs + kState + kValid + kSlots;
 };
 static_assert(MmaLayout<2, 64>::kBytes <= 227 * 1024, "shared memory of the 32-head CTA");
 static_assert(2 * (MmaLayout<1, 32>::kBytes + 1024) <= 228 * 1024, "two 16-head CTAs an SM");
@@ -522,7 +524,7 @@ __device__ __forceinline__ void CpAsyncWait() {
 }
 
 template <int MT, int KC>
-__global__ void __launch_bounds__(kThreads * MT, 2 / MT)
+__global__ void __launch_bounds__(kThreads, 2 / MT)
     DecodeMmaKernel(const DecodeParams p, int splits, int split_entries, Partials partials) {
   using L = MmaLayout<MT, KC>;
   constexpr int kProbHalves = L::kProbHalves;
@@ -533,8 +535,8 @@ __global__ void __launch_bounds__(kThreads * MT, 2 / MT)
   uint8_t* raw_scales = raw_data + L::kRawData;
   uint16_t* keys = reinterpret_cast<uint16_t*>(raw_scales + L::kRawScales);
   uint16_t* qs = keys + KC * kRowHalves;
-  float* scores = reinterpret_cast<float*>(qs + kHeadsHere * kRowHalves);
-  uint16_t* probs = reinterpret_cast<uint16_t*>(scores + L::kScoreParts * kHeadsHere * KC);
+  float* parts = reinterpret_cast<float*>(qs);  // after the Q fragments are loaded
+  uint16_t* probs = reinterpret_cast<uint16_t*>(reinterpret_cast<uint8_t*>(qs) + L::kQOrParts);
   float* run_max = reinterpret_cast<float*>(probs + kHeadsHere * kProbHalves);
   float* run_sum = run_max + kHeadsHere;
   float* alphas = run_sum + kHeadsHere;
@@ -545,8 +547,6 @@ __global__ void __launch_bounds__(kThreads * MT, 2 / MT)
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  const int mt = warp >> 3;  // the M-tile (16 heads) this warp multiplies
-  const int wl = warp & 7;   // the warp's place among the 8 of its M-tile
   const int g = lane >> 2;   // MMA group id
   const int tig = lane & 3;  // thread in group
   const int64_t t = blockIdx.y;
@@ -666,13 +666,39 @@ __global__ void __launch_bounds__(kThreads * MT, 2 / MT)
     CpAsyncCommit();
   }
 
-  float acc[8][4];
+  // q.K is computed as S^T = K Q^T: warp w takes dims 128 (w / 2) .. + 127
+  // and keys (w % 2) KC/2 .. + KC/2 - 1; its Q fragments (the MMA's B
+  // operand: 8 heads x 16 dims each) stay in registers for the whole CTA, so
+  // per chunk only the key tile is read from shared memory, each element
+  // once. The 4 dim slices' partial scores meet in shared memory.
+  constexpr int kNTiles = kHeadsHere / 8;  // n-tiles of 8 heads
+  constexpr int kKeyTiles = KC / 32;       // m-tiles of 16 keys a warp
+  const int slice = warp >> 1;
+  const int key_base = (warp & 1) * (KC / 2);
+  __syncthreads();  // Q rows stored
+  uint32_t qf[kNTiles][8][2];
 #pragma unroll
-  for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+  for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+    for (int k32 = 0; k32 < 4; ++k32) {
+      const uint16_t* rows =
+          qs + (nt * 8 + (lane & 7)) * kRowHalves + slice * 128 + k32 * 32 + (lane >> 3) * 8;
+      LdMatrixX4(rows, qf[nt][2 * k32][0], qf[nt][2 * k32][1], qf[nt][2 * k32 + 1][0],
+                 qf[nt][2 * k32 + 1][1]);
+    }
+  }
+  // O: the warp owns dims 64w .. 64w + 63 of every head (MT M-tiles of 16).
+  float acc[MT][8][4];
+#pragma unroll
+  for (int m = 0; m < MT; ++m) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.0f;
+  }
 
   for (int chunk = 0; chunk < num_chunks; ++chunk) {
     // The chunk's rows have landed (this thread's copies; the barrier makes
-    // everyone's visible and frees the stage and key tile of the chunk before).
+    // everyone's visible and frees the stage, key tile and partial scores of
+    // the chunk before; the first one also ends the reads of Q).
     const int ahead = chunk + kStages - 1;
     CpAsyncWait<kStages - 2>();
     __syncthreads();
@@ -685,63 +711,57 @@ __global__ void __launch_bounds__(kThreads * MT, 2 / MT)
     __syncthreads();
     const int* valid = stage_valid + (chunk % kStages) * KC;
 
-    // 2. S = Q K^T for keys 8w..8w+7 (KC = 64; KC = 32: keys 8(w % 4).., dims
-    //    of half w / 4), 32 dims a step: Q fragments (16 heads x 16 dims,
-    //    twice) and K fragments (8 keys x 32 dims) by ldmatrix, two
-    //    accumulators to halve the dependent chain of MMAs.
+    // 2. Partial S^T over the warp's dims for its keys and every head.
     {
-      constexpr int kDimsHere = KC == 64 ? kHeadDim : kHeadDim / 2;
-      const int key_tile = KC == 64 ? wl : (wl & 3);
-      const int dim0 = KC == 64 ? 0 : (wl >> 2) * kDimsHere;
-      float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      float s_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      const int mat = lane >> 3;
-      const uint16_t* a_rows =
-          qs + (mt * 16 + (mat & 1) * 8 + (lane & 7)) * kRowHalves + (mat >> 1) * 8 + dim0;
-      const uint16_t* b_rows = keys + (key_tile * 8 + (lane & 7)) * kRowHalves + mat * 8 + dim0;
-#pragma unroll 4
-      for (int k0 = 0; k0 < kDimsHere; k0 += 32) {
-        uint32_t a[8], b[4];
-        LdMatrixX4(a_rows + k0, a[0], a[1], a[2], a[3]);
-        LdMatrixX4(a_rows + k0 + 16, a[4], a[5], a[6], a[7]);
-        LdMatrixX4(b_rows + k0, b[0], b[1], b[2], b[3]);
-        Mma(s, a[0], a[1], a[2], a[3], b[0], b[1]);
-        Mma(s_odd, a[4], a[5], a[6], a[7], b[2], b[3]);
-      }
+      float s[kKeyTiles][kNTiles][4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) s[i] += s_odd[i];
-      const int c = key_tile * 8 + 2 * tig;
-      const int r0 = mt * 16 + g;
-      if constexpr (KC == 64) {
-        const bool v0 = valid[c] != 0;
-        const bool v1 = valid[c + 1] != 0;
-        scores[r0 * KC + c] = v0 ? p.softmax_scale * s[0] : -INFINITY;
-        scores[r0 * KC + c + 1] = v1 ? p.softmax_scale * s[1] : -INFINITY;
-        scores[(r0 + 8) * KC + c] = v0 ? p.softmax_scale * s[2] : -INFINITY;
-        scores[(r0 + 8) * KC + c + 1] = v1 ? p.softmax_scale * s[3] : -INFINITY;
-      } else {
-        // Partial sums over this half of the dims; the softmax adds, scales
-        // and masks.
-        float* part = scores + (wl >> 2) * (kHeadsHere * KC);
-        *reinterpret_cast<float2*>(part + r0 * KC + c) = make_float2(s[0], s[1]);
-        *reinterpret_cast<float2*>(part + (r0 + 8) * KC + c) = make_float2(s[2], s[3]);
+      for (int mk = 0; mk < kKeyTiles; ++mk) {
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) s[mk][nt][0] = s[mk][nt][1] = s[mk][nt][2] = s[mk][nt][3] = 0.0f;
+      }
+      const int mat = lane >> 3;
+#pragma unroll
+      for (int ks = 0; ks < 8; ++ks) {
+#pragma unroll
+        for (int mk = 0; mk < kKeyTiles; ++mk) {
+          uint32_t a0, a1, a2, a3;
+          LdMatrixX4(keys + (key_base + mk * 16 + (mat & 1) * 8 + (lane & 7)) * kRowHalves +
+                         slice * 128 + ks * 16 + (mat >> 1) * 8,
+                     a0, a1, a2, a3);
+#pragma unroll
+          for (int nt = 0; nt < kNTiles; ++nt) Mma(s[mk][nt], a0, a1, a2, a3, qf[nt][ks][0], qf[nt][ks][1]);
+        }
+      }
+      // s[mk][nt]: keys key_base + 16mk + g (+8), heads 8nt + 2tig (+1).
+      float* part = parts + slice * kHeadsHere * L::kPartStride;
+#pragma unroll
+      for (int mk = 0; mk < kKeyTiles; ++mk) {
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          const int key = key_base + mk * 16 + g;
+          const int head = nt * 8 + 2 * tig;
+          part[head * L::kPartStride + key] = s[mk][nt][0];
+          part[(head + 1) * L::kPartStride + key] = s[mk][nt][1];
+          part[head * L::kPartStride + key + 8] = s[mk][nt][2];
+          part[(head + 1) * L::kPartStride + key + 8] = s[mk][nt][3];
+        }
       }
     }
     __syncthreads();
 
-    // 3. Online softmax: warp w handles heads 2w and 2w+1, a lane keys
-    //    lane (and lane + 32 when KC = 64).
+    // 3. Online softmax: warp w handles heads kHeadsHere/8 w .., a lane keys
+    //    lane (and lane + 32 when KC = 64); scores are the 4 slices' sum.
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int h = 2 * warp + hh;
-      float z0, z1 = -INFINITY;
-      if constexpr (KC == 64) {
-        z0 = scores[h * KC + lane];
-        z1 = scores[h * KC + lane + 32];
-      } else {
-        const float dot = scores[h * KC + lane] + scores[kHeadsHere * KC + h * KC + lane];
-        z0 = valid[lane] != 0 ? p.softmax_scale * dot : -INFINITY;
-      }
+    for (int hh = 0; hh < kHeadsHere / 8; ++hh) {
+      const int h = warp * (kHeadsHere / 8) + hh;
+      auto score = [&](int key) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int sl = 0; sl < 4; ++sl) dot += parts[(sl * kHeadsHere + h) * L::kPartStride + key];
+        return valid[key] != 0 ? p.softmax_scale * dot : -INFINITY;
+      };
+      const float z0 = score(lane);
+      const float z1 = KC == 64 ? score(lane + 32) : -INFINITY;
       float chunk_max = fmaxf(z0, z1);
 #pragma unroll
       for (int offset = 16; offset > 0; offset >>= 1) {
@@ -758,16 +778,20 @@ __global__ void __launch_bounds__(kThreads * MT, 2 / MT)
     }
     __syncthreads();
 
-    // 4. O = O * alpha + P V for dims 64w..64w+63.
+    // 4. O = O * alpha + P V for dims 64w..64w+63; each V fragment serves
+    //    every M-tile.
     {
-      const float alpha0 = alphas[mt * 16 + g];
-      const float alpha1 = alphas[mt * 16 + g + 8];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        acc[j][0] *= alpha0;
-        acc[j][1] *= alpha0;
-        acc[j][2] *= alpha1;
-        acc[j][3] *= alpha1;
+      for (int m = 0; m < MT; ++m) {
+        const float alpha0 = alphas[m * 16 + g];
+        const float alpha1 = alphas[m * 16 + g + 8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          acc[m][j][0] *= alpha0;
+          acc[m][j][1] *= alpha0;
+          acc[m][j][2] *= alpha1;
+          acc[m][j][3] *= alpha1;
+        }
       }
       const uint32_t* prob_words = reinterpret_cast<const uint32_t*>(probs);
       const int mat = lane >> 3;
@@ -775,19 +799,26 @@ __global__ void __launch_bounds__(kThreads * MT, 2 / MT)
 #pragma unroll
       for (int ks = 0; ks < KC / 16; ++ks) {
         const int kw = ks * 8 + tig;  // word of P rows
-        const int pr = mt * 16 + g;
-        const uint32_t a0 = prob_words[pr * (kProbHalves / 2) + kw];
-        const uint32_t a1 = prob_words[(pr + 8) * (kProbHalves / 2) + kw];
-        const uint32_t a2 = prob_words[pr * (kProbHalves / 2) + kw + 4];
-        const uint32_t a3 = prob_words[(pr + 8) * (kProbHalves / 2) + kw + 4];
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          const int pr = m * 16 + g;
+          a[m][0] = prob_words[pr * (kProbHalves / 2) + kw];
+          a[m][1] = prob_words[(pr + 8) * (kProbHalves / 2) + kw];
+          a[m][2] = prob_words[pr * (kProbHalves / 2) + kw + 4];
+          a[m][3] = prob_words[(pr + 8) * (kProbHalves / 2) + kw + 4];
+        }
         const int key = ks * 16 + mrow + 8 * (mat & 1);
 #pragma unroll
         for (int j = 0; j < 8; j += 2) {
-          const int dim = wl * 64 + j * 8 + 8 * (mat >> 1);
+          const int dim = warp * 64 + j * 8 + 8 * (mat >> 1);
           uint32_t b0, b1, b2, b3;
           LdMatrixX4Trans(keys + key * kRowHalves + dim, b0, b1, b2, b3);
-          Mma(acc[j], a0, a1, a2, a3, b0, b1);
-          Mma(acc[j + 1], a0, a1, a2, a3, b2, b3);
+#pragma unroll
+          for (int m = 0; m < MT; ++m) {
+            Mma(acc[m][j], a[m][0], a[m][1], a[m][2], a[m][3], b0, b1);
+            Mma(acc[m][j + 1], a[m][0], a[m][1], a[m][2], a[m][3], b2, b3);
+          }
         }
       }
     }
@@ -795,25 +826,28 @@ __global__ void __launch_bounds__(kThreads * MT, 2 / MT)
     // chunk's key tile and probabilities.
   }
 
-  // Thread holds heads mt*16 + g and + 8, dims wl*64 + 8j + 2tig (+1).
+  // Thread holds heads m*16 + g and + 8, dims 64w + 8j + 2tig (+1).
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int h = mt * 16 + g + 8 * half;
-    const float m = run_max[h];
-    const float l = run_sum[h];
+  for (int m = 0; m < MT; ++m) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int word = (wl * 64 + j * 8 + 2 * tig) / 2;
-      const float o0 = acc[j][2 * half];
-      const float o1 = acc[j][2 * half + 1];
-      if (splits == 1) {
-        if (h0 + h < p.num_heads) Finish(p, t, h0 + h, word, m, l, o0, o1);
-      } else if (h < heads_here) {
-        const int64_t item = (t * p.padded_heads + h0 + h) * splits + split;
-        reinterpret_cast<float2*>(partials.o + item * kHeadDim)[word] = make_float2(o0, o1);
-        if (word == 0) {
-          partials.ml[2 * item] = m;
-          partials.ml[2 * item + 1] = l;
+    for (int half = 0; half < 2; ++half) {
+      const int h = m * 16 + g + 8 * half;
+      const float run_m = run_max[h];
+      const float l = run_sum[h];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int word = (warp * 64 + j * 8 + 2 * tig) / 2;
+        const float o0 = acc[m][j][2 * half];
+        const float o1 = acc[m][j][2 * half + 1];
+        if (splits == 1) {
+          if (h0 + h < p.num_heads) Finish(p, t, h0 + h, word, run_m, l, o0, o1);
+        } else if (h < heads_here) {
+          const int64_t item = (t * p.padded_heads + h0 + h) * splits + split;
+          reinterpret_cast<float2*>(partials.o + item * kHeadDim)[word] = make_float2(o0, o1);
+          if (word == 0) {
+            partials.ml[2 * item] = run_m;
+            partials.ml[2 * item + 1] = l;
+          }
         }
       }
     }
@@ -929,7 +963,7 @@ cudaError_t LaunchMma(const DecodeParams& p, const Plan& plan, Partials partials
                                            static_cast<int>(bytes));
   if (error != cudaSuccess) return error;
   const dim3 grid(plan.groups, static_cast<unsigned>(p.num_tokens), plan.splits);
-  DecodeMmaKernel<MT, kc><<<grid, kThreads * MT, bytes, stream>>>(p, plan.splits, plan.split_entries,
+  DecodeMmaKernel<MT, kc><<<grid, kThreads, bytes, stream>>>(p, plan.splits, plan.split_entries,
                                                               partials);
   return cudaGetLastError();
 }
