@@ -10,8 +10,9 @@
 //
 // Errors: every call returns absl::Status / absl::StatusOr. A gRPC status
 // becomes the absl::Status of the same code whose message is
-// "<Method> on <target>: <the server's or gRPC's message>"; an Attend
-// message the server refused (its RequestStatus) becomes
+// "<Method> on <target>: <the server's or gRPC's message>" (for a stream
+// that ended: "Attend stream on <target>: ..."); an Attend message the
+// server refused (its RequestStatus) becomes
 // "Attend request <id>: <the server's message>" with the server's code. The
 // codes are the contract of proto/mla_offload.proto: INVALID_ARGUMENT (bad
 // shape, dtype, head count, layer, index), NOT_FOUND (unknown session; also a
