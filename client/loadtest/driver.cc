@@ -222,6 +222,8 @@ class Node {
     }
   }
 
+  void Interrupt() { SetStop("interrupted"); }
+
   PhaseStats& stats() { return stats_; }
   std::vector<StepRecord>& records() { return records_; }
   std::vector<Sample>& samples() { return samples_; }
@@ -482,10 +484,13 @@ class Node {
     cv_.notify_all();
   }
 
+  // Ends the phase for this node: nothing more is sent, what is in flight
+  // is still received.
   void SetStop(const std::string& reason) {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
     if (stop_reason_.empty()) stop_reason_ = reason;
+    cv_.notify_all();
   }
 
   // One group's answer to layer step `seq`; the step is recorded when it was
@@ -624,10 +629,15 @@ PhaseStats RunPhase(std::vector<std::unique_ptr<Node>>& nodes, PhasePlan plan,
   ProgressDisplay display(options.progress_out, options.progress_tty);
   int64_t last_answered = 0;
   Clock::time_point last = Clock::now();
+  std::optional<Clock::time_point> interrupted_at;
   while (running > 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    if (!options.progress) continue;
     const Clock::time_point now = Clock::now();
+    if (options.interrupted != nullptr && *options.interrupted && !interrupted_at.has_value()) {
+      interrupted_at = now;
+      for (auto& node : nodes) node->Interrupt();
+    }
+    if (!options.progress) continue;
     ProgressSnapshot snapshot;
     snapshot.phase = plan.kind == PhaseKind::kAttend ? "attend" : "echo baseline";
     snapshot.elapsed_s = std::max(0.0, Seconds(now - plan.start));
@@ -676,7 +686,10 @@ PhaseStats RunPhase(std::vector<std::unique_ptr<Node>>& nodes, PhasePlan plan,
     merged.server.batch_tokens += s.server.batch_tokens;
     records->insert(records->end(), node->records().begin(), node->records().end());
     node->records().clear();
-    if (!node->stop_reason().empty()) reasons.push_back(node->stop_reason());
+    if (!node->stop_reason().empty() &&
+        std::find(reasons.begin(), reasons.end(), node->stop_reason()) == reasons.end()) {
+      reasons.push_back(node->stop_reason());
+    }
     if (node->last_measured_done().has_value() &&
         (!last_done.has_value() || *node->last_measured_done() > *last_done)) {
       last_done = node->last_measured_done();
@@ -690,7 +703,9 @@ PhaseStats RunPhase(std::vector<std::unique_ptr<Node>>& nodes, PhasePlan plan,
     merged.server.total_us /= n;
     merged.server.batch_tokens /= n;
   }
-  if (plan.end.has_value()) {
+  if (interrupted_at.has_value() && (!plan.end.has_value() || *interrupted_at < *plan.end)) {
+    merged.seconds = std::max(0.0, Seconds(*interrupted_at - plan.warm_end));
+  } else if (plan.end.has_value()) {
     merged.seconds = options.duration_s;
   } else {
     merged.seconds = last_done.has_value() ? Seconds(*last_done - plan.warm_end) : 0;
@@ -930,7 +945,8 @@ absl::StatusOr<RunOutput> RunLoadTest(const LoadOptions& options) {
   if (absl::Status s = ReadKv(**probe, &report.kv.used_at_end, &report.kv.blocks_total); !s.ok())
     return s;
 
-  if (options.baseline) {
+  const bool interrupted = options.interrupted != nullptr && *options.interrupted;
+  if (options.baseline && !interrupted) {
     PhasePlan echo = plan;
     echo.kind = PhaseKind::kEcho;
     echo.verify_every = 0;

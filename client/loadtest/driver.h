@@ -28,6 +28,7 @@
 #ifndef MLA_OFFLOAD_CLIENT_LOADTEST_DRIVER_H_
 #define MLA_OFFLOAD_CLIENT_LOADTEST_DRIVER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -66,6 +67,10 @@ struct LoadOptions {
   bool progress = true;
   bool progress_tty = false;
   std::FILE* progress_out = stderr;
+  // When it becomes true (a SIGINT handler sets it), the nodes stop sending,
+  // what is in flight is answered, the Echo phase is skipped, and the report
+  // covers the window up to then.
+  const std::atomic<bool>* interrupted = nullptr;
 };
 
 // InvalidArgument naming the flag for settings that cannot run.

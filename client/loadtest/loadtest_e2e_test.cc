@@ -39,6 +39,7 @@ namespace mla::loadtest {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string Runfile(const std::string& path) {
   return absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"), "/", path);
@@ -107,6 +108,7 @@ class Process {
   }
 
   bool started() const { return pid_ > 0; }
+  void Signal(int signal) { kill(pid_, signal); }
 
   // The exit status (WEXITSTATUS; 128 + signal when killed), or nullopt
   // while it runs after `timeout`.
@@ -369,6 +371,32 @@ TEST(LoadTestEndToEnd, AFullKvCacheIsCountedByCodeAndStopsTheNode) {
   }
   EXPECT_EQ(ok_lines, ok);
   EXPECT_EQ(failed_lines, 1);
+}
+
+TEST(LoadTestEndToEnd, CtrlCEndsTheRunWithAReport) {
+  Server server;
+  ASSERT_FALSE(server.target().empty());
+  const std::string json_path = OutDir() + "/interrupted.json";
+  Process process({Runfile("client/loadtest/mla_offload_loadtest"), "--target=" + server.target(),
+                   "--tp=8", "--layers=2", "--sessions=2", "--prompt=64", "--warmup_s=0.2",
+                   "--duration_s=60", "--baseline", "--json_out=" + json_path});
+  ASSERT_TRUE(process.started());
+  // Once the measured window has run a while (the progress line says so).
+  static const std::regex kMeasuring(R"(attend: measure (\d))");
+  ASSERT_TRUE(process.WaitForLine(kMeasuring, std::chrono::seconds(30)).has_value())
+      << process.AllOutput();
+  process.Signal(SIGINT);
+  ASSERT_EQ(process.Wait(std::chrono::seconds(30)), 0) << process.AllOutput();
+  const std::string output = process.AllOutput();
+  EXPECT_THAT(output, HasSubstr("(interrupted)"));
+  EXPECT_THAT(output, Not(HasSubstr("echo baseline  ")));
+  const nlohmann::json json = nlohmann::json::parse(ReadFile(json_path));
+  EXPECT_EQ(json["stop_reason"], "interrupted");
+  EXPECT_GT(json["attend"]["layer_steps_ok"].get<int64_t>(), 0);
+  EXPECT_LT(json["attend"]["seconds"].get<double>(), 30);
+  EXPECT_GT(json["attend"]["seconds"].get<double>(), 0);
+  EXPECT_FALSE(json.contains("echo"));
+  EXPECT_EQ(json["kv"]["used_after_close"], json["kv"]["used_at_start"]);
 }
 
 TEST(LoadTestEndToEnd, RunsThatCannotGoSaySo) {

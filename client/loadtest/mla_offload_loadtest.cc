@@ -5,6 +5,8 @@
 // JSON, CSV and a latency picture. See README.md beside this file.
 #include <unistd.h>
 
+#include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -84,6 +86,14 @@ ABSL_FLAG(std::string, gnuplot, "gnuplot",
 namespace mla::loadtest {
 namespace {
 
+std::atomic<bool> g_interrupted{false};
+
+// The first Ctrl-C ends the run early with a report; a second one kills.
+void OnInterrupt(int) {
+  g_interrupted = true;
+  std::signal(SIGINT, SIG_DFL);
+}
+
 int Main(const std::vector<std::string>& repeated_targets) {
   LoadOptions options;
   options.targets = repeated_targets.size() > 1 ? repeated_targets : absl::GetFlag(FLAGS_target);
@@ -110,6 +120,7 @@ int Main(const std::vector<std::string>& repeated_targets) {
   options.connection_per_node = absl::GetFlag(FLAGS_connection_per_node);
   options.progress = absl::GetFlag(FLAGS_progress);
   options.progress_tty = isatty(fileno(stderr)) != 0;
+  options.interrupted = &g_interrupted;
   if (absl::Status status = ValidateOptions(options); !status.ok()) {
     std::fprintf(stderr, "mla_offload_loadtest: %s\n", std::string(status.message()).c_str());
     return 2;
@@ -124,6 +135,7 @@ int Main(const std::vector<std::string>& repeated_targets) {
     }
   }
 
+  std::signal(SIGINT, OnInterrupt);
   absl::StatusOr<RunOutput> run = RunLoadTest(options);
   if (!run.ok()) {
     std::fprintf(stderr, "mla_offload_loadtest: %s\n", run.status().ToString().c_str());
@@ -195,8 +207,8 @@ int main(int argc, char** argv) {
       "Poisson arrivals). Reports latency per layer step (p50/p90/p99/p99.9/max), decode\n"
       "steps/s, tokens/s, payload GB/s, errors by status code, the server's time breakdown\n"
       "and KV use; --baseline compares with Echo of the same bytes, --verify recomputes\n"
-      "sampled steps locally. Exit status: 0 done, 1 failed (or --verify found mismatches),\n"
-      "2 bad flags.\n\n"
+      "sampled steps locally. Ctrl-C ends the run early and still reports. Exit status:\n"
+      "0 done, 1 failed (or --verify found mismatches), 2 bad flags.\n\n"
       "  mla_offload_loadtest --target=127.0.0.1:50051 --model=deepseek-v4-flash --tp=8 \\\n"
       "      --streams=2 --sessions=8 --duration_s=10 --baseline --verify \\\n"
       "      --json_out=run.json --csv_out=run.csv --plot_out=latency.png");
