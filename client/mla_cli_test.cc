@@ -200,6 +200,74 @@ TEST_F(CliTest, AttendFromNpyFilesMatchesTheLibrary) {
       << "lse.npy differs from the library's answer";
 }
 
+// A C4A layer: the tool sends a new compressed row and an int64 top-k
+// (NumPy's default integers); the library, repeating the step as a second
+// rank with the same q and top-k, must get the same answer.
+TEST_F(CliTest, AttendOnACompressedLayerWithTopK) {
+  const int heads = 8;
+  const std::string id = Session(heads, 50);  // layer 2 (C4A) holds rows 0..11
+  const std::vector<uint16_t> q50 = Values(91, heads * kHeadDim);
+  const std::vector<uint16_t> q51 = Values(92, heads * kHeadDim);
+  ASSERT_TRUE(WriteNpy(Path("q50.npy"), NpyArray::FromValues<uint16_t>({1, heads, kHeadDim},
+                                                                       absl::MakeConstSpan(q50)))
+                  .ok());
+  ASSERT_TRUE(WriteNpy(Path("q51.npy"), NpyArray::FromValues<uint16_t>({1, heads, kHeadDim},
+                                                                       absl::MakeConstSpan(q51)))
+                  .ok());
+  ASSERT_TRUE(WriteNpy(Path("kv.npy"), NpyArray::FromValues<uint16_t>(
+                                           {1, kHeadDim}, Values(93, kHeadDim)))
+                  .ok());
+  ASSERT_TRUE(WriteNpy(Path("row12.npy"), NpyArray::FromValues<uint16_t>(
+                                              {1, kHeadDim}, Values(94, kHeadDim)))
+                  .ok());
+  const std::vector<int64_t> topk50 = {11, 0, 5, -1};
+  const std::vector<int64_t> topk51 = {12, 3, -1, 7};
+  ASSERT_TRUE(WriteNpy(Path("topk50.npy"),
+                       NpyArray::FromValues<int64_t>({1, 4}, absl::MakeConstSpan(topk50)))
+                  .ok());
+  ASSERT_TRUE(WriteNpy(Path("topk51.npy"),
+                       NpyArray::FromValues<int64_t>({1, 4}, absl::MakeConstSpan(topk51)))
+                  .ok());
+
+  CommandResult result =
+      Mla({"attend", "--session=" + id, "--layer=2", "--position=50", "--q=" + Path("q50.npy"),
+           "--kv=" + Path("kv.npy"), "--topk=" + Path("topk50.npy"),
+           // No row completes at 50, but the server wants the next row's index.
+           "--first_compressed_row=12", "--out=" + Path("o50.npy")});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  // Position 51 completes compressed row 12 (rows are made every 4 positions).
+  result = Mla({"attend", "--session=" + id, "--layer=2", "--position=51",
+                "--q=" + Path("q51.npy"), "--kv=" + Path("kv.npy"),
+                "--compressed_kv=" + Path("row12.npy"), "--first_compressed_row=12",
+                "--topk=" + Path("topk51.npy"), "--out=" + Path("o51.npy")});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+
+  absl::StatusOr<std::unique_ptr<AttendStream>> stream = client_->OpenAttendStream();
+  ASSERT_TRUE(stream.ok());
+  const std::vector<int32_t> topk(topk51.begin(), topk51.end());
+  AttendInput repeat;
+  repeat.layer = 2;
+  repeat.segments = {{id, 51, 1, 13, 0}};
+  repeat.q = q51;
+  repeat.topk = topk;
+  ASSERT_TRUE((*stream)->Send(repeat).ok());
+  absl::StatusOr<AttendResult> expected = (*stream)->Receive();
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  ASSERT_TRUE((*stream)->Finish().ok());
+  absl::StatusOr<NpyArray> out = ReadNpyAs(Path("o51.npy"), NpyDtype::kUint16, {1, heads, kHeadDim});
+  ASSERT_TRUE(out.ok()) << out.status();
+  const absl::Span<const uint16_t> got = out->values<uint16_t>();
+  EXPECT_TRUE(std::equal(got.begin(), got.end(), expected->out().begin(), expected->out().end()))
+      << "o51.npy differs from the library's repeat of the same step";
+
+  // The top-k names row 12, which exists only because the tool sent it.
+  const std::vector<int32_t> beyond = {13, -1, -1, -1};
+  repeat.topk = beyond;
+  stream = client_->OpenAttendStream();
+  ASSERT_TRUE((*stream)->Send(repeat).ok());
+  EXPECT_EQ((*stream)->Receive().status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(CliTest, AttendErrorsSayWhatToChange) {
   const std::string id = Session(8, 10);
   ASSERT_TRUE(WriteNpy(Path("q.npy"), NpyArray::FromValues<uint16_t>(
