@@ -690,18 +690,20 @@ void Engine::RunGroup(LaunchGroup& group, std::vector<AttendResult>& results) {
   std::vector<float> sinks(any_sinks ? tokens * heads : 0);
   std::vector<int32_t> compressed_positions, compressed_slots;
   std::vector<uint8_t> compressed_kv(compressed_rows * kRowBytes);
-  std::vector<uint8_t> q_host, kv_host;
+  // Host staging for a backend without host access: uninitialised (every
+  // byte is written below), not zero-filled.
+  std::unique_ptr<uint8_t[]> q_host, kv_host;
   const bool host = backend_->host_accessible();
 
   absl::StatusOr<uint8_t*> q_device = arena_->Reserve(DeviceArena::kQ, tokens * heads * kRowBytes);
   absl::StatusOr<uint8_t*> kv_device = arena_->Reserve(DeviceArena::kKv, tokens * kRowBytes);
   absl::Status status = q_device.ok() ? kv_device.status() : q_device.status();
   if (!host) {
-    q_host.resize(tokens * heads * kRowBytes);
-    kv_host.resize(tokens * kRowBytes);
+    q_host.reset(new uint8_t[tokens * heads * kRowBytes]);
+    kv_host.reset(new uint8_t[tokens * kRowBytes]);
   }
-  uint8_t* q_target = host && status.ok() ? *q_device : q_host.data();
-  uint8_t* kv_target = host && status.ok() ? *kv_device : kv_host.data();
+  uint8_t* q_target = host && status.ok() ? *q_device : q_host.get();
+  uint8_t* kv_target = host && status.ok() ? *kv_device : kv_host.get();
 
   int64_t t0 = 0;
   int64_t compressed_offset = 0;
@@ -768,16 +770,17 @@ void Engine::RunGroup(LaunchGroup& group, std::vector<AttendResult>& results) {
 
   // The output lives in host memory shared by the responses of this group;
   // a host-accessible backend writes it in place.
-  auto output = std::make_shared<std::vector<uint8_t>>(tokens * heads * (kRowBytes + 4));
-  uint8_t* out_host = output->data();
+  // Uninitialised: the decode (or the copy back) writes every byte of out and lse.
+  std::shared_ptr<uint8_t[]> output(new uint8_t[tokens * heads * (kRowBytes + 4)]);
+  uint8_t* out_host = output.get();
   uint8_t* lse_host = out_host + tokens * heads * kRowBytes;
 
   const auto prologue_start = std::chrono::steady_clock::now();
   PrologueParams prologue;
   DecodeParams decode;
   if (status.ok() && !host) {
-    status = backend_->CopyToDevice(*q_device, q_host.data(), q_host.size());
-    if (status.ok()) status = backend_->CopyToDevice(*kv_device, kv_host.data(), kv_host.size());
+    status = backend_->CopyToDevice(*q_device, q_host.get(), tokens * heads * kRowBytes);
+    if (status.ok()) status = backend_->CopyToDevice(*kv_device, kv_host.get(), tokens * kRowBytes);
   }
   auto upload = [&](DeviceArena::Slot slot, const auto& values, auto** target) {
     if (!status.ok()) return;

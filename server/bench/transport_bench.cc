@@ -53,7 +53,6 @@
 #include <utility>
 #include <vector>
 
-#include <malloc.h>
 #include <sys/resource.h>
 
 #include <grpcpp/generic/generic_stub.h>
@@ -78,6 +77,7 @@
 #include "proto/mla_offload.grpc.pb.h"
 #include "server/bench/plain_echo.grpc.pb.h"
 #include "server/engine.h"
+#include "server/host_memory.h"
 #include "server/metrics/registry.h"
 #include "server/scheduler.h"
 #include "server/server_metrics.h"
@@ -137,11 +137,11 @@ ABSL_FLAG(int, tcp_min_read_chunk, -1,
           "GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE of ours; -1: gRPC's default.");
 ABSL_FLAG(int, tcp_max_read_chunk, -1,
           "GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE of ours; -1: gRPC's default.");
-ABSL_FLAG(bool, malloc_keep, false,
-          "Before anything starts, tell glibc malloc to keep freed memory (M_TRIM_THRESHOLD 1 GiB, "
-          "M_TOP_PAD 64 MiB, M_MMAP_THRESHOLD 32 MiB) so that gRPC's read buffers are not "
-          "returned to the kernel and faulted in (zeroed) again on every message; a process "
-          "setting the server could make (mallopt, or GLIBC_TUNABLES in the deployment).");
+ABSL_FLAG(bool, malloc_keep, true,
+          "Before anything starts, keep freed memory in the process as mla_offload_server does "
+          "by default (--keep_freed_memory, server/host_memory.h), so that gRPC's read buffers "
+          "are not returned to the kernel and faulted in (zeroed) again on every message. "
+          "--malloc_keep=false: glibc's defaults.");
 ABSL_FLAG(bool, sweep, false,
           "After the table, time our Echo (1 and 2 in flight) and Attend (1 in flight), one "
           "stream, under variants of the transport settings (each with its own server), and "
@@ -1141,11 +1141,7 @@ std::vector<TransportConfig> SweepVariants() {
 }
 
 int Main() {
-  if (absl::GetFlag(FLAGS_malloc_keep)) {
-    mallopt(M_TRIM_THRESHOLD, 1 << 30);
-    mallopt(M_TOP_PAD, 64 << 20);
-    mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  }
+  if (absl::GetFlag(FLAGS_malloc_keep)) KeepFreedHostMemory();
   Setup setup;
   absl::StatusOr<const ModelProfile*> model = FindModelProfile(absl::GetFlag(FLAGS_model));
   if (!model.ok()) {
