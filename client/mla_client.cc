@@ -44,6 +44,13 @@ std::shared_ptr<const void> Borrowed(const void* data) {
   return std::shared_ptr<const void>(std::shared_ptr<const void>(), data != nullptr ? data : "");
 }
 
+std::vector<wire::Piece> PiecesOf(const std::vector<grpc::Slice>& slices) {
+  std::vector<wire::Piece> pieces;
+  pieces.reserve(slices.size());
+  for (const grpc::Slice& slice : slices) pieces.emplace_back(slice.begin(), slice.size());
+  return pieces;
+}
+
 uint64_t Fnv1a64(absl::string_view bytes) {
   uint64_t hash = 0xcbf29ce484222325ull;
   for (unsigned char c : bytes) {
@@ -644,8 +651,7 @@ absl::StatusOr<EchoResult> EchoStream::Receive() {
   if (grpc::Status status = answer->buffer.Dump(&data->slices); !status.ok()) {
     return StatusFromGrpc(status, absl::StrCat("Echo message ", answer->id));
   }
-  std::vector<wire::Piece> all;
-  for (const grpc::Slice& slice : data->slices) all.emplace_back(slice.begin(), slice.size());
+  const std::vector<wire::Piece> all = PiecesOf(data->slices);
   wire::WireReader reader(all);
   while (!reader.AtLimit()) {
     wire::Tag tag;
@@ -762,29 +768,22 @@ absl::Status Client::Unary(absl::string_view method, const Request& request, Res
   return StatusFromGrpc(status, absl::StrCat(method, " on ", target_));
 }
 
-absl::Status Client::UnaryRaw(absl::string_view method, const grpc::ByteBuffer& request,
-                              google::protobuf::Message* response, const CallOptions& call) {
+absl::StatusOr<std::vector<grpc::Slice>> Client::UnaryRaw(const char* method,
+                                                          const grpc::ByteBuffer& request,
+                                                          const CallOptions& call,
+                                                          absl::string_view what) {
   grpc::ClientContext context;
   SetCallDeadline(context, call, options_);
-  const std::string name(method);
-  const grpc::internal::RpcMethod rpc(name.c_str(), grpc::internal::RpcMethod::NORMAL_RPC);
+  const grpc::internal::RpcMethod rpc(method, grpc::internal::RpcMethod::NORMAL_RPC);
   grpc::ByteBuffer answer;
   grpc::Status status = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
       channel_.get(), rpc, &context, request, &answer);
-  const std::string what = absl::StrCat(name.substr(name.rfind('/') + 1), " on ", target_);
   if (!status.ok()) return StatusFromGrpc(status, what);
   std::vector<grpc::Slice> slices;
   if (answer.Valid() && !answer.Dump(&slices).ok()) {
     return absl::InternalError(absl::StrCat(what, ": unreadable answer"));
   }
-  std::string bytes;
-  for (const grpc::Slice& slice : slices) {
-    bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
-  }
-  if (!response->ParseFromString(bytes)) {
-    return absl::InternalError(absl::StrCat(what, ": the answer does not parse"));
-  }
-  return absl::OkStatus();
+  return slices;
 }
 
 absl::StatusOr<pb::ServerInfo> Client::GetServerInfo(const CallOptions& call) {
@@ -803,21 +802,11 @@ absl::StatusOr<HealthStatus> Client::CheckHealth(const std::string& service,
   // no second copy of the health proto's descriptors.
   wire::WireWriter writer;
   writer.WriteString(1, service);
-  grpc::ByteBuffer request = writer.Finish();
-  grpc::ClientContext context;
-  SetCallDeadline(context, call, options_);
-  const grpc::internal::RpcMethod rpc(kHealthCheckMethod, grpc::internal::RpcMethod::NORMAL_RPC);
-  grpc::ByteBuffer answer;
-  grpc::Status status = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
-      channel_.get(), rpc, &context, request, &answer);
   const std::string what = absl::StrCat("Health.Check on ", target_);
-  if (!status.ok()) return StatusFromGrpc(status, what);
-  std::vector<grpc::Slice> slices;
-  if (answer.Valid() && !answer.Dump(&slices).ok()) {
-    return absl::InternalError(absl::StrCat(what, ": unreadable answer"));
-  }
-  std::vector<wire::Piece> pieces;
-  for (const grpc::Slice& slice : slices) pieces.emplace_back(slice.begin(), slice.size());
+  absl::StatusOr<std::vector<grpc::Slice>> answer =
+      UnaryRaw(kHealthCheckMethod, writer.Finish(), call, what);
+  if (!answer.ok()) return answer.status();
+  const std::vector<wire::Piece> pieces = PiecesOf(*answer);
   wire::WireReader reader(pieces);
   uint64_t value = 0;
   while (!reader.AtLimit()) {
@@ -915,10 +904,17 @@ absl::StatusOr<pb::AppendKVResponse> Client::AppendKV(const std::string& session
                      static_cast<uint64_t>(static_cast<int64_t>(layer.first_compressed_row)));
     writer.WriteMessage(AppendKVRequest::kLayersFieldNumber, std::move(rows));
   }
+  const std::string what = absl::StrCat("AppendKV on ", target_);
+  absl::StatusOr<std::vector<grpc::Slice>> answer =
+      UnaryRaw(kAppendKVMethod, writer.Finish(), call, what);
+  if (!answer.ok()) return answer.status();
+  std::string bytes;
+  for (const grpc::Slice& slice : *answer) {
+    bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
   pb::AppendKVResponse response;
-  if (absl::Status status = UnaryRaw(kAppendKVMethod, writer.Finish(), &response, call);
-      !status.ok()) {
-    return status;
+  if (!response.ParseFromString(bytes)) {
+    return absl::InternalError(absl::StrCat(what, ": the answer does not parse"));
   }
   return response;
 }

@@ -341,8 +341,12 @@ class Client {
   template <typename Request, typename Response>
   absl::Status Unary(absl::string_view method, const Request& request, Response* response,
                      const CallOptions& call);
-  absl::Status UnaryRaw(absl::string_view method, const grpc::ByteBuffer& request,
-                        google::protobuf::Message* response, const CallOptions& call);
+  // A unary call of any method on serialized bytes; the answer's slices.
+  // Errors read "<what>: ...".
+  absl::StatusOr<std::vector<grpc::Slice>> UnaryRaw(const char* method,
+                                                    const grpc::ByteBuffer& request,
+                                                    const CallOptions& call,
+                                                    absl::string_view what);
   absl::StatusOr<std::unique_ptr<internal::RawStream>> OpenRaw(absl::string_view method,
                                                                const StreamOptions& options);
 
