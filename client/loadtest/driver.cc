@@ -895,10 +895,7 @@ absl::StatusOr<RunOutput> RunLoadTest(const LoadOptions& options) {
   std::vector<std::unique_ptr<Node>> nodes;
   for (int n = 0; n < options.streams; ++n) {
     client::ConnectOptions node_connect;
-    // The library keeps no option for a connection of one's own; channels
-    // with different arguments do not share one, so each node's limit
-    // differs by a byte.
-    if (options.connection_per_node) node_connect.max_message_bytes += n;
+    node_connect.own_connection = options.connection_per_node;
     absl::StatusOr<std::unique_ptr<client::Cluster>> cluster =
         client::Cluster::Connect(options.targets, node_connect);
     if (!cluster.ok()) return cluster.status();

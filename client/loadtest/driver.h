@@ -3,8 +3,8 @@
 // client library (client/mla_client.h), and what they measured.
 //
 // A run:
-// 1. Connects to every target (one Cluster per node, so each node has its own
-//    TCP connection to each server, as real serving nodes would), checks the
+// 1. Connects to every target (one Cluster per node, each with connections of
+//    its own, as real serving nodes would have), checks the
 //    model and head count against GetServerInfo.
 // 2. Creates the sessions (placed by the library's rendezvous hashing of
 //    "mla_loadtest/<seed>/node<n>/session<s>") with sinks, and appends a
