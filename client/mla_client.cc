@@ -37,12 +37,43 @@ std::chrono::system_clock::time_point DeadlineAfter(absl::Duration timeout) {
              absl::ToChronoNanoseconds(timeout));
 }
 
-// A keep-alive that owns nothing: the caller guarantees the memory's life
-// (see the header), and a non-null keep-alive makes the codec reference the
-// bytes instead of copying them.
-std::shared_ptr<const void> Borrowed(const void* data) {
-  return std::shared_ptr<const void>(std::shared_ptr<const void>(), data != nullptr ? data : "");
-}
+// Counts the messages whose slices still reference caller memory, so that
+// whoever promised the caller "not referenced after this returns" can wait
+// for gRPC to let go (a write may still be in progress after a call ended
+// or was cancelled). Its own mutex: slices are released on any thread,
+// possibly while the stream's lock is held.
+class ReleaseCounter {
+ public:
+  // A keep-alive for one message: holds the caller's keep-alive (if any) and
+  // counts until gRPC releases the last slice that holds it.
+  std::shared_ptr<const void> Guard(std::shared_ptr<const void> caller_keep_alive) {
+    {
+      absl::MutexLock lock(&mutex_);
+      ++live_;
+    }
+    return std::make_shared<const GuardHolder>(this, std::move(caller_keep_alive));
+  }
+
+  void WaitUntilReleased() {
+    absl::MutexLock lock(&mutex_);
+    mutex_.Await(absl::Condition(+[](int* live) { return *live == 0; }, &live_));
+  }
+
+ private:
+  struct GuardHolder {
+    GuardHolder(ReleaseCounter* counter, std::shared_ptr<const void> keep_alive)
+        : counter(counter), keep_alive(std::move(keep_alive)) {}
+    ~GuardHolder() {
+      absl::MutexLock lock(&counter->mutex_);
+      --counter->live_;
+    }
+    ReleaseCounter* counter;
+    std::shared_ptr<const void> keep_alive;
+  };
+
+  absl::Mutex mutex_;
+  int live_ ABSL_GUARDED_BY(mutex_) = 0;
+};
 
 std::vector<wire::Piece> PiecesOf(const std::vector<grpc::Slice>& slices) {
   std::vector<wire::Piece> pieces;
@@ -138,8 +169,20 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
       context_.TryCancel();
       RemoveHold();
     }
-    absl::MutexLock lock(&mutex_);
-    mutex_.Await(absl::Condition(&done_));
+    std::deque<grpc::ByteBuffer> unsent;
+    {
+      absl::MutexLock lock(&mutex_);
+      mutex_.Await(absl::Condition(&done_));
+      unsent.swap(writes_);
+    }
+    unsent.clear();
+    // The caller may free the memory of its messages once this returns.
+    released_.WaitUntilReleased();
+  }
+
+  // The keep-alive of one message's tensors (see ReleaseCounter).
+  std::shared_ptr<const void> Guard(std::shared_ptr<const void> caller_keep_alive) {
+    return released_.Guard(std::move(caller_keep_alive));
   }
 
   void Start(const std::shared_ptr<grpc::Channel>& channel, const std::string& method) {
@@ -431,6 +474,7 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
 
   const std::string what_;
   const StreamOptions options_;
+  ReleaseCounter released_;  // outlives context_ and the buffers below
   grpc::ClientContext context_;
   grpc::ByteBuffer read_buffer_;  // touched only by the read reactions
 
@@ -520,10 +564,10 @@ absl::StatusOr<uint64_t> AttendStream::Send(const AttendInput& input) {
                                                    " values is not [T=", tokens, ", K] for any K"));
   }
   const int64_t heads = static_cast<int64_t>(input.q.size()) / q_row;
-  auto tensor = [&input](wire::DType dtype, std::vector<int64_t> shape, const void* data,
-                         size_t bytes) {
-    return wire::MakeTensorView(dtype, std::move(shape), data, bytes,
-                                input.keep_alive != nullptr ? input.keep_alive : Borrowed(data));
+  const std::shared_ptr<const void> keep_alive = raw_->Guard(input.keep_alive);
+  auto tensor = [&keep_alive](wire::DType dtype, std::vector<int64_t> shape, const void* data,
+                              size_t bytes) {
+    return wire::MakeTensorView(dtype, std::move(shape), data, bytes, keep_alive);
   };
   return raw_->Send([&](uint64_t id) -> absl::StatusOr<grpc::ByteBuffer> {
     wire::AttendRequestView request;
@@ -634,12 +678,12 @@ EchoStream::~EchoStream() = default;
 
 absl::StatusOr<uint64_t> EchoStream::Send(absl::Span<const uint8_t> payload,
                                           std::shared_ptr<const void> keep_alive) {
-  if (keep_alive == nullptr) keep_alive = Borrowed(payload.data());
+  const std::shared_ptr<const void> guard = raw_->Guard(std::move(keep_alive));
   return raw_->Send([&](uint64_t) -> absl::StatusOr<grpc::ByteBuffer> {
     wire::WireWriter writer;
     const wire::Piece piece(payload.data(), payload.size());
     writer.WriteBytes(mla_offload::v1::EchoMessage::kPayloadFieldNumber,
-                      absl::MakeConstSpan(&piece, 1), keep_alive);
+                      absl::MakeConstSpan(&piece, 1), guard);
     return writer.Finish();
   });
 }
@@ -860,16 +904,18 @@ absl::StatusOr<pb::CreateSessionResponse> Client::CreateSession(const SessionOpt
   return response;
 }
 
-absl::StatusOr<pb::AppendKVResponse> Client::AppendKV(const std::string& session_id,
+namespace {
+
+// An AppendKVRequest whose rows are slices referencing the caller's memory,
+// each holding `guard`.
+absl::StatusOr<grpc::ByteBuffer> AppendKVRequestBytes(const std::string& session_id,
                                                       int32_t first_position,
                                                       int32_t num_positions,
                                                       absl::Span<const LayerRowsInput> layers,
-                                                      const CallOptions& call) {
+                                                      const std::shared_ptr<const void>& guard) {
   using pb::AppendKVRequest;
   using pb::LayerRows;
   using pb::Tensor;
-  // The request written field by field so that the rows are referenced, not
-  // copied (the generated class would copy each into a string).
   wire::WireWriter writer;
   writer.WriteString(AppendKVRequest::kSessionIdFieldNumber, session_id);
   writer.WriteVarint(AppendKVRequest::kFirstPositionFieldNumber,
@@ -883,14 +929,13 @@ absl::StatusOr<pb::AppendKVResponse> Client::AppendKV(const std::string& session
           " values and compressed_kv ", layer.compressed_kv.size(),
           "; each must be whole rows of 512"));
     }
-    auto tensor = [](absl::Span<const uint16_t> rows) {
+    auto tensor = [&guard](absl::Span<const uint16_t> rows) {
       wire::WireWriter t;
       t.WriteVarint(Tensor::kDtypeFieldNumber, pb::DTYPE_BF16);
       const int64_t shape[2] = {static_cast<int64_t>(rows.size()) / kHeadDim, kHeadDim};
       t.WritePackedInt64(Tensor::kShapeFieldNumber, shape);
       const wire::Piece piece(reinterpret_cast<const uint8_t*>(rows.data()), rows.size() * 2);
-      t.WriteBytes(Tensor::kDataFieldNumber, absl::MakeConstSpan(&piece, 1),
-                   Borrowed(rows.data()));
+      t.WriteBytes(Tensor::kDataFieldNumber, absl::MakeConstSpan(&piece, 1), guard);
       return t;
     };
     wire::WireWriter rows;
@@ -904,9 +949,31 @@ absl::StatusOr<pb::AppendKVResponse> Client::AppendKV(const std::string& session
                      static_cast<uint64_t>(static_cast<int64_t>(layer.first_compressed_row)));
     writer.WriteMessage(AppendKVRequest::kLayersFieldNumber, std::move(rows));
   }
+  return writer.Finish();
+}
+
+}  // namespace
+
+absl::StatusOr<pb::AppendKVResponse> Client::AppendKV(const std::string& session_id,
+                                                      int32_t first_position,
+                                                      int32_t num_positions,
+                                                      absl::Span<const LayerRowsInput> layers,
+                                                      const CallOptions& call) {
+  // The request written field by field so that the rows are referenced, not
+  // copied (the generated class would copy each into a string). The rows
+  // are the caller's until this returns: wait for gRPC to release them.
+  ReleaseCounter released;
+  absl::StatusOr<std::vector<grpc::Slice>> answer;
   const std::string what = absl::StrCat("AppendKV on ", target_);
-  absl::StatusOr<std::vector<grpc::Slice>> answer =
-      UnaryRaw(kAppendKVMethod, writer.Finish(), call, what);
+  {
+    std::shared_ptr<const void> guard = released.Guard(nullptr);
+    absl::StatusOr<grpc::ByteBuffer> request = AppendKVRequestBytes(
+        session_id, first_position, num_positions, layers, guard);
+    guard.reset();
+    if (!request.ok()) return request.status();
+    answer = UnaryRaw(kAppendKVMethod, *request, call, what);
+  }
+  released.WaitUntilReleased();
   if (!answer.ok()) return answer.status();
   std::string bytes;
   for (const grpc::Slice& slice : *answer) {

@@ -26,9 +26,11 @@
 // caller's memory into the outgoing message as slices that reference it (no
 // copy; gRPC writes them to the socket). The memory must stay valid and
 // unchanged until that call returned (AppendKV), or until the matching
-// Receive returned or the stream was destroyed (the streams), or, if the
-// caller hands over a keep_alive, until gRPC releases it (the library keeps
-// it until then, possibly on a gRPC thread after the stream ended). Answers
+// Receive returned or the stream was destroyed (the streams; the destructor
+// waits until gRPC has released every message, also after a cancellation),
+// or, if the caller hands over a keep_alive, until gRPC releases it (the
+// library drops it then, possibly on a gRPC thread, at the latest when the
+// stream is destroyed). Answers
 // are not copied either: an AttendResult owns the received grpc::ByteBuffer
 // and its out()/lse() are views into it (one copy, made once, only when gRPC
 // delivered a tensor split over several slices or misaligned; out_view()

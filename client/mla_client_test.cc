@@ -685,13 +685,23 @@ TEST_F(ClientTest, DestroyingAnUnfinishedStreamCancelsIt) {
   Sequence seq = MakeSequence(92);
   ASSERT_NO_FATAL_FAILURE(CreateAndAppend(&seq, 10));
   const absl::Time start = absl::Now();
+  std::weak_ptr<const void> handed_over;
   {
     absl::StatusOr<std::unique_ptr<AttendStream>> stream = client_->OpenAttendStream();
     ASSERT_TRUE(stream.ok());
     ASSERT_TRUE((*stream)->Send(InputOf(seq, MakeStep(seq, 0, 10, 1, false, false))).ok());
-    ASSERT_TRUE((*stream)->Send(InputOf(seq, MakeStep(seq, 1, 10, 1, false, false))).ok());
+    Step step = MakeStep(seq, 1, 10, 1, false, false);
+    AttendInput input = InputOf(seq, step);
+    input.keep_alive = std::make_shared<std::pair<std::shared_ptr<std::vector<uint16_t>>,
+                                                  std::shared_ptr<std::vector<uint16_t>>>>(
+        step.q, step.kv);
+    handed_over = input.keep_alive;
+    step = Step();
+    ASSERT_TRUE((*stream)->Send(input).ok());
   }
   EXPECT_LT(absl::Now() - start, absl::Milliseconds(450)) << "the destructor waited for answers";
+  EXPECT_TRUE(handed_over.expired())
+      << "gRPC may still reference the message's memory after the stream was destroyed";
   absl::StatusOr<std::vector<pb::SessionInfo>> listed = client_->ListSessions();
   ASSERT_TRUE(listed.ok()) << listed.status();
   ASSERT_EQ(listed->size(), 1u);
