@@ -732,8 +732,8 @@ TEST_F(ClientTest, StepDeadlineEndsTheStream) {
 }
 
 // A message over the server's --max_message_mb ends the whole stream with
-// RESOURCE_EXHAUSTED (the server's rule); answers before it still arrive,
-// and every later call on the stream reports the stream's end.
+// RESOURCE_EXHAUSTED (the server's rule), and every later call on the
+// stream reports the stream's end.
 TEST_F(ClientTest, AStreamTheServerEndsFailsWithItsStatus) {
   ASSERT_NO_FATAL_FAILURE(StartServer({"--max_message_mb=1"}));
   Sequence seq = MakeSequence(81);
@@ -744,6 +744,12 @@ TEST_F(ClientTest, AStreamTheServerEndsFailsWithItsStatus) {
   ASSERT_TRUE(stream.ok());
   const Step good = MakeStep(seq, 0, 10, 1, true, false);
   ASSERT_TRUE((*stream)->Send(InputOf(seq, good)).ok());
+  // Answered before the oversized message goes out (the server ends the
+  // stream as soon as it sees that one, answered or not what came before).
+  absl::StatusOr<AttendResult> first = (*stream)->Receive();
+  ASSERT_TRUE(first.ok()) << first.status();
+  ExpectAnswer(*first, good, mirror, "the message before the oversized one");
+
   const std::vector<uint16_t> big(int64_t{256} * kHeads * kHeadDim, 0x3f80);  // 2 MiB of q
   AttendInput oversized = InputOf(seq, good);
   oversized.segments[0].num_tokens = 256;
@@ -751,10 +757,6 @@ TEST_F(ClientTest, AStreamTheServerEndsFailsWithItsStatus) {
   oversized.kv = {};
   absl::StatusOr<uint64_t> sent = (*stream)->Send(oversized);
   ASSERT_TRUE(sent.ok()) << sent.status();
-
-  absl::StatusOr<AttendResult> first = (*stream)->Receive();
-  ASSERT_TRUE(first.ok()) << first.status();
-  ExpectAnswer(*first, good, mirror, "the message before the oversized one");
   absl::StatusOr<AttendResult> second = (*stream)->Receive();
   EXPECT_EQ(second.status().code(), absl::StatusCode::kResourceExhausted) << second.status();
   EXPECT_THAT(second.status().message(), HasSubstr("Attend stream on " + server_->target()));
