@@ -3,12 +3,15 @@
 // answer must equal the library's for the same step: the tool repeats the
 // step as a second tensor-parallel rank would, on the same keys), and bad
 // command lines, which must say what to change and exit non-zero.
+#include <signal.h>
+
 #include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "client/mla_client.h"
 #include "client/test_processes.h"
 #include "gmock/gmock.h"
@@ -122,6 +125,30 @@ TEST_F(CliTest, HealthSaysServingAndFailsForAnUnknownService) {
   result = Mla({"health", "--service=no.such.Service"});
   EXPECT_EQ(result.exit_code, 1);
   EXPECT_THAT(result.err, HasSubstr("NOT_FOUND"));
+}
+
+// A draining server (SIGTERM, kept up by an open stream) is NOT_SERVING:
+// exit 1, so that a script or probe acts on it.
+TEST_F(CliTest, HealthOfADrainingServerExitsOne) {
+  // The server waits for open Attend streams; the Echo round trip makes sure
+  // the connection (and so the Attend call) is up before the signal.
+  absl::StatusOr<std::unique_ptr<AttendStream>> attend = client_->OpenAttendStream();
+  ASSERT_TRUE(attend.ok());
+  absl::StatusOr<std::unique_ptr<EchoStream>> stream = client_->OpenEchoStream();
+  ASSERT_TRUE(stream.ok());
+  ASSERT_TRUE((*stream)->Send(std::vector<uint8_t>{1}).ok());
+  ASSERT_TRUE((*stream)->Receive().ok());
+  server_->Signal(SIGTERM);
+  ASSERT_TRUE(server_->WaitForLine("draining", absl::Seconds(2)).has_value());
+  CommandResult result;
+  const absl::Time deadline = absl::Now() + absl::Seconds(2);
+  do {
+    result = Mla({"health"});
+  } while (result.exit_code == 0 && absl::Now() < deadline);
+  EXPECT_EQ(result.exit_code, 1) << result.out << result.err;
+  EXPECT_EQ(result.out, server_->target() + ": NOT_SERVING\n");
+  (*stream)->Finish().IgnoreError();
+  (*attend)->Finish().IgnoreError();
 }
 
 TEST_F(CliTest, SessionsListAndClose) {
