@@ -22,6 +22,10 @@
 // only, padding heads not counted). Bytes: 584 per key entry (the cache row;
 // q, indices and out are not counted).
 //
+// Gather ceiling: the same cache rows read at random slots of the pool by a
+// kernel that does nothing else (kernels/bench/gather_ceiling.cu): what the
+// decode's "GB/s of cache rows" can reach at best on this access pattern.
+//
 // Prologue: b tokens of H heads, b SWA rows and b/4 compressed rows (one per
 // 4 tokens, as a C4A layer makes them). Bytes: q read + q_out written +
 // KV rows read (1 KiB each) + cache rows written (584 B each).
@@ -40,6 +44,7 @@
 #include <vector>
 
 #include "cublas_api.h"
+#include "kernels/bench/gather_ceiling.h"
 #include "kernels/bf16.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/geometry.h"
@@ -286,6 +291,46 @@ int main(int argc, char** argv) {
     }
   }
 
+  // Ceiling 3: the cache rows of the decode shapes alone, read at random
+  // slots of the same pool with nothing else done (8 sets of 128 x 640 rows,
+  // rotated; 40 launches between two events).
+  double gather_gbps = 0;
+  {
+    constexpr int64_t kRows = 128 * 640;
+    constexpr int kGatherSets = 8, kLaunches = 40;
+    std::vector<int32_t> slots(kRows * kGatherSets);
+    std::mt19937_64 gather_rng(7);
+    for (int32_t& slot : slots) slot = static_cast<int32_t>(gather_rng() % pool_slots);
+    absl::StatusOr<DeviceBuffer> d_slots = backend.Allocate(slots.size() * 4);
+    absl::StatusOr<DeviceBuffer> d_sink = backend.Allocate(4);
+    CHECK_OK(d_slots.status());
+    CHECK_OK(d_sink.status());
+    CHECK_OK(backend.CopyToDevice(d_slots->data(), slots.data(), slots.size() * 4));
+    cudaStream_t stream = static_cast<cudaStream_t>(backend.native_stream());
+    auto launch = [&](int i) {
+      CHECK_CUDA(LaunchGatherRows(pool->as<uint8_t>(), d_slots->as<int32_t>() + (i % kGatherSets) * kRows,
+                                  kRows, d_sink->as<uint32_t>(), prop.multiProcessorCount, stream));
+    };
+    for (int i = 0; i < kGatherSets; ++i) launch(i);  // warm-up
+    cudaEvent_t start, stop;
+    CHECK_CUDA(cudaEventCreate(&start));
+    CHECK_CUDA(cudaEventCreate(&stop));
+    CHECK_CUDA(cudaEventRecord(start, stream));
+    for (int i = 0; i < kLaunches; ++i) launch(i);
+    CHECK_CUDA(cudaEventRecord(stop, stream));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    const double us = 1000.0 * ms / kLaunches;
+    gather_gbps = kRows * static_cast<double>(kTokenBytes) / (us * 1e-6) / 1e9;
+    CHECK_CUDA(cudaEventDestroy(start));
+    CHECK_CUDA(cudaEventDestroy(stop));
+    std::printf("ceiling: random 584-byte row gather %.0f GB/s (%.1f us for %lld rows at random "
+                "slots of the %.0f MB pool; %.0f%% of copy)\n",
+                gather_gbps, us, static_cast<long long>(kRows),
+                pool_blocks * static_cast<double>(kBlockBytes) / 1e6, 100.0 * gather_gbps / copy_gbps);
+  }
+
   std::vector<Result> results;
   constexpr int kSets = 8;
   struct DecodeShape {
@@ -361,9 +406,9 @@ int main(int argc, char** argv) {
       r.tflops = 4.0 * shape.heads * kHeadDim * keys / (r.time_us * 1e-6) / 1e12;
       r.gbps = keys * kTokenBytes / (r.time_us * 1e-6) / 1e9;
       results.push_back(r);
-      std::printf("decode %-8s H=%3d b=%3d topk=%4d+%4d: %9.1f us %7.2f TFLOP/s %7.0f GB/s (%.0f%% of copy)\n",
+      std::printf("decode %-8s H=%3d b=%3d topk=%4d+%4d: %9.1f us %7.2f TFLOP/s %7.0f GB/s (%.0f%% of copy, %.0f%% of gather)\n",
                   shape.model, shape.heads, b, width_main, width_extra, r.time_us, r.tflops,
-                  r.gbps, 100.0 * r.gbps / copy_gbps);
+                  r.gbps, 100.0 * r.gbps / copy_gbps, 100.0 * r.gbps / gather_gbps);
       std::fflush(stdout);
     }
   }
@@ -449,11 +494,11 @@ int main(int argc, char** argv) {
     std::fprintf(f,
                  "  {\"model\": \"%s\", \"op\": \"%s\", \"H\": %d, \"b\": %d, \"topk_main\": %d, "
                  "\"topk_extra\": %d, \"time_us\": %.2f, \"tflops\": %.3f, \"gbps\": %.1f, "
-                 "\"copy_gbps_ceiling\": %.1f, \"matmul_tflops_ceiling\": %.1f, "
+                 "\"copy_gbps_ceiling\": %.1f, \"gather_gbps_ceiling\": %.1f, \"matmul_tflops_ceiling\": %.1f, "
                  "\"matmul_ceiling_measured\": %s, \"gpu\": \"%s\", \"date\": \"%s\", "
                  "\"commit\": \"%s\"}%s\n",
                  r.model.c_str(), r.op.c_str(), r.heads, r.tokens, r.topk_main, r.topk_extra,
-                 r.time_us, r.tflops, r.gbps, copy_gbps, matmul_tflops,
+                 r.time_us, r.tflops, r.gbps, copy_gbps, gather_gbps, matmul_tflops,
                  matmul_measured ? "true" : "false", gpu.c_str(), date, commit.c_str(),
                  i + 1 < results.size() ? "," : "");
   }

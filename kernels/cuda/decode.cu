@@ -449,6 +449,8 @@ constexpr int kSlotRing = 4;  // chunks whose slots are held (kStages + 1)
 constexpr int kRowHalves = 520;  // bf16 row stride: 1040 bytes, 16-byte aligned, conflict-free
 constexpr int kRowWords = kRowHalves / 2;
 constexpr int kPiecesPerRow = kTokenDataBytes / 16;  // 36 16-byte pieces of row data
+constexpr int kWarps = kThreads / 32;                 // warps a CTA of the tensor-core kernel
+static_assert(kPiecesPerRow - 32 < 32 && kNopeDim / 16 == 28, "row pieces per lane");
 
 // MT M-tiles of 16 heads a CTA (MT = 2 for Hp >= 32: 512 threads, each
 // dequantised chunk serves 32 heads).
@@ -592,39 +594,42 @@ __global__ void __launch_bounds__(kThreads, 2 / MT)
     const int32_t* slots = chunk_slots + (j % kSlotRing) * KC;
     uint8_t* data = raw_data + stage * (KC * kTokenDataBytes);
     uint8_t* scales_dst = raw_scales + stage * (KC * kTokenScaleBytes);
-    for (int i = tid; i < KC * (kPiecesPerRow + 1); i += kCtaThreads) {
-      const int r = i / (kPiecesPerRow + 1);
-      const int piece = i % (kPiecesPerRow + 1);
+    // A warp a row: lane l copies 16-byte pieces l and (l < 4) 32 + l, lane
+    // 4 the scales.
+    for (int r = warp; r < KC; r += kWarps) {
       const int e = begin + j * KC + r;
       const int32_t slot = e < end ? slots[r] : -1;
-      const uint8_t* pool = e < main_len ? p.main.pool.base : p.extra.pool.base;
       const bool skip = slot == -1;
+      const uint8_t* pool = e < main_len ? p.main.pool.base : p.extra.pool.base;
       const uint8_t* block_base =
           pool + (skip ? 0 : static_cast<int64_t>(slot / kBlockTokens) * kBlockBytes);
       const int offset = skip ? 0 : slot % kBlockTokens;
-      if (piece < kPiecesPerRow) {
-        CpAsync<16>(data + r * kTokenDataBytes + piece * 16,
-                    block_base + offset * kTokenDataBytes + piece * 16, skip);
-      } else {
+      const uint8_t* src = block_base + offset * kTokenDataBytes;
+      uint8_t* dst = data + r * kTokenDataBytes;
+      CpAsync<16>(dst + lane * 16, src + lane * 16, skip);
+      if (lane < kPiecesPerRow - 32) {
+        CpAsync<16>(dst + (32 + lane) * 16, src + (32 + lane) * 16, skip);
+      } else if (lane == kPiecesPerRow - 32) {
         CpAsync<8>(scales_dst + r * kTokenScaleBytes,
                    block_base + kBlockTokens * kTokenDataBytes + offset * kTokenScaleBytes, skip);
         stage_valid[stage * KC + r] = !skip;
       }
     }
   };
-  // Dequantises raw stage j % kStages into the bf16 key tile.
+  // Dequantises raw stage j % kStages into the bf16 key tile, a warp a row:
+  // lanes 0..27 convert the 28 FP8 pieces (16 values each, one scale per
+  // four lanes), lanes 28..31 copy two bf16 RoPE pieces each.
   auto dequantise_chunk = [&](int j) {
     const int stage = j % kStages;
     const uint8_t* data = raw_data + stage * (KC * kTokenDataBytes);
     const uint8_t* scales = raw_scales + stage * (KC * kTokenScaleBytes);
-    for (int i = tid; i < KC * kPiecesPerRow; i += kCtaThreads) {
-      const int r = i / kPiecesPerRow;
-      const int ch = i % kPiecesPerRow;
-      const uint4 raw = *reinterpret_cast<const uint4*>(data + r * kTokenDataBytes + ch * 16);
+    for (int r = warp; r < KC; r += kWarps) {
+      const uint4* src = reinterpret_cast<const uint4*>(data + r * kTokenDataBytes);
       uint32_t* row = key_words + r * kRowWords;
-      if (ch < 28) {
+      if (lane < 28) {
+        const uint4 raw = src[lane];
         // A skipped entry has zero bytes: +0 values (scale irrelevant).
-        const uint32_t scale_byte = scales[r * kTokenScaleBytes + (ch >> 2)];
+        const uint32_t scale_byte = scales[r * kTokenScaleBytes + (lane >> 2)];
         const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
         uint32_t out[8];
         if (FastScaleOk(scale_byte)) {
@@ -642,11 +647,14 @@ __global__ void __launch_bounds__(kThreads, 2 / MT)
                              ExactBf16Bits(E4m3(w >> 24) * scale) << 16;
           }
         }
-        uint4* dst = reinterpret_cast<uint4*>(row + ch * 8);
+        uint4* dst = reinterpret_cast<uint4*>(row + lane * 8);
         dst[0] = make_uint4(out[0], out[1], out[2], out[3]);
         dst[1] = make_uint4(out[4], out[5], out[6], out[7]);
       } else {
-        *reinterpret_cast<uint4*>(row + 224 + (ch - 28) * 4) = raw;
+        const int piece = 28 + 2 * (lane - 28);
+        uint4* dst = reinterpret_cast<uint4*>(row + 224 + (piece - 28) * 4);
+        dst[0] = src[piece];
+        dst[1] = src[piece + 1];
       }
     }
   };
