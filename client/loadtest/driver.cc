@@ -703,13 +703,16 @@ PhaseStats RunPhase(std::vector<std::unique_ptr<Node>>& nodes, PhasePlan plan,
     merged.server.total_us /= n;
     merged.server.batch_tokens /= n;
   }
+  // The window lasts until the schedule ended (or was interrupted) and every
+  // layer step due in it was answered: a server that falls behind stretches
+  // it, and the rates fall with it.
   if (interrupted_at.has_value() && (!plan.end.has_value() || *interrupted_at < *plan.end)) {
-    merged.seconds = std::max(0.0, Seconds(*interrupted_at - plan.warm_end));
+    merged.planned_seconds = std::max(0.0, Seconds(*interrupted_at - plan.warm_end));
   } else if (plan.end.has_value()) {
-    merged.seconds = options.duration_s;
-  } else {
-    merged.seconds = last_done.has_value() ? Seconds(*last_done - plan.warm_end) : 0;
+    merged.planned_seconds = options.duration_s;
   }
+  merged.seconds = std::max(merged.planned_seconds,
+                            last_done.has_value() ? Seconds(*last_done - plan.warm_end) : 0.0);
   if (!reasons.empty()) {
     *stop_reason = absl::StrJoin(reasons, "; ");
   } else {

@@ -64,6 +64,7 @@ nlohmann::json LatencyJson(const LatencyHistogram& latency) {
 nlohmann::json PhaseJson(const PhaseStats& phase) {
   nlohmann::json json;
   json["seconds"] = phase.seconds;
+  json["planned_seconds"] = phase.planned_seconds;
   json["layer_steps_ok"] = phase.ok;
   json["layer_steps_failed"] = phase.failed();
   json["tokens"] = phase.tokens;
@@ -168,10 +169,15 @@ std::string FormatReport(const RunReport& report) {
           ? absl::StrFormat("open loop, Poisson arrivals at %.1f layer steps/s (all nodes)", c.rate)
           : absl::StrFormat("closed loop, %d layer step%s in flight per node", c.concurrency,
                             c.concurrency == 1 ? "" : "s");
+  const PhaseStats& a = report.attend;
   absl::StrAppend(
       &text, Line("load", absl::StrFormat("%s; warm-up %.1f s excluded; measured %.2f s (%s)", load,
-                                          c.warmup_s, report.attend.seconds, report.stop_reason)));
-  const PhaseStats& a = report.attend;
+                                          c.warmup_s, a.seconds, report.stop_reason)));
+  if (a.planned_seconds > 0 && a.seconds > 1.05 * a.planned_seconds) {
+    absl::StrAppend(&text, Line("", absl::StrFormat("(the window's last answer came %.2f s after "
+                                                    "its end: the server fell behind)",
+                                                    a.seconds - a.planned_seconds)));
+  }
   absl::StrAppend(&text, Line("latency per layer step", LatencyText(a.latency)));
   if (a.latency_by_kind.size() > 1) {
     std::vector<std::string> parts;

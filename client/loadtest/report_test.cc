@@ -74,8 +74,12 @@ TEST(ReportTest, TextShowsEveryFigure) {
   EXPECT_THAT(text, HasSubstr("errors                   none (400 OK)"));
   EXPECT_THAT(text, HasSubstr("1010 of 10000 blocks used at the end (10.1%"));
   EXPECT_THAT(text, Not(HasSubstr("echo baseline")));
+  EXPECT_THAT(text, Not(HasSubstr("fell behind")));
   EXPECT_THAT(text, Not(HasSubstr("verify")));
 
+  report.config.mode = "open";
+  report.config.rate = 400;
+  report.attend.planned_seconds = 1.5;  // answers came 0.5 s after the schedule's end
   report.attend.errors["RESOURCE_EXHAUSTED"] = 3;
   report.attend.errors["FAILED_PRECONDITION"] = 1;
   report.echo = PhaseStats();
@@ -89,6 +93,9 @@ TEST(ReportTest, TextShowsEveryFigure) {
   report.verify.max_excess = 0.25;
   const std::string more = FormatReport(report);
   EXPECT_THAT(more, HasSubstr("4 of 404: FAILED_PRECONDITION 1, RESOURCE_EXHAUSTED 3"));
+  EXPECT_THAT(more, HasSubstr("open loop, Poisson arrivals at 400.0 layer steps/s"));
+  EXPECT_THAT(more, HasSubstr("(the window's last answer came 0.50 s after its end"));
+  EXPECT_THAT(more, HasSubstr("(50% of the target rate answered)"));
   EXPECT_THAT(more, HasSubstr("p50 latency x4.00 of pure transport"));
   EXPECT_THAT(more, HasSubstr("echo moves x2.50 the layer steps/s"));
   EXPECT_THAT(more, HasSubstr("PASSED: 5 layer steps (15 tokens)"));
