@@ -289,11 +289,29 @@ TEST(LoadTestEndToEnd, ClosedLoopWithBaselineVerifyAndEveryOutput) {
   EXPECT_EQ(kv["used_after_close"], kv["used_at_start"]);
   EXPECT_GT(kv["blocks_total"].get<int64_t>(), kv["used_at_end"].get<int64_t>());
 
-  // One CSV line per measured layer step of each phase, all OK.
+  // One CSV line per measured layer step of each phase, all OK, each with the
+  // payload of its layer step: 2 tokens of q (8 heads) and kv, the new
+  // compressed rows, and on the C4A layer the top-k (512 int32 a token);
+  // Echo sends the same bytes.
+  const int kRatios[] = {0, 0, 4, 128};  // V4-Flash layers 0..3
   const std::vector<std::map<std::string, std::string>> rows = ReadCsv(csv_path);
   int64_t attend_rows = 0, echo_rows = 0;
   for (const auto& row : rows) {
     EXPECT_EQ(row.at("code"), "OK");
+    const int layer = std::stoi(row.at("layer"));
+    const int position = 200 + std::stoi(row.at("step"));
+    const int ratio = kRatios[layer];
+    const int64_t new_rows = ratio > 0 ? (position + 1) / ratio - position / ratio : 0;
+    const int64_t expected_in =
+        2 * (8 + 1) * 1024 + 2 * new_rows * 1024 + (ratio == 4 ? 2 * 512 * 4 : 0);
+    EXPECT_EQ(std::stoll(row.at("bytes_in")), expected_in) << row.at("phase") << " layer " << layer;
+    const int64_t out = std::stoll(row.at("bytes_out"));
+    if (row.at("phase") == "attend") {
+      // out [2, 8, 512] bf16, and lse [2, 8] fp32 on the steps sampled for --verify.
+      EXPECT_TRUE(out == 2 * 8 * 1024 || out == 2 * 8 * 1024 + 2 * 8 * 4) << out;
+    } else {
+      EXPECT_EQ(out, expected_in);
+    }
     (row.at("phase") == "attend" ? attend_rows : echo_rows) += 1;
     EXPECT_GT(std::stod(row.at("latency_us")), 0);
     EXPECT_GE(std::stod(row.at("due_s")), 0);
