@@ -63,7 +63,8 @@ struct Group {
   std::vector<SessionRef> sessions;
   std::unique_ptr<client::AttendStream> attend;
   std::unique_ptr<client::EchoStream> echo;
-  std::deque<int64_t> sent;  // layer steps sent and not yet received, in order
+  // Layer steps sent and not yet received, in order, with their payload bytes.
+  std::deque<std::pair<int64_t, int64_t>> sent;
 };
 
 // A layer step whose answers are not all in.
@@ -413,7 +414,7 @@ class Node {
           pending_[seq].bytes_in += *bytes;
           pending_[seq].tokens +=
               static_cast<int64_t>(group.sessions.size()) * setup_.tokens_per_step;
-          group.sent.push_back(seq);
+          group.sent.push_back({seq, *bytes});
           cv_.notify_all();
         } else {
           // Never sent: this group's part is done, failed.
@@ -431,12 +432,12 @@ class Node {
   void ReceiveLoop(size_t g) {
     Group& group = groups_[g];
     while (true) {
-      int64_t seq;
+      int64_t seq, bytes_in;
       {
         std::unique_lock<std::mutex> lock(mutex_);
         cv_.wait(lock, [&] { return !group.sent.empty() || sender_done_; });
         if (group.sent.empty()) return;
-        seq = group.sent.front();
+        std::tie(seq, bytes_in) = group.sent.front();
         group.sent.pop_front();
       }
       int code = 0;
@@ -456,6 +457,10 @@ class Node {
         }
       } else {
         absl::StatusOr<client::EchoResult> answer = group.echo->Receive();
+        if (answer.ok() && static_cast<int64_t>(answer->size()) != bytes_in) {
+          answer = absl::DataLossError(absl::StrCat("Echo sent ", bytes_in, " bytes and got ",
+                                                    answer->size(), " back"));
+        }
         if (answer.ok()) {
           bytes_out = static_cast<int64_t>(answer->size());
         } else {
