@@ -446,6 +446,13 @@ class Node {
       std::optional<client::AttendResult> result;
       if (plan_.kind == PhaseKind::kAttend) {
         absl::StatusOr<client::AttendResult> answer = group.attend->Receive();
+        const int64_t expected_out = static_cast<int64_t>(group.sessions.size()) *
+                                     setup_.tokens_per_step * setup_.heads * kRowBytes;
+        if (answer.ok() && static_cast<int64_t>(answer->out_view().size_bytes()) != expected_out) {
+          answer = absl::DataLossError(absl::StrCat("Attend answer holds ",
+                                                    answer->out_view().size_bytes(),
+                                                    " bytes of out, not ", expected_out));
+        }
         if (answer.ok()) {
           bytes_out = static_cast<int64_t>(answer->out_view().size_bytes());
           if (answer->has_lse()) bytes_out += answer->num_tokens() * answer->num_heads() * 4;
@@ -458,8 +465,8 @@ class Node {
       } else {
         absl::StatusOr<client::EchoResult> answer = group.echo->Receive();
         if (answer.ok() && static_cast<int64_t>(answer->size()) != bytes_in) {
-          answer = absl::DataLossError(absl::StrCat("Echo sent ", bytes_in, " bytes and got ",
-                                                    answer->size(), " back"));
+          answer = absl::DataLossError(
+              absl::StrCat("Echo sent ", bytes_in, " bytes and got ", answer->size(), " back"));
         }
         if (answer.ok()) {
           bytes_out = static_cast<int64_t>(answer->size());

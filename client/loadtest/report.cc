@@ -209,6 +209,10 @@ std::string FormatReport(const RunReport& report) {
                                     a.server.total_us, a.server.batch_tokens)));
   }
   absl::StrAppend(&text, Line("errors", ErrorsText(a)));
+  absl::StrAppend(&text, Line("prompts", absl::StrFormat("%d sessions x %d tokens created and "
+                                                         "appended in %.2f s (not measured)",
+                                                         c.streams * c.sessions, c.prompt,
+                                                         report.prompt_seconds)));
   const KvUse& kv = report.kv;
   absl::StrAppend(
       &text,

@@ -68,15 +68,15 @@ struct ServerTiming {
 
 // One measured phase: the Attend load, or the Echo baseline of the same bytes.
 struct PhaseStats {
-  std::string name;       // "attend" or "echo"
+  std::string name;  // "attend" or "echo"
   // The measured window (warm-up excluded): from the end of the warm-up
   // until the schedule ended and every layer step due in it was answered.
   double seconds = 0;
   double planned_seconds = 0;  // the schedule's part: --duration_s (0 with --steps)
-  int64_t ok = 0;         // layer steps answered OK in the window
-  int64_t tokens = 0;     // query tokens of those layer steps
-  int64_t bytes_in = 0;   // payload sent to the server (OK layer steps)
-  int64_t bytes_out = 0;  // payload received (OK layer steps)
+  int64_t ok = 0;              // layer steps answered OK in the window
+  int64_t tokens = 0;          // query tokens of those layer steps
+  int64_t bytes_in = 0;        // payload sent to the server (OK layer steps)
+  int64_t bytes_out = 0;       // payload received (OK layer steps)
   LatencyHistogram latency;
   // The same latencies by the kind of layer ("swa", "c4a", "c128a"), whose
   // costs differ: a C4A layer attends up to top-k more rows.

@@ -35,6 +35,7 @@ RunReport SampleReport() {
   c.warmup_s = 0.5;
   c.duration_s = 2;
   report.stop_reason = "--duration_s";
+  report.prompt_seconds = 1.25;
   PhaseStats& a = report.attend;
   a.name = "attend";
   a.seconds = 2.0;
@@ -73,6 +74,7 @@ TEST(ReportTest, TextShowsEveryFigure) {
   EXPECT_THAT(text, HasSubstr("queue 100 us, prologue 50 us, decode 800 us, total 1000 us"));
   EXPECT_THAT(text, HasSubstr("errors                   none (400 OK)"));
   EXPECT_THAT(text, HasSubstr("1010 of 10000 blocks used at the end (10.1%"));
+  EXPECT_THAT(text, HasSubstr("6 sessions x 256 tokens created and appended in 1.25 s"));
   EXPECT_THAT(text, Not(HasSubstr("echo baseline")));
   EXPECT_THAT(text, Not(HasSubstr("fell behind")));
   EXPECT_THAT(text, Not(HasSubstr("verify")));
