@@ -1,49 +1,35 @@
 // mla_offload_loadtest against the real mla_offload_server (CPU backend),
-// both as child processes over loopback: short closed- and open-loop runs
-// with --verify, the Echo baseline and every output file, and the exits of
-// runs that cannot go.
+// both as child processes over loopback (client/test_processes.h): short
+// closed- and open-loop runs with --verify, the Echo baseline and every
+// output file, a full KV cache, Ctrl-C, and the exits of runs that cannot go.
 //
 // The numbers are checked for consistency with each other and with what the
 // run was told to do (counts of layer steps and tokens, CSV lines against the
 // JSON, percentiles in order, zero errors, verification passed, KV freed),
 // not against fixed figures: CI has two cores and other work.
-#include <fcntl.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <chrono>
-#include <condition_variable>
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <map>
 #include <memory>
-#include <mutex>
-#include <optional>
-#include <regex>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "client/test_processes.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-
-extern char** environ;
 
 namespace mla::loadtest {
 namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-std::string Runfile(const std::string& path) {
-  return absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"), "/", path);
-}
 
 std::string OutDir() {
   const char* dir = std::getenv("TEST_UNDECLARED_OUTPUTS_DIR");
@@ -58,140 +44,37 @@ std::string ReadFile(const std::string& path) {
   return text.str();
 }
 
-// A child process whose stdout and stderr are collected by a thread.
-class Process {
- public:
-  explicit Process(std::vector<std::string> args) {
-    std::vector<char*> argv;
-    for (std::string& arg : args) argv.push_back(arg.data());
-    argv.push_back(nullptr);
-    int fds[2];
-    if (pipe2(fds, O_CLOEXEC) != 0) return;
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
-    posix_spawn_file_actions_adddup2(&actions, fds[1], STDERR_FILENO);
-    const int rc = posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    close(fds[1]);
-    if (rc != 0) {
-      close(fds[0]);
-      pid_ = 0;
-      return;
-    }
-    fd_ = fds[0];
-    reader_ = std::thread([this] {
-      char buffer[4096];
-      ssize_t got;
-      while ((got = read(fd_, buffer, sizeof(buffer))) > 0 || (got < 0 && errno == EINTR)) {
-        if (got <= 0) continue;
-        std::lock_guard<std::mutex> lock(mutex_);
-        output_.append(buffer, got);
-        changed_.notify_all();
-      }
-      std::lock_guard<std::mutex> lock(mutex_);
-      eof_ = true;
-      changed_.notify_all();
-    });
-  }
-
-  ~Process() {
-    if (pid_ > 0 && !status_.has_value()) {
-      kill(pid_, SIGTERM);
-      if (!Wait(std::chrono::seconds(8)).has_value()) {
-        kill(pid_, SIGKILL);
-        Wait(std::chrono::seconds(60));
-      }
-    }
-    if (reader_.joinable()) reader_.join();
-    if (fd_ >= 0) close(fd_);
-  }
-
-  bool started() const { return pid_ > 0; }
-  void Signal(int signal) { kill(pid_, signal); }
-
-  // The exit status (WEXITSTATUS; 128 + signal when killed), or nullopt
-  // while it runs after `timeout`.
-  std::optional<int> Wait(std::chrono::seconds timeout) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (!status_.has_value()) {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      } else if (std::chrono::steady_clock::now() >= deadline) {
-        return std::nullopt;
-      } else {
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
-    }
-    return status_;
-  }
-
-  // Everything printed, once the process has closed its output.
-  std::string AllOutput() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    changed_.wait_for(lock, std::chrono::seconds(10), [this] { return eof_; });
-    return output_;
-  }
-
-  // The first capture group of the first line matching `pattern`, waiting
-  // up to `timeout`.
-  std::optional<std::string> WaitForLine(const std::regex& pattern, std::chrono::seconds timeout) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (true) {
-      std::istringstream lines(output_);
-      for (std::string line; std::getline(lines, line);) {
-        std::smatch match;
-        if (std::regex_search(line, match, pattern)) return match[1].str();
-      }
-      if (eof_ || changed_.wait_until(lock, deadline) == std::cv_status::timeout)
-        return std::nullopt;
-    }
-  }
-
- private:
-  pid_t pid_ = 0;
-  int fd_ = -1;
-  std::thread reader_;
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::string output_;
-  bool eof_ = false;
-  std::optional<int> status_;
-};
-
-// The server binary on a free loopback port, CPU backend.
-class Server {
- public:
-  explicit Server(const std::string& kv_cache_gb = "0.2")
-      : process_({Runfile("server/mla_offload_server"), "--listen=127.0.0.1:0", "--metrics_port=-1",
-                  "--kv_cache_gb=" + kv_cache_gb, "--cpu_threads=1", "--max_position=4096",
-                  "--drain_seconds=2"}) {
-    static const std::regex kServing(R"(serving on (127\.0\.0\.1:\d+))");
-    target_ = process_.WaitForLine(kServing, std::chrono::seconds(60)).value_or("");
-  }
-  const std::string& target() const { return target_; }
-
- private:
-  Process process_;
-  std::string target_;
-};
+// The server (client/test_processes.h: CPU backend, a free loopback port),
+// with `flags` after its defaults.
+std::unique_ptr<client::TestServer> StartServer(const std::vector<std::string>& flags = {}) {
+  std::vector<std::string> all = {"--kv_cache_gb=0.2", "--max_position=4096"};
+  all.insert(all.end(), flags.begin(), flags.end());
+  absl::StatusOr<std::unique_ptr<client::TestServer>> server = client::TestServer::Start(all);
+  EXPECT_TRUE(server.ok()) << server.status();
+  return server.ok() ? *std::move(server) : nullptr;
+}
 
 struct LoadTestRun {
   int exit_code = -1;
-  std::string output;
+  std::string output;  // stdout (the report), then stderr (progress, errors)
 };
 
-LoadTestRun LoadTest(const std::vector<std::string>& flags) {
-  std::vector<std::string> args = {Runfile("client/loadtest/mla_offload_loadtest")};
-  args.insert(args.end(), flags.begin(), flags.end());
-  Process process(args);
+// Runs the load test to its end; `prefix` goes before the binary (e.g. a
+// `timeout` that interrupts it).
+LoadTestRun LoadTest(const std::vector<std::string>& flags,
+                     const std::vector<std::string>& prefix = {}) {
   LoadTestRun run;
-  if (!process.started()) return run;
-  const std::optional<int> code = process.Wait(std::chrono::seconds(120));
-  run.exit_code = code.value_or(-1);
-  run.output = process.AllOutput();
+  absl::StatusOr<std::string> binary = client::RunfilePath("client/loadtest/mla_offload_loadtest");
+  EXPECT_TRUE(binary.ok()) << binary.status();
+  if (!binary.ok()) return run;
+  std::vector<std::string> argv = prefix;
+  argv.push_back(*binary);
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  absl::StatusOr<client::CommandResult> result = client::RunCommand(argv, absl::Seconds(120));
+  EXPECT_TRUE(result.ok()) << result.status();
+  if (!result.ok()) return run;
+  run.exit_code = result->exit_code;
+  run.output = result->out + result->err;
   return run;
 }
 
@@ -229,13 +112,13 @@ void ExpectSaneLatency(const nlohmann::json& latency) {
 }
 
 TEST(LoadTestEndToEnd, ClosedLoopWithBaselineVerifyAndEveryOutput) {
-  Server server;
-  ASSERT_FALSE(server.target().empty()) << "the server did not start";
+  std::unique_ptr<client::TestServer> server = StartServer();
+  ASSERT_NE(server, nullptr);
   const std::string dir = OutDir();
   const std::string json_path = dir + "/closed.json", csv_path = dir + "/closed.csv",
                     png_path = dir + "/closed.png";
   const LoadTestRun run =
-      LoadTest({"--target=" + server.target(), "--model=deepseek-v4-flash", "--tp=8", "--layers=4",
+      LoadTest({"--target=" + server->target(), "--model=deepseek-v4-flash", "--tp=8", "--layers=4",
                 "--streams=2", "--sessions=2", "--prompt=200", "--concurrency=2", "--warmup_s=0.3",
                 "--duration_s=1.5", "--baseline", "--verify", "--verify_every=3", "--verify_max=8",
                 "--verify_tokens=2", "--json_out=" + json_path, "--csv_out=" + csv_path,
@@ -326,14 +209,14 @@ TEST(LoadTestEndToEnd, ClosedLoopWithBaselineVerifyAndEveryOutput) {
 }
 
 TEST(LoadTestEndToEnd, OpenLoopStepsAndTwoServers) {
-  Server first, second;
-  ASSERT_FALSE(first.target().empty());
-  ASSERT_FALSE(second.target().empty());
+  std::unique_ptr<client::TestServer> first = StartServer(), second = StartServer();
+  ASSERT_NE(first, nullptr);
+  ASSERT_NE(second, nullptr);
   const std::string dir = OutDir();
   const std::string json_path = dir + "/open.json", svg_path = dir + "/open.svg";
   // 2 nodes x 5 decode steps x 3 layers: exactly 30 measured layer steps.
   const LoadTestRun run = LoadTest(
-      {"--target=" + first.target(), "--target", second.target(), "--model=deepseek-v4-pro",
+      {"--target=" + first->target(), "--target", second->target(), "--model=deepseek-v4-pro",
        "--tp=16", "--layers=3", "--streams=2", "--sessions=4", "--tokens_per_step=2",
        "--prompt=130", "--rate=150", "--warmup_s=0.2", "--steps=5", "--verify", "--verify_every=2",
        "--verify_max=6", "--json_out=" + json_path, "--plot_out=" + svg_path});
@@ -361,11 +244,11 @@ TEST(LoadTestEndToEnd, AFullKvCacheIsCountedByCodeAndStopsTheNode) {
   // 434 blocks: two V4-Flash sessions of 256 prompt tokens fill them (4 ring
   // blocks a layer and one page a compressed layer each), so the first C4A
   // layer step that needs a new page (position 259) finds none.
-  Server server("0.01625");
-  ASSERT_FALSE(server.target().empty());
+  std::unique_ptr<client::TestServer> server = StartServer({"--kv_cache_gb=0.01625"});
+  ASSERT_NE(server, nullptr);
   const std::string dir = OutDir();
   const std::string json_path = dir + "/full.json", csv_path = dir + "/full.csv";
-  const LoadTestRun run = LoadTest({"--target=" + server.target(), "--tp=8", "--layers=4",
+  const LoadTestRun run = LoadTest({"--target=" + server->target(), "--tp=8", "--layers=4",
                                     "--sessions=2", "--prompt=256", "--warmup_s=0", "--steps=10",
                                     "--json_out=" + json_path, "--csv_out=" + csv_path});
   // Layer steps before the failure were answered: a run, not a failure.
@@ -396,22 +279,17 @@ TEST(LoadTestEndToEnd, AFullKvCacheIsCountedByCodeAndStopsTheNode) {
 }
 
 TEST(LoadTestEndToEnd, CtrlCEndsTheRunWithAReport) {
-  Server server;
-  ASSERT_FALSE(server.target().empty());
+  std::unique_ptr<client::TestServer> server = StartServer();
+  ASSERT_NE(server, nullptr);
   const std::string json_path = OutDir() + "/interrupted.json";
-  Process process({Runfile("client/loadtest/mla_offload_loadtest"), "--target=" + server.target(),
-                   "--tp=8", "--layers=2", "--sessions=2", "--prompt=64", "--warmup_s=0.2",
-                   "--duration_s=60", "--baseline", "--json_out=" + json_path});
-  ASSERT_TRUE(process.started());
-  // Once the measured window has run a while (the progress line says so).
-  static const std::regex kMeasuring(R"(attend: measure (\d))");
-  ASSERT_TRUE(process.WaitForLine(kMeasuring, std::chrono::seconds(30)).has_value())
-      << process.AllOutput();
-  process.Signal(SIGINT);
-  ASSERT_EQ(process.Wait(std::chrono::seconds(30)), 0) << process.AllOutput();
-  const std::string output = process.AllOutput();
-  EXPECT_THAT(output, HasSubstr("(interrupted)"));
-  EXPECT_THAT(output, Not(HasSubstr("echo baseline  ")));
+  // SIGINT after 4 s of a 60 s run; the exit status is the load test's own.
+  const LoadTestRun run = LoadTest(
+      {"--target=" + server->target(), "--tp=8", "--layers=2", "--sessions=2", "--prompt=64",
+       "--warmup_s=0.2", "--duration_s=60", "--baseline", "--json_out=" + json_path},
+      {"/usr/bin/timeout", "--preserve-status", "-s", "INT", "4"});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("(interrupted)"));
+  EXPECT_THAT(run.output, Not(HasSubstr("echo baseline  ")));
   const nlohmann::json json = nlohmann::json::parse(ReadFile(json_path));
   EXPECT_EQ(json["stop_reason"], "interrupted");
   EXPECT_GT(json["attend"]["layer_steps_ok"].get<int64_t>(), 0);
