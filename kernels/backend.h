@@ -126,7 +126,10 @@ class ComputeBackend {
 
   // Zero-filled memory in the backend's address space.
   virtual absl::StatusOr<DeviceBuffer> Allocate(int64_t bytes) = 0;
+  // Returns once `host_src` may be reused; the bytes are in place for every
+  // later Prologue/Decode (and copy) of this backend, in call order.
   virtual absl::Status CopyToDevice(void* device_dst, const void* host_src, int64_t bytes) = 0;
+  // Returns with the bytes in `host_dst`, after everything issued before.
   virtual absl::Status CopyToHost(void* host_dst, const void* device_src, int64_t bytes) = 0;
 
   virtual absl::Status Prologue(const PrologueParams& params) = 0;

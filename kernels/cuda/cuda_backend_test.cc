@@ -16,6 +16,7 @@
 #include <iostream>
 #include <memory>
 #include <utility>
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -228,6 +229,40 @@ TEST(DecodeRejectTest, RejectsNullPointersAndNegativeCounts) {
 TEST(DecodeRejectTest, IgnoresEntriesPastTheLength) {
   if (CudaBackend::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   ExpectDecodeIgnoresEntriesPastTheLength(MakeBackend);
+}
+
+// Copies go through the backend's pinned staging: the caller's memory may
+// change as soon as CopyToDevice returns, many copies may be in flight at
+// once (more than the staging holds, so it is reused and grown), and each
+// lands where it was sent.
+TEST(CopyTest, UploadsTakeTheBytesAtOnceAndLandInOrder) {
+  MAKE_CUDA_BACKEND(backend);
+  const std::vector<int64_t> sizes = {1, 4096, 3 << 20, 3 << 20, 5 << 20, 257, 12 << 20, 7};
+  std::vector<DeviceBuffer> buffers;
+  std::vector<std::vector<uint8_t>> sent;
+  std::vector<uint8_t> host;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    absl::StatusOr<DeviceBuffer> buffer = backend.Allocate(sizes[i]);
+    ASSERT_TRUE(buffer.ok()) << buffer.status();
+    host.assign(sizes[i], 0);
+    for (int64_t b = 0; b < sizes[i]; ++b) host[b] = static_cast<uint8_t>(b * 7 + i * 31 + 1);
+    ASSERT_TRUE(backend.CopyToDevice(buffer->data(), host.data(), sizes[i]).ok());
+    sent.push_back(host);
+    std::fill(host.begin(), host.end(), 0xee);  // the caller reuses its memory at once
+    buffers.push_back(*std::move(buffer));
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    std::vector<uint8_t> back(sizes[i], 0);
+    ASSERT_TRUE(backend.CopyToHost(back.data(), buffers[i].data(), sizes[i]).ok());
+    EXPECT_EQ(back, sent[i]) << "copy " << i << " of " << sizes[i] << " bytes";
+  }
+  // The same device buffer written twice without a synchronisation between:
+  // the second write wins.
+  std::vector<uint8_t> first(4096, 1), second(4096, 2), back(4096, 0);
+  ASSERT_TRUE(backend.CopyToDevice(buffers[1].data(), first.data(), 4096).ok());
+  ASSERT_TRUE(backend.CopyToDevice(buffers[1].data(), second.data(), 4096).ok());
+  ASSERT_TRUE(backend.CopyToHost(back.data(), buffers[1].data(), 4096).ok());
+  EXPECT_EQ(back, second);
 }
 
 }  // namespace
