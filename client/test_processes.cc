@@ -80,6 +80,8 @@ absl::StatusOr<std::unique_ptr<TestServer>> TestServer::Start(
         absl::StrCat("the server did not start; its output:\n", server->Output()));
   }
   server->port_ = std::stoi(match[1]);
+  static const std::regex kMetrics(R"(metrics on port (\d+))");
+  if (std::regex_search(*line, match, kMetrics)) server->metrics_port_ = std::stoi(match[1]);
   return server;
 }
 
@@ -110,12 +112,13 @@ std::optional<int> TestServer::WaitExit(absl::Duration timeout) {
   return exit_status_;
 }
 
-void TestServer::Stop() {
-  if (WaitExit(absl::ZeroDuration()).has_value()) return;
+bool TestServer::Stop() {
+  if (WaitExit(absl::ZeroDuration()).has_value()) return false;
   Signal(SIGTERM);
-  if (WaitExit(absl::Seconds(8)).has_value()) return;
+  if (WaitExit(absl::Seconds(8)).has_value()) return true;
   Signal(SIGKILL);
   WaitExit(absl::InfiniteDuration());
+  return false;
 }
 
 std::string TestServer::Output() const {

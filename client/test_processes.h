@@ -37,14 +37,17 @@ class TestServer {
   ~TestServer();
 
   int port() const { return port_; }
+  // The /metrics port when the server was started with one (0 otherwise).
+  int metrics_port() const { return metrics_port_; }
   std::string target() const;  // "127.0.0.1:PORT"
   pid_t pid() const { return pid_; }
 
   void Signal(int signal);
   // The wait status once the process has exited within `timeout`.
   std::optional<int> WaitExit(absl::Duration timeout);
-  // Stops it (SIGTERM, then SIGKILL) and waits.
-  void Stop();
+  // Stops it (SIGTERM, then SIGKILL after 8 s) and waits. False when it
+  // took the SIGKILL (it did not stop on SIGTERM) or had already exited.
+  bool Stop();
   std::string Output() const;
   // The first line of stdout containing `text`, waiting up to `timeout`.
   std::optional<std::string> WaitForLine(absl::string_view text, absl::Duration timeout);
@@ -56,6 +59,7 @@ class TestServer {
   const pid_t pid_;
   const int fd_;
   int port_ = 0;
+  int metrics_port_ = 0;
   std::optional<int> exit_status_;
   mutable std::mutex mutex_;
   std::condition_variable changed_;

@@ -66,6 +66,7 @@
 #include "absl/types/span.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "client/test_processes.h"
 #include "kernels/backend.h"
 #include "kernels/bf16.h"
 #include "kernels/cache_format.h"
@@ -108,169 +109,29 @@ constexpr int64_t kRowBytes = int64_t{kHeadDim} * 2;
 constexpr int kRingBlocks = 4;  // blocks of a session's SWA ring, per layer
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-// ---- The server process.
+// ---- The server process (client/test_processes.h).
 
-// The server binary running as a child process, its stdout collected by a
-// thread. Destroying it stops the process: SIGTERM, then SIGKILL when it has
-// not exited after a few seconds.
-class ServerProcess {
- public:
-  // Starts the server with the flags every test uses, then `flags` (a later
-  // flag overrides an earlier one), and waits for its "serving on" line.
-  // The binary is the one in the test's runfiles, or $MLA_OFFLOAD_SERVER
-  // (to hold another build, e.g. a CUDA one, to the same tests).
-  static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(
-      const std::vector<std::string>& flags) {
-    const char* srcdir = std::getenv("TEST_SRCDIR");
-    const char* workspace = std::getenv("TEST_WORKSPACE");
-    const char* override_binary = std::getenv("MLA_OFFLOAD_SERVER");
-    if (override_binary == nullptr && (srcdir == nullptr || workspace == nullptr)) {
-      return absl::FailedPreconditionError(
-          "TEST_SRCDIR/TEST_WORKSPACE unset: run under bazel test");
-    }
-    const std::string binary =
-        override_binary != nullptr
-            ? std::string(override_binary)
-            : absl::StrCat(srcdir, "/", workspace, "/server/mla_offload_server");
-    std::vector<std::string> args = {binary,
-                                     "--listen=127.0.0.1:0",
-                                     "--metrics_port=0",
-                                     "--kv_cache_gb=0.05",
-                                     absl::StrCat("--max_position=", kMaxPosition),
-                                     "--cpu_threads=2",
-                                     absl::StrCat("--backend=", ServerBackend()),
-                                     "--drain_seconds=3"};
-    args.insert(args.end(), flags.begin(), flags.end());
-    std::vector<char*> argv;
-    for (std::string& arg : args) argv.push_back(arg.data());
-    argv.push_back(nullptr);
+using ServerProcess = ::mla::client::TestServer;
 
-    int fds[2];
-    if (pipe2(fds, O_CLOEXEC) != 0) return absl::InternalError("pipe2 failed");
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
-    pid_t pid = 0;
-    const int rc = posix_spawn(&pid, binary.c_str(), &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    close(fds[1]);
-    if (rc != 0) {
-      close(fds[0]);
-      return absl::InternalError(absl::StrCat("posix_spawn ", binary, ": ", std::strerror(rc)));
-    }
-    std::unique_ptr<ServerProcess> server(new ServerProcess(pid, fds[0]));
-    const std::optional<std::string> line = server->WaitForLine("serving on", absl::Seconds(60));
-    static const std::regex kServing(
-        R"(serving on 127\.0\.0\.1:(\d+) \(.*\), metrics on port (\d+))");
-    std::smatch match;
-    if (!line.has_value() || !std::regex_search(*line, match, kServing)) {
-      return absl::InternalError(
-          absl::StrCat("the server did not start; its output:\n", server->Output()));
-    }
-    server->port_ = std::stoi(match[1]);
-    server->metrics_port_ = std::stoi(match[2]);
-    return server;
-  }
+// Starts the server with the flags every test uses, then `flags` (a later
+// flag overrides an earlier one). The binary is the one in the test's
+// runfiles, or $MLA_OFFLOAD_SERVER (to hold another build, e.g. a CUDA one,
+// to the same tests).
+absl::StatusOr<std::unique_ptr<ServerProcess>> StartServerProcess(
+    const std::vector<std::string>& flags) {
+  std::vector<std::string> all = {"--metrics_port=0", absl::StrCat("--max_position=", kMaxPosition),
+                                  absl::StrCat("--backend=", ServerBackend())};
+  all.insert(all.end(), flags.begin(), flags.end());
+  return ServerProcess::Start(all);
+}
 
-  ~ServerProcess() {
-    Stop();
-    reader_.join();
-    close(fd_);
-  }
-
-  int port() const { return port_; }
-  int metrics_port() const { return metrics_port_; }
-  pid_t pid() const { return pid_; }
-
-  std::shared_ptr<grpc::Channel> NewChannel() const {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(-1);
-    args.SetMaxSendMessageSize(-1);
-    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    return grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port_),
-                                     grpc::InsecureChannelCredentials(), args);
-  }
-
-  void Signal(int signal) { kill(pid_, signal); }
-
-  // Waits up to `timeout` for the process to exit; its wait status, or
-  // nullopt while it still runs.
-  std::optional<int> WaitExit(absl::Duration timeout) {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (!exit_status_.has_value()) {
-      int status = 0;
-      const pid_t done = waitpid(pid_, &status, WNOHANG);
-      if (done == pid_) {
-        exit_status_ = status;
-      } else if (absl::Now() >= deadline) {
-        break;
-      } else {
-        absl::SleepFor(absl::Milliseconds(10));
-      }
-    }
-    return exit_status_;
-  }
-
-  void Stop() {
-    if (WaitExit(absl::ZeroDuration()).has_value()) return;
-    Signal(SIGTERM);
-    if (WaitExit(absl::Seconds(8)).has_value()) return;
-    ADD_FAILURE() << "the server did not stop within 8 s of SIGTERM; killing it";
-    Signal(SIGKILL);
-    WaitExit(absl::InfiniteDuration());
-  }
-
-  std::string Output() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return output_;
-  }
-
-  // The first line of stdout containing `text`, waiting up to `timeout`.
-  std::optional<std::string> WaitForLine(absl::string_view text, absl::Duration timeout) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(timeout);
-    while (true) {
-      size_t start = 0;
-      for (size_t end; (end = output_.find('\n', start)) != std::string::npos; start = end + 1) {
-        const std::string line = output_.substr(start, end - start);
-        if (line.find(std::string(text)) != std::string::npos) return line;
-      }
-      if (eof_ || changed_.wait_until(lock, deadline) == std::cv_status::timeout) {
-        return std::nullopt;
-      }
-    }
-  }
-
- private:
-  ServerProcess(pid_t pid, int fd) : pid_(pid), fd_(fd), reader_([this] { ReadOutput(); }) {}
-
-  void ReadOutput() {
-    char buffer[4096];
-    while (true) {
-      const ssize_t got = read(fd_, buffer, sizeof(buffer));
-      if (got < 0 && errno == EINTR) continue;
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (got <= 0) {
-        eof_ = true;
-        changed_.notify_all();
-        return;
-      }
-      output_.append(buffer, got);
-      changed_.notify_all();
-    }
-  }
-
-  const pid_t pid_;
-  const int fd_;
-  int port_ = 0;
-  int metrics_port_ = 0;
-  std::optional<int> exit_status_;
-  mutable std::mutex mutex_;
-  std::condition_variable changed_;
-  std::string output_;
-  bool eof_ = false;
-  std::thread reader_;
-};
+std::shared_ptr<grpc::Channel> NewChannel(const ServerProcess& server) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return grpc::CreateCustomChannel(server.target(), grpc::InsecureChannelCredentials(), args);
+}
 
 // ---- /metrics over a plain socket.
 
@@ -887,16 +748,19 @@ class AttendStream {
 class ServerE2eTest : public ::testing::Test {
  protected:
   void StartServer(const std::vector<std::string>& flags = {}) {
-    absl::StatusOr<std::unique_ptr<ServerProcess>> started = ServerProcess::Start(flags);
+    absl::StatusOr<std::unique_ptr<ServerProcess>> started = StartServerProcess(flags);
     ASSERT_TRUE(started.ok()) << started.status();
     server_ = *std::move(started);
-    channel_ = server_->NewChannel();
+    channel_ = NewChannel(*server_);
     stub_ = pb::MlaOffload::NewStub(channel_);
   }
 
   void TearDown() override {
     stub_.reset();
     channel_.reset();
+    if (server_ != nullptr && !server_->WaitExit(absl::ZeroDuration()).has_value()) {
+      EXPECT_TRUE(server_->Stop()) << "the server did not stop within 8 s of SIGTERM; killed it";
+    }
     server_.reset();
   }
 
