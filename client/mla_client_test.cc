@@ -43,6 +43,7 @@
 #include "kernels/model_profile.h"
 #include "kernels/rope.h"
 #include "proto/mla_offload.grpc.pb.h"
+#include "tests/support/test_rows.h"
 
 namespace mla::client {
 namespace {
@@ -53,24 +54,6 @@ using ::testing::MatchesRegex;
 constexpr char kFlash[] = "deepseek-v4-flash";
 constexpr int kHeads = 8;
 constexpr int kMaxPosition = 8192;  // TestServer's --max_position
-
-// `count` rows of 512 bf16 values, a pure function of the seed: normal
-// values with a scale that changes per 64-wide tile (so the cache's tile
-// scales differ), none zero.
-std::vector<uint16_t> Rows(uint64_t seed, int64_t count) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<uint16_t> rows(count * kHeadDim);
-  for (int64_t tile = 0; tile < count * (kHeadDim / kQuantTile); ++tile) {
-    const float scale = std::ldexp(1.0f, static_cast<int>(rng() % 5) - 3);
-    for (int i = 0; i < kQuantTile; ++i) {
-      float value = normal(rng) * scale;
-      if (FloatToBf16(value) == 0 || FloatToBf16(value) == 0x8000) value = 1e-3f;
-      rows[tile * kQuantTile + i] = FloatToBf16(value);
-    }
-  }
-  return rows;
-}
 
 uint64_t Seed(uint64_t salt, int kind, int layer, int64_t index) {
   return salt * 1000003ull + static_cast<uint64_t>(kind) * 7919ull +
@@ -86,13 +69,13 @@ struct Sequence {
   int padded = 0;
 
   std::vector<uint16_t> SwaRow(int layer, int32_t position) const {
-    return Rows(Seed(salt, 0, layer, position), 1);
+    return TestRows(Seed(salt, 0, layer, position), 1);
   }
   std::vector<uint16_t> CompressedRow(int layer, int32_t row) const {
-    return Rows(Seed(salt, 1, layer, row), 1);
+    return TestRows(Seed(salt, 1, layer, row), 1);
   }
   std::vector<uint16_t> Query(int layer, int32_t position) const {
-    return Rows(Seed(salt, 2, layer, position), kHeads);
+    return TestRows(Seed(salt, 2, layer, position), kHeads);
   }
 };
 

@@ -78,6 +78,7 @@
 #include "kernels/rope.h"
 #include "proto/mla_offload.grpc.pb.h"
 #include "tests/integration/health.grpc.pb.h"
+#include "tests/support/test_rows.h"
 
 extern char** environ;
 
@@ -236,24 +237,6 @@ uint64_t SplitMix(uint64_t x) {
 }
 uint64_t Mix(uint64_t a, uint64_t b) { return SplitMix(a ^ SplitMix(b ^ 0x5851f42d4c957f2dull)); }
 
-// `count` rows of 512 bf16 values, none zero: normal values times a scale of
-// 2^-3..2^1 that changes from one 64-wide tile to the next, so that the
-// cache's tile scales differ and logits spread over about one unit.
-std::vector<uint16_t> RandomRows(uint64_t seed, int64_t count) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<uint16_t> rows(count * kHeadDim);
-  for (int64_t tile = 0; tile < count * (kHeadDim / kQuantTile); ++tile) {
-    const float scale = std::ldexp(1.0f, static_cast<int>(rng() % 5) - 3);
-    for (int i = 0; i < kQuantTile; ++i) {
-      float value = normal(rng) * scale;
-      if (FloatToBf16(value) == 0 || FloatToBf16(value) == 0x8000) value = 1e-3f;
-      rows[tile * kQuantTile + i] = FloatToBf16(value);
-    }
-  }
-  return rows;
-}
-
 template <typename T>
 std::string Bytes(const std::vector<T>& values) {
   return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
@@ -281,14 +264,14 @@ struct Seq {
   int ratio(int layer) const { return profile->compress_ratio(layer); }
 
   std::vector<uint16_t> SwaRow(int layer, int32_t position) const {
-    return RandomRows(Mix(Mix(salt, 4 * layer), position), 1);
+    return TestRows(Mix(Mix(salt, 4 * layer), position), 1);
   }
   std::vector<uint16_t> CompressedRow(int layer, int32_t row) const {
-    return RandomRows(Mix(Mix(salt, 4 * layer + 1), row), 1);
+    return TestRows(Mix(Mix(salt, 4 * layer + 1), row), 1);
   }
   // q [H, 512] of one token of the rank whose first head is `head_offset`.
   std::vector<uint16_t> Query(int layer, int32_t position, int head_offset) const {
-    return RandomRows(Mix(Mix(salt, 4 * layer + 2), int64_t{position} * 1024 + head_offset), heads);
+    return TestRows(Mix(Mix(salt, 4 * layer + 2), int64_t{position} * 1024 + head_offset), heads);
   }
   // The indexer's top-k of one token: `width` entries, of which up to
   // width - 3 are distinct rows below (p+1)/4 (the newest and row 0 always
@@ -1838,7 +1821,7 @@ TEST_F(ServerE2eTest, EchoReturnsEveryMessageUnchanged) {
   SetDeadline(context, absl::Seconds(30));
   std::unique_ptr<grpc::ClientReaderWriter<pb::EchoMessage, pb::EchoMessage>> stream =
       stub_->Echo(&context);
-  std::vector<std::string> payloads = {"", "x", Bytes(RandomRows(5, 2048))};  // 2 MiB last
+  std::vector<std::string> payloads = {"", "x", Bytes(TestRows(5, 2048))};  // 2 MiB last
   for (const std::string& payload : payloads) {
     pb::EchoMessage message;
     message.set_payload(payload);
