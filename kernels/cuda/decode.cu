@@ -452,10 +452,10 @@ constexpr int kPiecesPerRow = kTokenDataBytes / 16;  // 36 16-byte pieces of row
 constexpr int kWarps = kThreads / 32;                 // warps a CTA of the tensor-core kernel
 static_assert(kPiecesPerRow - 32 < 32 && kNopeDim / 16 == 28, "row pieces per lane");
 
-// MT M-tiles of 16 heads a CTA (MT = 2 for Hp >= 32: 512 threads, each
-// dequantised chunk serves 32 heads).
-// KC keys a chunk: 64 with MT = 2 (one CTA an SM), 32 with MT = 1 so that
-// two CTAs fit an SM and one's barriers overlap the other's work.
+// Shared memory of a CTA with MT M-tiles of 16 heads (MT = 2 for Hp >= 32:
+// each dequantised chunk serves 32 heads) and KC keys a chunk: 64 with
+// MT = 2 (one CTA an SM), 32 with MT = 1 so that two CTAs fit an SM and one's
+// barriers overlap the other's work.
 template <int MT, int KC>
 struct MmaLayout {
   static constexpr int kHeads = kMmaHeads * MT;
