@@ -62,7 +62,7 @@ void Scheduler::SetStateObserver(std::function<void(const Engine&)> observer) {
     std::lock_guard<std::mutex> lock(mutex_);
     state_observer_ = std::move(observer);
   }
-  Run([](Engine&) {});  // publishes the state once, from the engine thread
+  Run([](Engine&) { return Reply(); });  // publishes the state once, from the engine thread
 }
 
 void Scheduler::NotifyState() {
@@ -99,8 +99,9 @@ void Scheduler::Loop() {
       Task task = std::move(queue_.front().task);
       queue_.pop_front();
       lock.unlock();
-      task(*engine_);
+      const Reply reply = task(*engine_);
       NotifyState();
+      if (reply) reply();
       lock.lock();
       continue;
     }
@@ -141,17 +142,17 @@ void Scheduler::RunBatch(std::vector<Item>& batch) {
   const absl::Time finished = absl::Now();
   stats.run_us =
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
-  for (size_t i = 0; i < batch.size(); ++i) {
-    results[i].timing.total_us = absl::ToDoubleMicroseconds(finished - batch[i].attend->arrival);
-    batch[i].done(std::move(results[i]));
-  }
   std::function<void(const BatchStats&)> observer;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     observer = batch_observer_;
   }
   if (observer) observer(stats);
-  NotifyState();
+  NotifyState();  // before the answers: whoever has one sees the pages it took
+  for (size_t i = 0; i < batch.size(); ++i) {
+    results[i].timing.total_us = absl::ToDoubleMicroseconds(finished - batch[i].attend->arrival);
+    batch[i].done(std::move(results[i]));
+  }
 }
 
 }  // namespace mla

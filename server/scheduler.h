@@ -49,7 +49,11 @@ struct BatchStats {
 class Scheduler {
  public:
   using AttendDone = std::function<void(AttendResult)>;
-  using Task = std::function<void(Engine&)>;
+  // A task does its work on the engine thread and returns the reply to send
+  // (or nullptr). The scheduler publishes the engine state between the two,
+  // so a client that has its answer sees the state the request left behind.
+  using Reply = std::function<void()>;
+  using Task = std::function<Reply(Engine&)>;
 
   Scheduler(std::unique_ptr<Engine> engine, const SchedulerOptions& options);
   // Runs everything still queued, then stops the engine thread.
@@ -65,7 +69,8 @@ class Scheduler {
   // Called on the engine thread after every batch.
   void SetBatchObserver(std::function<void(const BatchStats&)> observer);
   // Called on the engine thread after anything that may change the engine's
-  // state (a batch, a task, an idle-session sweep), and once at the start.
+  // state (a batch, a task, an idle-session sweep), and once at the start;
+  // always before the answers of that batch or task go out.
   void SetStateObserver(std::function<void(const Engine&)> observer);
 
   int queued_messages() const;

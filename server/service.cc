@@ -287,7 +287,7 @@ grpc::ServerUnaryReactor* MlaOffloadService::RunUnary(grpc::CallbackServerContex
   scheduler_.Run([this, reactor, method, work = std::move(work)](Engine& engine) {
     const absl::Status status = work(engine);
     metrics_.RecordRequest(method, status.code());
-    reactor->Finish(ToGrpc(status));
+    return [reactor, status] { reactor->Finish(ToGrpc(status)); };
   });
   return reactor;
 }

@@ -282,11 +282,14 @@ TEST(LoadTestEndToEnd, CtrlCEndsTheRunWithAReport) {
   std::unique_ptr<client::TestServer> server = StartServer();
   ASSERT_NE(server, nullptr);
   const std::string json_path = OutDir() + "/interrupted.json";
-  // SIGINT after 4 s of a 60 s run; the exit status is the load test's own.
+  // One SIGINT after 4 s of a 60 s run, as a terminal's Ctrl-C sends; the exit
+  // status is the load test's own. Without --foreground, timeout signals the
+  // child and then its whole process group: a second SIGINT, which kills by
+  // design when it lands after the first one's handler ran.
   const LoadTestRun run = LoadTest(
       {"--target=" + server->target(), "--tp=8", "--layers=2", "--sessions=2", "--prompt=64",
        "--warmup_s=0.2", "--duration_s=60", "--baseline", "--json_out=" + json_path},
-      {"/usr/bin/timeout", "--preserve-status", "-s", "INT", "4"});
+      {"/usr/bin/timeout", "--foreground", "--preserve-status", "-s", "INT", "4"});
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_THAT(run.output, HasSubstr("(interrupted)"));
   EXPECT_THAT(run.output, Not(HasSubstr("echo baseline  ")));
