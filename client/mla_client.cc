@@ -18,6 +18,7 @@
 
 #include "absl/base/call_once.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "proto/mla_offload.grpc.pb.h"
 #include "proto/wire_reader.h"
 #include "proto/wire_writer.h"
@@ -158,6 +159,7 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
   struct Answer {
     uint64_t id = 0;
     grpc::ByteBuffer buffer;
+    std::vector<int64_t> expected_shape;  // as given to Send
   };
 
   RawStream(std::string what, const StreamOptions& options)
@@ -202,8 +204,9 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
 
   // Numbers the message, builds it with `build(id)` and queues it for
   // writing; waits while max_in_flight messages are unanswered.
+  // `expected_shape` comes back with the message's answer.
   template <typename Build>
-  absl::StatusOr<uint64_t> Send(Build&& build) {
+  absl::StatusOr<uint64_t> Send(Build&& build, std::vector<int64_t> expected_shape = {}) {
     grpc::ByteBuffer* start = nullptr;
     uint64_t id = 0;
     {
@@ -227,7 +230,7 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
           --last_id_;
           return message.status();
         }
-        unanswered_.push_back({id, absl::Now() + options_.step_timeout});
+        unanswered_.push_back({id, absl::Now() + options_.step_timeout, std::move(expected_shape)});
         writes_.push_back(*std::move(message));
         if (!writing_) {
           writing_ = true;
@@ -263,8 +266,10 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
         return absl::FailedPreconditionError(
             absl::StrCat(what_, ": Receive with no message outstanding (Send first)"));
       }
+      // Nothing left unanswered while waiting: another thread's Receive
+      // took the answer this one was waiting for.
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
-        return !answers_.empty() || done_ || Overdue();
+        return !answers_.empty() || unanswered_.empty() || done_ || Overdue();
       };
       while (!ready()) {
         mutex_.AwaitWithDeadline(absl::Condition(&ready), unanswered_.front().deadline);
@@ -273,6 +278,10 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
         Answer answer = std::move(answers_.front());
         answers_.pop_front();
         return answer;
+      }
+      if (unanswered_.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            what_, ": Receive with no message outstanding (another Receive took the last answer)"));
       }
       if (done_) return Ended();
       MarkOverdue();
@@ -377,7 +386,8 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
               absl::StrCat(what_, ": the server sent an answer no message asked for"));
         }
       } else {
-        answers_.push_back({unanswered_.front().id, std::move(read_buffer_)});
+        answers_.push_back({unanswered_.front().id, std::move(read_buffer_),
+                            std::move(unanswered_.front().expected_shape)});
         unanswered_.pop_front();
         read_buffer_ = grpc::ByteBuffer();
       }
@@ -470,6 +480,7 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
   struct Unanswered {
     uint64_t id;
     absl::Time deadline;
+    std::vector<int64_t> expected_shape;
   };
 
   const std::string what_;
@@ -596,7 +607,7 @@ absl::StatusOr<uint64_t> AttendStream::Send(const AttendInput& input) {
                             input.topk.data(), input.topk.size() * 4);
     }
     return wire::SerializeAttendRequest(request);
-  });
+  }, {tokens, heads, kHeadDim});
 }
 
 absl::StatusOr<AttendResult> AttendStream::Receive() {
@@ -620,17 +631,29 @@ absl::StatusOr<AttendResult> AttendStream::Receive() {
   if (!response->out.has_value()) {
     return absl::InternalError(absl::StrCat(what, ": an OK answer without out"));
   }
-  if (absl::Status status = wire::CheckTensorBytes(*response->out, "AttendResponse.out");
-      !status.ok() || response->out->dtype != mla_offload::v1::DTYPE_BF16 ||
-      response->out->shape.size() != 3) {
-    return absl::InternalError(absl::StrCat(what, ": out is not [T, H, 512] bf16: ",
-                                            status.message()));
+  // An answer not shaped like the message sent is a server fault, not
+  // something to hand on.
+  auto check = [&what](const wire::TensorView& tensor, const char* name, wire::DType dtype,
+                       const std::vector<int64_t>& shape) -> absl::Status {
+    absl::Status status = wire::CheckTensorBytes(tensor, name);
+    if (status.ok() && tensor.dtype == dtype && tensor.shape == shape) return status;
+    return absl::InternalError(absl::StrCat(
+        what, ": ", name, " is [", absl::StrJoin(tensor.shape, ", "), "] ",
+        mla_offload::v1::DType_Name(tensor.dtype), " where [", absl::StrJoin(shape, ", "), "] ",
+        mla_offload::v1::DType_Name(dtype), " is expected", status.ok() ? "" : ": ",
+        status.message()));
+  };
+  const std::vector<int64_t>& shape = answer->expected_shape;  // [T, H, 512]
+  if (absl::Status status =
+          check(*response->out, "AttendResponse.out", mla_offload::v1::DTYPE_BF16, shape);
+      !status.ok()) {
+    return status;
   }
   if (response->lse.has_value()) {
-    if (absl::Status status = wire::CheckTensorBytes(*response->lse, "AttendResponse.lse");
-        !status.ok() || response->lse->dtype != mla_offload::v1::DTYPE_F32) {
-      return absl::InternalError(
-          absl::StrCat(what, ": lse is not [T, H] fp32: ", status.message()));
+    if (absl::Status status = check(*response->lse, "AttendResponse.lse",
+                                    mla_offload::v1::DTYPE_F32, {shape[0], shape[1]});
+        !status.ok()) {
+      return status;
     }
   }
   auto data = std::make_unique<AttendResult::Data>();
@@ -742,6 +765,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
       (!options.tls_root_certs_pem.empty() || !options.tls_client_cert_pem.empty())) {
     return absl::InvalidArgumentError(
         "ConnectOptions: TLS certificates given but use_tls is false (set use_tls)");
+  }
+  if (!options.use_tls && !options.tls_server_name.empty()) {
+    return absl::InvalidArgumentError(
+        "ConnectOptions: tls_server_name given but use_tls is false (set use_tls)");
   }
   if (options.max_message_bytes <= 0) {
     return absl::InvalidArgumentError("ConnectOptions.max_message_bytes must be positive");
@@ -882,8 +909,17 @@ absl::StatusOr<pb::CreateSessionResponse> Client::CreateSession(const SessionOpt
   pb::CreateSessionRequest request;
   request.set_model(options.model);
   request.set_num_heads(options.num_heads);
-  request.set_idle_ttl_seconds(
-      static_cast<int32_t>(absl::ToInt64Seconds(options.idle_ttl + absl::Milliseconds(999))));
+  if (options.idle_ttl < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SessionOptions.idle_ttl is ", absl::FormatDuration(options.idle_ttl),
+                     ": give zero (the server's default) or a positive duration"));
+  }
+  // Whole seconds, rounded up; longer than the wire's int32 (68 years, or
+  // InfiniteDuration) becomes the longest the server can be asked for.
+  constexpr int64_t kMaxTtlSeconds = std::numeric_limits<int32_t>::max();
+  const absl::Duration ttl = std::min(options.idle_ttl, absl::Seconds(kMaxTtlSeconds));
+  request.set_idle_ttl_seconds(static_cast<int32_t>(
+      std::min(kMaxTtlSeconds, absl::ToInt64Seconds(absl::Ceil(ttl, absl::Seconds(1))))));
   if (!options.sinks.empty()) {
     if (options.sinks_shape.size() != 2 ||
         options.sinks_shape[0] * options.sinks_shape[1] !=

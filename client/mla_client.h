@@ -93,7 +93,7 @@ struct ConnectOptions {
   std::string tls_client_cert_pem;
   std::string tls_client_key_pem;
   // The name the server's certificate must carry, when it differs from the
-  // target's host (e.g. connecting by IP address).
+  // target's host (e.g. connecting by IP address). Only with use_tls.
   std::string tls_server_name;
 
   // Largest message sent or received; the server's default --max_message_mb
@@ -131,7 +131,9 @@ struct SessionOptions {
   // two dimensions. Copied into the request (they are small).
   absl::Span<const float> sinks;
   std::vector<int64_t> sinks_shape;
-  // Closed after this long without use; zero: the server's default.
+  // Closed after this long without use, in whole seconds rounded up; zero:
+  // the server's default; InfiniteDuration (or more than 2^31 - 1 s): the
+  // longest the wire can ask for, 68 years. Negative: INVALID_ARGUMENT.
   absl::Duration idle_ttl = absl::ZeroDuration();
 };
 
@@ -262,7 +264,9 @@ class AttendStream {
   absl::StatusOr<uint64_t> Send(const AttendInput& input);
   // The answer to the oldest message not yet received, waiting for it at
   // most until step_timeout after its Send. FAILED_PRECONDITION when nothing
-  // is outstanding.
+  // is outstanding (also when another thread's Receive took the last
+  // answer). An OK answer is checked to be out [T, H, 512] bf16 (and lse
+  // [T, H] fp32) for the message's T and H; anything else is INTERNAL.
   absl::StatusOr<AttendResult> Receive();
   // Messages sent whose answers Receive has not returned yet.
   int outstanding() const;

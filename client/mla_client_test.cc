@@ -424,6 +424,11 @@ TEST_F(ClientTest, BadConnectOptionsAreRefused) {
   certs_without_tls.tls_root_certs_pem = "-----BEGIN CERTIFICATE-----";
   EXPECT_THAT(Client::Connect("127.0.0.1:1", certs_without_tls).status().message(),
               HasSubstr("use_tls"));
+  ConnectOptions name_without_tls;
+  name_without_tls.tls_server_name = "mla.example";
+  absl::Status ignored_name = Client::Connect("127.0.0.1:1", name_without_tls).status();
+  EXPECT_EQ(ignored_name.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(ignored_name.message(), HasSubstr("tls_server_name"));
   EXPECT_EQ(Client::Connect("").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
@@ -472,6 +477,27 @@ TEST_F(ClientTest, SessionLifecycle) {
   EXPECT_EQ(again.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(again.status().message(), HasSubstr("CloseSession on " + server_->target()));
   EXPECT_THAT(again.status().message(), HasSubstr(seq.id));
+}
+
+// A negative idle TTL is refused before anything is sent; one beyond the
+// wire's int32 seconds (InfiniteDuration) asks for the longest there is.
+TEST_F(ClientTest, IdleTtlIsCheckedAndLongOnesAreTheLongest) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  SessionOptions negative = SessionOf(MakeSequence(12));
+  negative.idle_ttl = absl::Seconds(-1);
+  absl::Status refused = client_->CreateSession(negative).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("SessionOptions.idle_ttl"));
+  EXPECT_TRUE(client_->ListSessions()->empty());
+
+  for (absl::Duration ttl : {absl::InfiniteDuration(), absl::Hours(24 * 365 * 100),
+                             absl::Milliseconds(1500)}) {
+    SessionOptions options = SessionOf(MakeSequence(13));
+    options.idle_ttl = ttl;
+    absl::StatusOr<pb::CreateSessionResponse> created = client_->CreateSession(options);
+    ASSERT_TRUE(created.ok()) << absl::FormatDuration(ttl) << ": " << created.status();
+    EXPECT_TRUE(client_->CloseSession(created->session_id()).ok());
+  }
 }
 
 // Codes and the server's messages reach the caller as absl::Status; a refused
@@ -661,6 +687,34 @@ TEST_F(ClientTest, SendAndReceiveFromTwoThreads) {
   EXPECT_TRUE((*stream)->Finish().ok());
 }
 
+// Two threads waiting in Receive for one answer: one gets it, the other is
+// told that nothing is outstanding any more.
+TEST_F(ClientTest, TwoReceivesForOneAnswer) {
+  // The lone message waits batch_wait for company: both Receives are waiting.
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--batch_wait_us=300000"}));
+  Sequence seq = MakeSequence(92);
+  ASSERT_NO_FATAL_FAILURE(CreateAndAppend(&seq, 10));
+  SwaMirror mirror(seq);
+  mirror.Insert(0, 11);
+  absl::StatusOr<std::unique_ptr<AttendStream>> stream = client_->OpenAttendStream();
+  ASSERT_TRUE(stream.ok());
+  const Step step = MakeStep(seq, 0, 10, 1, false, false);
+  ASSERT_TRUE((*stream)->Send(InputOf(seq, step)).ok());
+  std::vector<absl::StatusOr<AttendResult>> results;
+  results.reserve(2);
+  for (int i = 0; i < 2; ++i) results.emplace_back(absl::UnknownError("not run"));
+  std::thread other([&] { results[1] = (*stream)->Receive(); });
+  results[0] = (*stream)->Receive();
+  other.join();
+  const int taker = results[0].ok() ? 0 : 1;
+  ASSERT_TRUE(results[taker].ok()) << results[0].status() << " / " << results[1].status();
+  ExpectAnswer(*results[taker], step, mirror, "the answer one Receive took");
+  const absl::Status& told = results[1 - taker].status();
+  EXPECT_EQ(told.code(), absl::StatusCode::kFailedPrecondition) << told;
+  EXPECT_THAT(told.message(), HasSubstr("another Receive took the last answer"));
+  EXPECT_TRUE((*stream)->Finish().ok());
+}
+
 // Destroying a stream with messages in flight cancels it without waiting for
 // the answers; the sessions are unaffected.
 TEST_F(ClientTest, DestroyingAnUnfinishedStreamCancelsIt) {
@@ -806,6 +860,75 @@ TEST(UnaryDeadlineTest, CallsEndAtTheirDeadline) {
   EXPECT_EQ((*client)->GetServerInfo(shorter).status().code(),
             absl::StatusCode::kDeadlineExceeded);
   EXPECT_LT(absl::Now() - start, absl::Milliseconds(900));
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
+// A server whose Attend answers have the wrong shape: message 1's out is
+// [T, H, 256], message 2's lse is [T * H]; message 3 is answered right.
+class WrongShapeService final : public pb::MlaOffload::Service {
+  grpc::Status Attend(grpc::ServerContext*,
+                      grpc::ServerReaderWriter<pb::AttendResponse, pb::AttendRequest>* stream)
+      override {
+    pb::AttendRequest request;
+    while (stream->Read(&request)) {
+      const int64_t tokens = request.q().shape(0), heads = request.q().shape(1);
+      const int64_t width = request.request_id() == 1 ? 256 : 512;
+      pb::AttendResponse response;
+      response.set_request_id(request.request_id());
+      pb::Tensor* out = response.mutable_out();
+      out->set_dtype(pb::DTYPE_BF16);
+      for (int64_t dim : {tokens, heads, width}) out->add_shape(dim);
+      out->set_data(std::string(tokens * heads * width * 2, '\0'));
+      pb::Tensor* lse = response.mutable_lse();
+      lse->set_dtype(pb::DTYPE_F32);
+      if (request.request_id() == 2) {
+        lse->add_shape(tokens * heads);
+      } else {
+        lse->add_shape(tokens);
+        lse->add_shape(heads);
+      }
+      lse->set_data(std::string(tokens * heads * 4, '\0'));
+      stream->Write(response);
+    }
+    return grpc::Status::OK;
+  }
+};
+
+// Answers are checked against the [T, H] of the message they answer.
+TEST(AnswerShapeTest, AnswersOfTheWrongShapeAreServerFaults) {
+  WrongShapeService service;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Connect(absl::StrCat("127.0.0.1:", port));
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<std::unique_ptr<AttendStream>> stream = (*client)->OpenAttendStream();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  const std::vector<uint16_t> q(2 * kHeads * kHeadDim, 0);
+  AttendInput input;
+  input.segments = {{"any", 0, 2, 0, 0}};
+  input.q = q;
+  input.return_lse = true;
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE((*stream)->Send(input).ok());
+  absl::StatusOr<AttendResult> narrow = (*stream)->Receive();
+  EXPECT_EQ(narrow.status().code(), absl::StatusCode::kInternal) << narrow.status();
+  EXPECT_THAT(narrow.status().message(),
+              HasSubstr("Attend request 1: AttendResponse.out is [2, 8, 256] DTYPE_BF16 where "
+                        "[2, 8, 512] DTYPE_BF16 is expected"));
+  absl::StatusOr<AttendResult> flat_lse = (*stream)->Receive();
+  EXPECT_EQ(flat_lse.status().code(), absl::StatusCode::kInternal) << flat_lse.status();
+  EXPECT_THAT(flat_lse.status().message(),
+              HasSubstr("AttendResponse.lse is [16] DTYPE_F32 where [2, 8] DTYPE_F32"));
+  absl::StatusOr<AttendResult> right = (*stream)->Receive();
+  ASSERT_TRUE(right.ok()) << right.status();
+  EXPECT_EQ(right->num_tokens(), 2);
+  EXPECT_EQ(right->num_heads(), kHeads);
+  EXPECT_EQ(right->lse().size(), 2u * kHeads);
+  EXPECT_TRUE((*stream)->Finish().ok());
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }
 
