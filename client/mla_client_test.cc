@@ -814,6 +814,18 @@ TEST_F(ClientTest, AStreamTheServerEndsFailsWithItsStatus) {
   EXPECT_TRUE((*stream)->Finish().ok());
 }
 
+// A gRPC server in this process serving `service` on a free loopback port;
+// its HOST:PORT in `target`.
+std::unique_ptr<grpc::Server> StartInProcess(grpc::Service* service, std::string* target) {
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  *target = absl::StrCat("127.0.0.1:", port);
+  return server;
+}
+
 // A server that takes a second to answer GetServerInfo.
 class SlowInfoService final : public pb::MlaOffload::Service {
   grpc::Status GetServerInfo(grpc::ServerContext*, const pb::GetServerInfoRequest*,
@@ -827,13 +839,9 @@ class SlowInfoService final : public pb::MlaOffload::Service {
 // Unary calls carry CallOptions::timeout, else ConnectOptions::call_timeout.
 TEST(UnaryDeadlineTest, CallsEndAtTheirDeadline) {
   SlowInfoService service;
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  std::string target;
+  std::unique_ptr<grpc::Server> server = StartInProcess(&service, &target);
   ASSERT_NE(server, nullptr);
-  const std::string target = absl::StrCat("127.0.0.1:", port);
 
   ConnectOptions options;
   options.call_timeout = absl::Milliseconds(200);
@@ -897,14 +905,10 @@ class WrongShapeService final : public pb::MlaOffload::Service {
 // Answers are checked against the [T, H] of the message they answer.
 TEST(AnswerShapeTest, AnswersOfTheWrongShapeAreServerFaults) {
   WrongShapeService service;
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  std::string target;
+  std::unique_ptr<grpc::Server> server = StartInProcess(&service, &target);
   ASSERT_NE(server, nullptr);
-  absl::StatusOr<std::unique_ptr<Client>> client =
-      Client::Connect(absl::StrCat("127.0.0.1:", port));
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(target);
   ASSERT_TRUE(client.ok()) << client.status();
   absl::StatusOr<std::unique_ptr<AttendStream>> stream = (*client)->OpenAttendStream();
   ASSERT_TRUE(stream.ok()) << stream.status();
