@@ -20,7 +20,8 @@ NVCC_FLAGS = [
     "-lineinfo",
 ]
 
-def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], **kwargs):
+def cuda_library(name, srcs, hdrs = [], device_hdrs = [], deps = [], copts = [], **kwargs):
+    """device_hdrs: headers only the .cu files include (device code)."""
     objects = []
     for src in srcs:
         stem = src[:-len(".cu")]
@@ -28,7 +29,7 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], **kwargs):
         report = "%s_%s.ptxas.txt" % (name, stem.replace("/", "_"))
         native.genrule(
             name = "%s_%s_nvcc" % (name, stem.replace("/", "_")),
-            srcs = [src] + hdrs + ["@local_cuda//:headers"],
+            srcs = [src] + hdrs + device_hdrs + ["@local_cuda//:headers"],
             outs = [obj, report],
             # nvcc is run from the toolkit itself (it finds cicc, ptxas and
             # its headers relative to its real location, not through a link).

@@ -194,7 +194,6 @@ struct Result {
   std::string model, op;
   int heads = 0, tokens = 0, topk_main = 0, topk_extra = 0;
   double time_us = 0, tflops = 0, gbps = 0;
-  std::string config;
 };
 
 std::vector<uint16_t> RandomBf16(size_t count, uint64_t seed, float sigma) {
@@ -237,8 +236,12 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   const std::string gpu = prop.name;
-  std::printf("device: %s, %d SMs, L2 %d MB, backend %s\n", prop.name, prop.multiProcessorCount,
-              prop.l2CacheSize >> 20, backend.Describe().c_str());
+  // Which decode kernels run (decode.cu reads the same variable).
+  const char* decode_env = std::getenv("MLA_CUDA_DECODE");
+  const std::string decode_kernels = decode_env != nullptr && *decode_env ? decode_env : "mma";
+  std::printf("device: %s, %d SMs, L2 %d MB, backend %s, decode kernels %s\n", prop.name,
+              prop.multiProcessorCount, prop.l2CacheSize >> 20, backend.Describe().c_str(),
+              decode_kernels.c_str());
 
   const double copy_gbps = CopyCeilingGbps(20);
   std::string matmul_note;
@@ -495,11 +498,12 @@ int main(int argc, char** argv) {
                  "  {\"model\": \"%s\", \"op\": \"%s\", \"H\": %d, \"b\": %d, \"topk_main\": %d, "
                  "\"topk_extra\": %d, \"time_us\": %.2f, \"tflops\": %.3f, \"gbps\": %.1f, "
                  "\"copy_gbps_ceiling\": %.1f, \"gather_gbps_ceiling\": %.1f, \"matmul_tflops_ceiling\": %.1f, "
-                 "\"matmul_ceiling_measured\": %s, \"gpu\": \"%s\", \"date\": \"%s\", "
-                 "\"commit\": \"%s\"}%s\n",
+                 "\"matmul_ceiling_measured\": %s, \"decode_kernels\": \"%s\", \"gpu\": \"%s\", "
+                 "\"date\": \"%s\", \"commit\": \"%s\"}%s\n",
                  r.model.c_str(), r.op.c_str(), r.heads, r.tokens, r.topk_main, r.topk_extra,
                  r.time_us, r.tflops, r.gbps, copy_gbps, gather_gbps, matmul_tflops,
-                 matmul_measured ? "true" : "false", gpu.c_str(), date, commit.c_str(),
+                 matmul_measured ? "true" : "false", decode_kernels.c_str(), gpu.c_str(), date,
+                 commit.c_str(),
                  i + 1 < results.size() ? "," : "");
   }
   std::fprintf(f, "]\n");

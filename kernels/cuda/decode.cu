@@ -22,11 +22,13 @@
 // is main entry e, the rest are extra entries; duplicates count twice.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/cuda/decode_device.cuh"
 #include "kernels/cuda/kernels.h"
 #include "kernels/geometry.h"
 
@@ -39,7 +41,6 @@ constexpr int kThreads = 256;
 // the score loop's loads from four key rows hit distinct banks.
 constexpr int kKeyStride = 258;
 constexpr int kChunksPerRow = 36;  // 28 x 16 e4m3 bytes + 8 x 16 bytes of bf16
-constexpr int kMaxSplits = 32;
 
 template <int HG>
 struct Layout {
@@ -54,62 +55,6 @@ struct Layout {
 __device__ __forceinline__ float LowBf16(uint32_t word) { return __uint_as_float(word << 16); }
 __device__ __forceinline__ float HighBf16(uint32_t word) {
   return __uint_as_float(word & 0xffff0000u);
-}
-
-// Round to nearest even, as kernels/bf16.h; NaN stays a quiet NaN.
-__device__ __forceinline__ uint32_t ToBf16Bits(float value) {
-  uint32_t bits = __float_as_uint(value);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return (bits >> 16) | 0x40u;
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return bits >> 16;
-}
-
-// The bf16 bits of a value that is exactly representable in bf16.
-__device__ __forceinline__ uint32_t ExactBf16Bits(float value) { return __float_as_uint(value) >> 16; }
-
-// e4m3 code -> float (exact): the code's bits placed in a float, times 2^120.
-__device__ __forceinline__ float E4m3(uint32_t code) {
-  const uint32_t bits = (code & 0x80u) << 24 | (code & 0x7fu) << 20;
-  return __uint_as_float(bits) * 0x1p120f;
-}
-
-// Four e4m3 codes (one 32-bit word, code i in byte i) times 2^(s - 127) as
-// four bf16 values: codes 0, 1 in `lo`, codes 2, 3 in `hi` (low half first).
-// Each code's bits are moved into a bf16's (sign to bit 15, exponent and
-// mantissa shifted so that the value is the e4m3 value times 2^-120, also for
-// subnormal codes), then one bf16x2 multiply by 2^(s - 7) applies the bias
-// difference and the block scale. Exact wherever the fp32 path is (products
-// of 4 significant bits above 2^-133) for 3 <= s <= 134: 2^(s - 7) is a
-// normal bf16 and no product falls below bf16's smallest subnormal
-// (FastScaleOk); other scales take the fp32 path.
-__device__ __forceinline__ uint32_t E4m3PairToScaledBits(uint32_t spread) {
-  return (spread & 0x80008000u) | ((spread >> 4) & 0x07f007f0u);
-}
-
-__device__ __forceinline__ uint32_t MulBf16x2(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-
-__device__ __forceinline__ bool FastScaleOk(uint32_t scale_byte) {
-  return scale_byte >= 3u && scale_byte <= 134u;
-}
-
-// bf16x2 of 2^(s - 7) in both halves, for FastScaleOk(s).
-__device__ __forceinline__ uint32_t FastScaleWord(uint32_t scale_byte) {
-  const uint32_t half = (scale_byte + 120u) << 7;
-  return half | half << 16;
-}
-
-__device__ __forceinline__ void E4m3x4ToBf16(uint32_t codes, uint32_t scale_word, uint32_t& lo,
-                                             uint32_t& hi) {
-  lo = MulBf16x2(E4m3PairToScaledBits(__byte_perm(codes, 0u, 0x1404u)), scale_word);
-  hi = MulBf16x2(E4m3PairToScaledBits(__byte_perm(codes, 0u, 0x3424u)), scale_word);
-}
-
-__device__ __forceinline__ float ScaleOfByte(uint32_t byte) {
-  return byte != 0 ? __uint_as_float(byte << 23) : 0x1p-127f;
 }
 
 struct Entry {
@@ -134,52 +79,6 @@ __device__ __forceinline__ Entry LookUp(const DecodeParams& p, int64_t t, int e,
   return {block_base + offset * kTokenDataBytes,
           block_base + int64_t{kBlockTokens} * kTokenDataBytes + offset * kTokenScaleBytes};
 }
-
-__device__ __forceinline__ int ListLength(const KeyListParams& list, int64_t t) {
-  if (list.width == 0) return 0;
-  return list.lengths == nullptr ? list.width : __ldg(list.lengths + t);
-}
-
-__device__ __forceinline__ float SinkOf(const DecodeParams& p, int64_t t, int h) {
-  if (p.sinks == nullptr) return -INFINITY;
-  return p.sinks_per_token ? __ldg(p.sinks + t * p.num_heads + h) : __ldg(p.sinks + h);
-}
-
-// Final scaling, sink, de-rotation and bf16 rounding of dims (2w, 2w+1) of
-// head h of token t, from the unnormalised o and the softmax state (m, l).
-__device__ __forceinline__ void Finish(const DecodeParams& p, int64_t t, int h, int w, float m,
-                                       float l, float o0, float o1) {
-  float lse = INFINITY;
-  if (l > 0.0f) {
-    lse = m + logf(l);
-    const float factor = 1.0f / (l * (1.0f + expf(SinkOf(p, t, h) - lse)));
-    o0 *= factor;
-    o1 *= factor;
-    if (p.derotate && w >= kNopeDim / 2) {
-      const int pair = w - kNopeDim / 2;
-      const float* cos_sin = p.rope.data + int64_t{__ldg(p.positions + t)} * kRopeDim;
-      const float c = __ldg(cos_sin + pair);
-      const float s = -__ldg(cos_sin + kRopePairs + pair);
-      const float a = o0;
-      const float b = o1;
-      o0 = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-      o1 = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
-    }
-  } else {
-    o0 = 0.0f;
-    o1 = 0.0f;
-  }
-  uint32_t* out = reinterpret_cast<uint32_t*>(p.out + (t * p.num_heads + h) * kHeadDim);
-  out[w] = ToBf16Bits(o0) | (ToBf16Bits(o1) << 16);
-  if (w == 0 && p.lse != nullptr) p.lse[t * p.num_heads + h] = lse;
-}
-
-// Partial results of one split: o [splits][512] fp32 and (m, l) per
-// (token, padded head, split).
-struct Partials {
-  float* o;   // [N, Hp, splits, 512]
-  float* ml;  // [N, Hp, splits, 2]
-};
 
 // One head's online-softmax step, run by a whole warp: sums the lanes' new
 // probabilities and, in lane 0, rescales the head's running sum by
@@ -268,17 +167,10 @@ __global__ void __launch_bounds__(kThreads, 2)
           continue;
         }
         const uint4 raw = __ldg(reinterpret_cast<const uint4*>(entry.data) + ch);
-        const float scale = ScaleOfByte(__ldg(entry.scales + (ch >> 2)));
-        const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+        uint32_t out[8];
+        DequantisePieceFp32(raw, ScaleOfByte(__ldg(entry.scales + (ch >> 2))), out);
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const uint32_t w = words[k];
-          const uint32_t lo = ExactBf16Bits(E4m3(w & 0xffu) * scale) |
-                              ExactBf16Bits(E4m3((w >> 8) & 0xffu) * scale) << 16;
-          const uint32_t hi = ExactBf16Bits(E4m3((w >> 16) & 0xffu) * scale) |
-                              ExactBf16Bits(E4m3(w >> 24) * scale) << 16;
-          dst[k] = make_uint2(lo, hi);
-        }
+        for (int k = 0; k < 4; ++k) dst[k] = make_uint2(out[2 * k], out[2 * k + 1]);
       } else {
         uint2* dst = reinterpret_cast<uint2*>(row + 224 + (ch - 28) * 4);
         if (entry.data == nullptr) {
@@ -629,24 +521,8 @@ __global__ void __launch_bounds__(kThreads, 2 / MT)
       if (lane < 28) {
         const uint4 raw = src[lane];
         // A skipped entry has zero bytes: +0 values (scale irrelevant).
-        const uint32_t scale_byte = scales[r * kTokenScaleBytes + (lane >> 2)];
-        const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
         uint32_t out[8];
-        if (FastScaleOk(scale_byte)) {
-          const uint32_t scale_word = FastScaleWord(scale_byte);
-#pragma unroll
-          for (int q = 0; q < 4; ++q) E4m3x4ToBf16(words[q], scale_word, out[2 * q], out[2 * q + 1]);
-        } else {
-          const float scale = ScaleOfByte(scale_byte);
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const uint32_t w = words[q];
-            out[2 * q] = ExactBf16Bits(E4m3(w & 0xffu) * scale) |
-                         ExactBf16Bits(E4m3((w >> 8) & 0xffu) * scale) << 16;
-            out[2 * q + 1] = ExactBf16Bits(E4m3((w >> 16) & 0xffu) * scale) |
-                             ExactBf16Bits(E4m3(w >> 24) * scale) << 16;
-          }
-        }
+        DequantisePiece(raw, scales[r * kTokenScaleBytes + (lane >> 2)], out);
         uint4* dst = reinterpret_cast<uint4*>(row + lane * 8);
         dst[0] = make_uint4(out[0], out[1], out[2], out[3]);
         dst[1] = make_uint4(out[4], out[5], out[6], out[7]);
@@ -892,58 +768,63 @@ struct Plan {
   int split_entries;
 };
 
-// The tensor-core kernel, unless MLA_CUDA_DECODE=simt asks for the CUDA-core
-// one (kept as a cross-check).
-bool UseMma() {
-  static const bool use = [] {
+// MLA_CUDA_DECODE picks the kernels: unset, the mma.sync tensor-core ones;
+// "simt", the CUDA-core one (a cross-check); "wgmma", the warpgroup-MMA one
+// (decode_wgmma.cu) where Hp is a multiple of 64 and mma.sync elsewhere.
+const char* DecodeChoice() {
+  static const char* choice = [] {
     const char* env = std::getenv("MLA_CUDA_DECODE");
-    return env == nullptr || std::strcmp(env, "simt") != 0;
+    return env == nullptr ? "" : env;
   }();
-  return use;
+  return choice;
+}
+bool UseMma() { return std::strcmp(DecodeChoice(), "simt") != 0; }
+bool UseWgmma(const DecodeParams& p) {
+  return std::strcmp(DecodeChoice(), "wgmma") == 0 && p.padded_heads % kWgmmaHeads == 0;
+}
+
+// Splits each token's keys into at most `wanted` ranges (and kMaxSplits),
+// never below two chunks of `kc` keys a range; boundaries on whole chunks.
+void SplitKeys(const DecodeParams& p, int64_t wanted, int kc, Plan& plan) {
+  const int width = p.main.width + p.extra.width;
+  int splits = 1;
+  if (wanted > 1 && width > 2 * kc) {
+    splits = static_cast<int>(std::min<int64_t>(wanted, kMaxSplits));
+    splits = max(1, min(splits, (width + 2 * kc - 1) / (2 * kc)));
+  }
+  const int chunks = (width + kc - 1) / kc;
+  const int chunks_per_split = (chunks + splits - 1) / splits;
+  plan.split_entries = splits == 1 ? (width > 0 ? width : 1) : chunks_per_split * kc;
+  plan.splits = splits == 1 ? 1 : (width + plan.split_entries - 1) / plan.split_entries;
 }
 
 Plan MakePlan(const DecodeParams& p, int num_sms) {
   Plan plan;
   plan.hg = UseMma() ? 16 : (p.padded_heads >= 16 ? 16 : 8);
+  if (UseWgmma(p)) {
+    // One CTA an SM (its shared memory), 64-key chunks.
+    plan.hg = kWgmmaHeads;
+    plan.groups = p.padded_heads / kWgmmaHeads;
+    const int64_t ctas = p.num_tokens * plan.groups;
+    SplitKeys(p, ctas > 0 && ctas < num_sms ? num_sms / ctas : 1, kWgmmaChunk, plan);
+    return plan;
+  }
   if (UseMma()) {
     plan.hg = p.padded_heads >= 32 ? 2 * kMmaHeads : kMmaHeads;
     plan.groups = (p.padded_heads + plan.hg - 1) / plan.hg;
     const int mt = plan.hg / kMmaHeads;
-    const int kc = MmaChunkKeys(mt);
-    const int width = p.main.width + p.extra.width;
-    // Split the keys only as far as whole waves of CTAs allow (shared memory
-    // holds one 32-head or two 16-head CTAs an SM), never below two chunks a
-    // split.
+    // Split only as far as whole waves of CTAs allow: shared memory holds one
+    // 32-head or two 16-head CTAs an SM.
     const int64_t resident = int64_t{num_sms} * (mt == 1 ? 2 : 1);
     const int64_t ctas = p.num_tokens * plan.groups;
-    int splits = 1;
-    if (ctas > 0 && ctas < resident && width > 2 * kc) {
-      splits = static_cast<int>(resident / ctas);
-      splits = min(splits, (width + 2 * kc - 1) / (2 * kc));
-      splits = max(1, min(splits, kMaxSplits));
-    }
-    const int chunks = (width + kc - 1) / kc;
-    const int chunks_per_split = (chunks + splits - 1) / splits;
-    plan.split_entries = splits == 1 ? (width > 0 ? width : 1) : chunks_per_split * kc;
-    plan.splits = splits == 1 ? 1 : (width + plan.split_entries - 1) / plan.split_entries;
+    SplitKeys(p, ctas > 0 && ctas < resident ? resident / ctas : 1, MmaChunkKeys(mt), plan);
     return plan;
   }
   plan.groups = p.padded_heads / plan.hg;
-  const int kc = 512 / plan.hg;
-  const int width = p.main.width + p.extra.width;
-  const int64_t ctas = p.num_tokens * plan.groups;
+  // Two CTAs an SM, rounded up.
   const int64_t wanted = 2 * int64_t{num_sms};
-  int splits = 1;
-  if (ctas > 0 && ctas < wanted && width > 2 * kc) {
-    splits = static_cast<int>((wanted + ctas - 1) / ctas);
-    splits = min(splits, (width + 2 * kc - 1) / (2 * kc));  // at least 2 chunks a split
-    splits = max(1, min(splits, kMaxSplits));
-  }
-  // Split boundaries on whole chunks.
-  const int chunks = (width + kc - 1) / kc;
-  const int chunks_per_split = (chunks + splits - 1) / splits;
-  plan.split_entries = splits == 1 ? (width > 0 ? width : 1) : chunks_per_split * kc;
-  plan.splits = splits == 1 ? 1 : (width + plan.split_entries - 1) / plan.split_entries;
+  const int64_t ctas = p.num_tokens * plan.groups;
+  SplitKeys(p, ctas > 0 && ctas < wanted ? (wanted + ctas - 1) / ctas : 1, 512 / plan.hg, plan);
   return plan;
 }
 
@@ -995,7 +876,10 @@ cudaError_t LaunchDecode(const DecodeParams& p, int num_sms, void* scratch, cuda
     partials.ml = partials.o + items * kHeadDim;
   }
   cudaError_t error;
-  if (UseMma()) {
+  if (plan.hg == kWgmmaHeads) {
+    error = LaunchDecodeWgmma(p, plan.groups, plan.splits, plan.split_entries, partials.o,
+                              partials.ml, stream);
+  } else if (UseMma()) {
     error = plan.hg == 2 * kMmaHeads ? LaunchMma<2>(p, plan, partials, stream)
                                      : LaunchMma<1>(p, plan, partials, stream);
   } else {

@@ -21,6 +21,15 @@ size_t DecodeScratchBytes(const DecodeParams& params, int num_sms);
 cudaError_t LaunchDecode(const DecodeParams& params, int num_sms, void* scratch,
                          cudaStream_t stream);
 
+// The warpgroup-MMA decode kernel (decode_wgmma.cu) for Hp a multiple of
+// kWgmmaHeads, one CTA per kWgmmaHeads heads of a token and split; called by
+// LaunchDecode, which plans the splits (partial_o/partial_ml as there).
+inline constexpr int kWgmmaHeads = 64;
+inline constexpr int kWgmmaChunk = 64;  // keys a chunk
+cudaError_t LaunchDecodeWgmma(const DecodeParams& params, int groups, int splits,
+                              int split_entries, float* partial_o, float* partial_ml,
+                              cudaStream_t stream);
+
 // Runs a self-check of the fp8 conversion on the device (a negative value
 // rounding to zero must give 0x80); false when the hardware disagrees.
 cudaError_t CheckFp8NegativeZero(cudaStream_t stream, bool* ok);

@@ -1,0 +1,156 @@
+// Device helpers shared by the decode kernels (decode.cu, decode_wgmma.cu):
+// the e4m3 -> bf16 conversions, key-list lengths, sinks, the final scaling of
+// an output pair and the split partials. Included by .cu files only.
+#ifndef MLA_OFFLOAD_KERNELS_CUDA_DECODE_DEVICE_CUH_
+#define MLA_OFFLOAD_KERNELS_CUDA_DECODE_DEVICE_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/backend.h"
+#include "kernels/geometry.h"
+
+namespace mla {
+namespace cuda {
+namespace {
+
+constexpr int kMaxSplits = 32;
+
+// Round to nearest even, as kernels/bf16.h; NaN stays a quiet NaN.
+__device__ __forceinline__ uint32_t ToBf16Bits(float value) {
+  uint32_t bits = __float_as_uint(value);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return (bits >> 16) | 0x40u;
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return bits >> 16;
+}
+
+// The bf16 bits of a value that is exactly representable in bf16.
+__device__ __forceinline__ uint32_t ExactBf16Bits(float value) { return __float_as_uint(value) >> 16; }
+
+// e4m3 code -> float (exact): the code's bits placed in a float, times 2^120.
+__device__ __forceinline__ float E4m3(uint32_t code) {
+  const uint32_t bits = (code & 0x80u) << 24 | (code & 0x7fu) << 20;
+  return __uint_as_float(bits) * 0x1p120f;
+}
+
+// Four e4m3 codes (one 32-bit word, code i in byte i) times 2^(s - 127) as
+// four bf16 values: codes 0, 1 in `lo`, codes 2, 3 in `hi` (low half first).
+// Each code's bits are moved into a bf16's (sign to bit 15, exponent and
+// mantissa shifted so that the value is the e4m3 value times 2^-120, also for
+// subnormal codes), then one bf16x2 multiply by 2^(s - 7) applies the bias
+// difference and the block scale. Exact wherever the fp32 path is (products
+// of 4 significant bits above 2^-133) for 3 <= s <= 134: 2^(s - 7) is a
+// normal bf16 and no product falls below bf16's smallest subnormal
+// (FastScaleOk); other scales take the fp32 path.
+__device__ __forceinline__ uint32_t E4m3PairToScaledBits(uint32_t spread) {
+  return (spread & 0x80008000u) | ((spread >> 4) & 0x07f007f0u);
+}
+
+__device__ __forceinline__ uint32_t MulBf16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+__device__ __forceinline__ bool FastScaleOk(uint32_t scale_byte) {
+  return scale_byte >= 3u && scale_byte <= 134u;
+}
+
+// bf16x2 of 2^(s - 7) in both halves, for FastScaleOk(s).
+__device__ __forceinline__ uint32_t FastScaleWord(uint32_t scale_byte) {
+  const uint32_t half = (scale_byte + 120u) << 7;
+  return half | half << 16;
+}
+
+__device__ __forceinline__ void E4m3x4ToBf16(uint32_t codes, uint32_t scale_word, uint32_t& lo,
+                                             uint32_t& hi) {
+  lo = MulBf16x2(E4m3PairToScaledBits(__byte_perm(codes, 0u, 0x1404u)), scale_word);
+  hi = MulBf16x2(E4m3PairToScaledBits(__byte_perm(codes, 0u, 0x3424u)), scale_word);
+}
+
+__device__ __forceinline__ float ScaleOfByte(uint32_t byte) {
+  return byte != 0 ? __uint_as_float(byte << 23) : 0x1p-127f;
+}
+
+// 16 e4m3 codes (one 16-byte piece of a cache row) times `scale` as 16 bf16
+// values, two a word (low half first), through fp32: exact for every scale.
+__device__ __forceinline__ void DequantisePieceFp32(uint4 raw, float scale, uint32_t (&out)[8]) {
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const uint32_t w = words[q];
+    out[2 * q] = ExactBf16Bits(E4m3(w & 0xffu) * scale) |
+                 ExactBf16Bits(E4m3((w >> 8) & 0xffu) * scale) << 16;
+    out[2 * q + 1] = ExactBf16Bits(E4m3((w >> 16) & 0xffu) * scale) |
+                     ExactBf16Bits(E4m3(w >> 24) * scale) << 16;
+  }
+}
+
+// The same for the scale byte `scale_byte`, by the bf16x2 path where that
+// is exact (FastScaleOk), else through fp32. A zero piece gives +0 values
+// whatever the scale.
+__device__ __forceinline__ void DequantisePiece(uint4 raw, uint32_t scale_byte, uint32_t (&out)[8]) {
+  if (FastScaleOk(scale_byte)) {
+    const uint32_t scale_word = FastScaleWord(scale_byte);
+    E4m3x4ToBf16(raw.x, scale_word, out[0], out[1]);
+    E4m3x4ToBf16(raw.y, scale_word, out[2], out[3]);
+    E4m3x4ToBf16(raw.z, scale_word, out[4], out[5]);
+    E4m3x4ToBf16(raw.w, scale_word, out[6], out[7]);
+  } else {
+    DequantisePieceFp32(raw, ScaleOfByte(scale_byte), out);
+  }
+}
+
+__device__ __forceinline__ int ListLength(const KeyListParams& list, int64_t t) {
+  if (list.width == 0) return 0;
+  return list.lengths == nullptr ? list.width : __ldg(list.lengths + t);
+}
+
+__device__ __forceinline__ float SinkOf(const DecodeParams& p, int64_t t, int h) {
+  if (p.sinks == nullptr) return -INFINITY;
+  return p.sinks_per_token ? __ldg(p.sinks + t * p.num_heads + h) : __ldg(p.sinks + h);
+}
+
+// Final scaling, sink, de-rotation and bf16 rounding of dims (2w, 2w+1) of
+// head h of token t, from the unnormalised o and the softmax state (m, l).
+__device__ __forceinline__ void Finish(const DecodeParams& p, int64_t t, int h, int w, float m,
+                                       float l, float o0, float o1) {
+  float lse = INFINITY;
+  if (l > 0.0f) {
+    lse = m + logf(l);
+    const float factor = 1.0f / (l * (1.0f + expf(SinkOf(p, t, h) - lse)));
+    o0 *= factor;
+    o1 *= factor;
+    if (p.derotate && w >= kNopeDim / 2) {
+      const int pair = w - kNopeDim / 2;
+      const float* cos_sin = p.rope.data + int64_t{__ldg(p.positions + t)} * kRopeDim;
+      const float c = __ldg(cos_sin + pair);
+      const float s = -__ldg(cos_sin + kRopePairs + pair);
+      const float a = o0;
+      const float b = o1;
+      o0 = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+      o1 = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+    }
+  } else {
+    o0 = 0.0f;
+    o1 = 0.0f;
+  }
+  uint32_t* out = reinterpret_cast<uint32_t*>(p.out + (t * p.num_heads + h) * kHeadDim);
+  out[w] = ToBf16Bits(o0) | (ToBf16Bits(o1) << 16);
+  if (w == 0 && p.lse != nullptr) p.lse[t * p.num_heads + h] = lse;
+}
+
+// Partial results of one split: o [splits][512] fp32 and (m, l) per
+// (token, padded head, split).
+struct Partials {
+  float* o;   // [N, Hp, splits, 512]
+  float* ml;  // [N, Hp, splits, 2]
+};
+
+}  // namespace
+}  // namespace cuda
+}  // namespace mla
+
+#endif  // MLA_OFFLOAD_KERNELS_CUDA_DECODE_DEVICE_CUH_

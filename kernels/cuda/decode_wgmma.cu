@@ -1,0 +1,558 @@
+// Sparse MLA decode (spec section 5) for Hp = 64 and 128 with Hopper's
+// warpgroup MMA (wgmma): one CTA per 64 heads of a token (and per split of
+// its keys), keys in chunks of 64. Selected with MLA_CUDA_DECODE=wgmma (see
+// decode.cu) until it is validated on the H200; not yet run there.
+//
+// A CTA is three warpgroups with their own jobs, linked through shared memory:
+//   WG0, scores: S = Q K^T for the chunk (Q and the key tile both in shared
+//     memory), the online softmax of its 64 heads, P (bf16) and the rescale
+//     factor alpha of each head into shared memory for WG1; then
+//     O[:, 0:256] = O * alpha + P V[:, 0:256] with P from registers.
+//   WG1, values: O[:, 256:512] = O * alpha + P V[:, 256:512] with P read from
+//     shared memory.
+//   WG2, producer: gathers the chunk's 64 FP8 rows from global memory into
+//     registers (the slots of the next chunk already loaded), dequantises
+//     them to bf16 into one of two key tiles and signals the consumers
+//     through an mbarrier; the consumers free a tile through another.
+// The key tile serves as K (K-major B operand of S = Q K^T) and as V (the
+// same bytes as an MN-major B operand of P V): both use the layout of
+// TileOffset. Numbers are those of the other kernels: fp32 scores, the
+// softmax in fp32 with the running sum of unrounded probabilities, P rounded
+// to bf16 for the product only.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda/decode_device.cuh"
+#include "kernels/cuda/kernels.h"
+#include "kernels/geometry.h"
+
+namespace mla {
+namespace cuda {
+namespace {
+
+constexpr int kWgThreads = 384;  // three warpgroups
+constexpr int kTileRows = 64;    // heads of a CTA; keys of a chunk
+constexpr uint32_t kTileBytes = kTileRows * kHeadDim * 2;
+
+// Shared memory, in bytes from the start.
+struct WgLayout {
+  static constexpr uint32_t kQ = 0;                             // 64 heads x 512 bf16
+  static constexpr uint32_t kKeys = kQ + kTileBytes;            // two 64 keys x 512 bf16
+  static constexpr uint32_t kP = kKeys + 2 * kTileBytes;        // 64 heads x 64 keys bf16
+  static constexpr uint32_t kAlpha = kP + kTileRows * kTileRows * 2;  // [64] fp32
+  static constexpr uint32_t kRowMax = kAlpha + kTileRows * 4;   // [64] fp32, at the end
+  static constexpr uint32_t kRowSum = kRowMax + kTileRows * 4;  // [64] fp32, at the end
+  static constexpr uint32_t kValid = kRowSum + kTileRows * 4;   // [2][64] int
+  static constexpr uint32_t kFull = kValid + 2 * kTileRows * 4;  // two mbarriers
+  static constexpr uint32_t kEmpty = kFull + 16;                 // two mbarriers
+  static constexpr uint32_t kBytes = kEmpty + 16;
+};
+static_assert(WgLayout::kBytes <= 227 * 1024, "shared memory of the wgmma CTA");
+
+// Named barriers (0 is __syncthreads).
+constexpr int kBarQLoaded = 1;   // WG0: Q stored
+constexpr int kBarPReady = 2;    // WG0 arrives, WG1 waits: P and alpha of a chunk stored
+constexpr int kBarPFree = 3;     // WG1 arrives, WG0 waits: WG1 is done reading them
+constexpr int kBarStateReady = 4;  // both: the final softmax state is stored
+
+// Byte offset of element (row, col) of a 64-row bf16 tile made of 8 x 8 core
+// matrices: the 8 columns 8c .. 8c + 7 of a row are 16 contiguous bytes, the
+// 64 rows of column group c follow each other (1 KiB), and the column
+// groups follow each other. K-major for rows = heads (Q, P) or keys (K);
+// read with rows = keys as the reduction dimension, MN-major (V).
+__device__ __forceinline__ uint32_t TileOffset(int row, int col) {
+  return static_cast<uint32_t>((col >> 3) * (kTileRows * 16) + row * 16 + (col & 7) * 2);
+}
+
+// A wgmma shared-memory matrix descriptor without swizzling: start address,
+// leading-dimension byte offset (between core matrices along the reduction
+// dimension for K-major operands; along it also for MN-major ones) and
+// stride-dimension byte offset (between core matrices along M or N).
+__device__ __forceinline__ uint64_t MatrixDescriptor(uint32_t address, uint32_t leading,
+                                                     uint32_t stride) {
+  return static_cast<uint64_t>((address & 0x3ffffu) >> 4) |
+         static_cast<uint64_t>(leading >> 4) << 16 | static_cast<uint64_t>(stride >> 4) << 32;
+}
+
+// 16 columns (one k-step) of a K-major tile: core matrices 1 KiB apart along
+// the columns, 128 bytes apart along the rows.
+__device__ __forceinline__ uint64_t KMajorStep(uint32_t tile, int step) {
+  return MatrixDescriptor(tile + step * 2 * (kTileRows * 16), kTileRows * 16, 128);
+}
+
+// V for keys 16 step .. + 15 and dims dim0 .. dim0 + 63 of a key tile, as an
+// MN-major operand: along the keys (the reduction) core matrices are 128
+// bytes apart, along the dims 1 KiB.
+__device__ __forceinline__ uint64_t ValueStep(uint32_t tile, int dim0, int step) {
+  return MatrixDescriptor(tile + (dim0 >> 3) * (kTileRows * 16) + step * 16 * 16, 128,
+                          kTileRows * 16);
+}
+
+__device__ __forceinline__ uint32_t SharedAddress(const void* pointer) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void WgmmaCommit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaWaitAll() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+
+// Keeps the compiler from moving reads or writes of the accumulators across
+// the asynchronous wgmma (their values change only at the wait).
+template <int N>
+__device__ __forceinline__ void PinRegisters(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void PinRegisters(uint32_t (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
+
+// D[64 x 64] (+)= A B, A a 64 x 16 tile from shared memory (K-major), B 16 x
+// 64 from shared memory (K-major, or MN-major with kTransB).
+template <int kTransB>
+__device__ __forceinline__ void WgmmaSmemA(float (&d)[32], uint64_t a, uint64_t b,
+                                           int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
+      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, "
+      "%35;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b), "r"(accumulate), "n"(kTransB));
+}
+
+// D[64 x 64] += A B, A a 64 x 16 bf16 tile in registers (the layout of
+// mma.m16n8k16's A, warp w holding rows 16w .. 16w + 15), B MN-major.
+__device__ __forceinline__ void WgmmaRegisterA(float (&d)[32], const uint32_t (&a)[4],
+                                               uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
+      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, "
+      "%36, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
+__device__ __forceinline__ void MbarrierInit(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void MbarrierArrive(uint32_t bar) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar)
+               : "memory");
+}
+// Waits for the completion of the barrier's phase of parity `parity`.
+__device__ __forceinline__ void MbarrierWait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nmbarrier_wait:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra mbarrier_wait;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void NamedSync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void NamedArrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+// Makes this thread's shared-memory stores visible to wgmma's reads.
+__device__ __forceinline__ void FenceForWgmma() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// Two floats as bf16 (round to nearest even), `lo` in the low half.
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  uint32_t packed;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(packed) : "f"(hi), "f"(lo));
+  return packed;
+}
+
+struct WgTask {
+  int64_t t;
+  int h0;
+  int split;
+  int main_len;
+  int begin;
+  int end;
+  int num_chunks;
+};
+
+// The producer: thread (warp w, lane l) handles rows r = 16w + l % 8 and
+// r + 8 of each chunk, and of each row the 16-byte pieces l / 8 + 4k: FP8
+// pieces k = 0..6 (dims 16 (l / 8 + 4k) .., scale byte k) and RoPE pieces
+// k = 0, 1. Eight lanes store one core-matrix column: 128 contiguous bytes.
+__device__ void Produce(const DecodeParams& p, const WgTask& task, unsigned char* smem, int wt) {
+  const int part = (wt & 31) >> 3;
+  const int rows[2] = {(wt >> 5) * 16 + (wt & 7), (wt >> 5) * 16 + (wt & 7) + 8};
+  const uint32_t base = SharedAddress(smem);
+  auto slot_of = [&](int chunk, int r) -> int32_t {
+    const int e = task.begin + chunk * kTileRows + r;
+    if (chunk >= task.num_chunks || e >= task.end) return -1;
+    return e < task.main_len ? __ldg(p.main.indices + task.t * p.main.width + e)
+                             : __ldg(p.extra.indices + task.t * p.extra.width + (e - task.main_len));
+  };
+  int32_t next[2] = {slot_of(0, rows[0]), slot_of(0, rows[1])};
+  for (int chunk = 0; chunk < task.num_chunks; ++chunk) {
+    const int buffer = chunk & 1;
+    const int32_t slots[2] = {next[0], next[1]};
+    next[0] = slot_of(chunk + 1, rows[0]);
+    next[1] = slot_of(chunk + 1, rows[1]);
+    // Every load of the chunk in flight before the first conversion.
+    uint4 pieces[2][9];
+    uint2 scales[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const uint4 zero = make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int q = 0; q < 9; ++q) pieces[k][q] = zero;
+      scales[k] = make_uint2(0, 0);
+      if (slots[k] == -1) continue;
+      const int e = task.begin + chunk * kTileRows + rows[k];
+      const uint8_t* pool = e < task.main_len ? p.main.pool.base : p.extra.pool.base;
+      const uint8_t* block = pool + static_cast<int64_t>(slots[k] / kBlockTokens) * kBlockBytes;
+      const int offset = slots[k] % kBlockTokens;
+      const uint4* row = reinterpret_cast<const uint4*>(block + offset * kTokenDataBytes);
+#pragma unroll
+      for (int q = 0; q < 7; ++q) pieces[k][q] = __ldg(row + part + 4 * q);
+      pieces[k][7] = __ldg(row + 28 + part);
+      pieces[k][8] = __ldg(row + 32 + part);
+      scales[k] = __ldg(reinterpret_cast<const uint2*>(block + kBlockTokens * kTokenDataBytes +
+                                                       offset * kTokenScaleBytes));
+    }
+    // The consumers are done with this buffer's previous chunk (none before
+    // chunk 2: the wait on the phase before the first returns at once).
+    MbarrierWait(base + WgLayout::kEmpty + 8 * buffer, ((chunk >> 1) & 1) ^ 1);
+    unsigned char* tile = smem + WgLayout::kKeys + buffer * kTileBytes;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int r = rows[k];
+#pragma unroll
+      for (int q = 0; q < 7; ++q) {
+        const uint32_t scale_word = q < 4 ? scales[k].x : scales[k].y;
+        const uint32_t scale_byte = (scale_word >> (8 * (q & 3))) & 0xffu;
+        uint32_t out[8];
+        DequantisePiece(pieces[k][q], scale_byte, out);
+        const int dim = 16 * (part + 4 * q);
+        *reinterpret_cast<uint4*>(tile + TileOffset(r, dim)) =
+            make_uint4(out[0], out[1], out[2], out[3]);
+        *reinterpret_cast<uint4*>(tile + TileOffset(r, dim + 8)) =
+            make_uint4(out[4], out[5], out[6], out[7]);
+      }
+      *reinterpret_cast<uint4*>(tile + TileOffset(r, kNopeDim + 8 * part)) = pieces[k][7];
+      *reinterpret_cast<uint4*>(tile + TileOffset(r, kNopeDim + 8 * (part + 4))) = pieces[k][8];
+      if (part == 0) {
+        reinterpret_cast<int*>(smem + WgLayout::kValid)[buffer * kTileRows + r] = slots[k] != -1;
+      }
+    }
+    FenceForWgmma();
+    MbarrierArrive(base + WgLayout::kFull + 8 * buffer);
+  }
+}
+
+// Writes this thread's part of O: rows (heads) row0 and row0 + 8, dims
+// dim0 + 64 n + 8 i + 2 (lane % 4) and + 1, from accumulator element
+// o[n][4 i + 2 half] (+ 1) for row row0 + 8 half.
+__device__ void WriteOutput(const DecodeParams& p, const WgTask& task, int splits,
+                            const Partials& partials, const float (&o)[4][32], int row0,
+                            int dim0, const float (&row_max)[2], const float (&row_sum)[2]) {
+  const int tig = threadIdx.x & 3;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int h = row0 + 8 * half;
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int dim = dim0 + 64 * n + 8 * i + 2 * tig;
+        const float o0 = o[n][4 * i + 2 * half];
+        const float o1 = o[n][4 * i + 2 * half + 1];
+        if (splits == 1) {
+          if (task.h0 + h < p.num_heads) {
+            Finish(p, task.t, task.h0 + h, dim / 2, row_max[half], row_sum[half], o0, o1);
+          }
+        } else {
+          const int64_t item = (task.t * p.padded_heads + task.h0 + h) * splits + task.split;
+          reinterpret_cast<float2*>(partials.o + item * kHeadDim)[dim / 2] = make_float2(o0, o1);
+          if (dim == 0) {
+            partials.ml[2 * item] = row_max[half];
+            partials.ml[2 * item + 1] = row_sum[half];
+          }
+        }
+      }
+    }
+  }
+}
+
+// WG0: Q, S = Q K^T, the softmax, P, and O for dims 0..255.
+__device__ void Score(const DecodeParams& p, const WgTask& task, int splits,
+                      const Partials& partials, unsigned char* smem, int wt) {
+  const uint32_t base = SharedAddress(smem);
+  const int lane = wt & 31;
+  const int g = lane >> 2;
+  const int tig = lane & 3;
+  const int row0 = (wt >> 5) * 16 + g;  // this thread's heads: row0 and row0 + 8
+
+  // Q: thread wt copies dims 16 c .. 16 c + 15 of head wt % 64 for c =
+  // wt / 64 + 2k (a warp reads 32 B of 32 heads; 8 lanes store 128 B).
+  const uint16_t* q = p.q + (task.t * p.padded_heads + task.h0) * kHeadDim;
+#pragma unroll 4
+  for (int k = 0; k < 16; ++k) {
+    const int index = wt + 128 * k;
+    const int h = index & 63;
+    const int c = index >> 6;
+    const uint4* src = reinterpret_cast<const uint4*>(q + h * kHeadDim) + 2 * c;
+    *reinterpret_cast<uint4*>(smem + WgLayout::kQ + TileOffset(h, 16 * c)) = __ldg(src);
+    *reinterpret_cast<uint4*>(smem + WgLayout::kQ + TileOffset(h, 16 * c + 8)) = __ldg(src + 1);
+  }
+  FenceForWgmma();
+  NamedSync(kBarQLoaded, 128);
+
+  float o[4][32];
+#pragma unroll
+  for (int n = 0; n < 4; ++n) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) o[n][i] = 0.0f;
+  }
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.0f, 0.0f};  // this thread's columns only until the end
+  float* alphas = reinterpret_cast<float*>(smem + WgLayout::kAlpha);
+  for (int chunk = 0; chunk < task.num_chunks; ++chunk) {
+    const int buffer = chunk & 1;
+    const uint32_t keys = base + WgLayout::kKeys + buffer * kTileBytes;
+    MbarrierWait(base + WgLayout::kFull + 8 * buffer, (chunk >> 1) & 1);
+
+    // S = Q K^T: s[4 i + 2 half + c] is head row0 + 8 half, key 8 i + 2 tig + c.
+    float s[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) s[i] = 0.0f;
+    WgmmaFence();
+#pragma unroll
+    for (int step = 0; step < kHeadDim / 16; ++step) {
+      WgmmaSmemA<0>(s, KMajorStep(base + WgLayout::kQ, step), KMajorStep(keys, step), step > 0);
+    }
+    WgmmaCommit();
+    WgmmaWaitAll();
+    PinRegisters(s);
+
+    // Online softmax of rows row0, row0 + 8 (the four lanes of a quad hold a
+    // row's 64 keys between them).
+    const int* valid = reinterpret_cast<const int*>(smem + WgLayout::kValid) + buffer * kTileRows;
+    float chunk_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const bool ok = valid[8 * i + 2 * tig + c] != 0;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          float& z = s[4 * i + 2 * half + c];
+          z = ok ? p.softmax_scale * z : -INFINITY;
+          chunk_max[half] = fmaxf(chunk_max[half], z);
+        }
+      }
+    }
+    float alpha[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      chunk_max[half] = fmaxf(chunk_max[half], __shfl_xor_sync(0xffffffffu, chunk_max[half], 1));
+      chunk_max[half] = fmaxf(chunk_max[half], __shfl_xor_sync(0xffffffffu, chunk_max[half], 2));
+      const float new_max = fmaxf(row_max[half], chunk_max[half]);
+      alpha[half] = new_max == -INFINITY ? 1.0f : expf(row_max[half] - new_max);
+      row_max[half] = new_max;
+      row_sum[half] *= alpha[half];
+    }
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const int half = (i >> 1) & 1;
+      s[i] = s[i] == -INFINITY ? 0.0f : expf(s[i] - row_max[half]);
+      row_sum[half] += s[i];
+    }
+    // P as the A operand of P V, k-step j covering keys 16 j .. 16 j + 15.
+    uint32_t pa[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      pa[j][0] = PackBf16(s[8 * j + 0], s[8 * j + 1]);
+      pa[j][1] = PackBf16(s[8 * j + 2], s[8 * j + 3]);
+      pa[j][2] = PackBf16(s[8 * j + 4], s[8 * j + 5]);
+      pa[j][3] = PackBf16(s[8 * j + 6], s[8 * j + 7]);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) PinRegisters(pa[j]);
+    // Hand P and alpha to WG1 once it is done with the previous chunk's.
+    if (chunk > 0) NamedSync(kBarPFree, 256);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int head = row0 + 8 * (r & 1);
+        const int key = 16 * j + 8 * (r >> 1) + 2 * tig;
+        *reinterpret_cast<uint32_t*>(smem + WgLayout::kP + TileOffset(head, key)) = pa[j][r];
+      }
+    }
+    if (tig == 0) {
+      alphas[row0] = alpha[0];
+      alphas[row0 + 8] = alpha[1];
+    }
+    FenceForWgmma();
+    NamedArrive(kBarPReady, 256);
+
+    // O[:, 0:256] = O * alpha + P V.
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) o[n][i] *= alpha[(i >> 1) & 1];
+      PinRegisters(o[n]);  // scaled before the fence, not between the MMAs
+    }
+    WgmmaFence();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+      for (int n = 0; n < 4; ++n) WgmmaRegisterA(o[n], pa[j], ValueStep(keys, 64 * n, j));
+    }
+    WgmmaCommit();
+    WgmmaWaitAll();
+#pragma unroll
+    for (int n = 0; n < 4; ++n) PinRegisters(o[n]);
+    MbarrierArrive(base + WgLayout::kEmpty + 8 * buffer);
+  }
+
+  // The row sums over the quad; the final state for WG1.
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    row_sum[half] += __shfl_xor_sync(0xffffffffu, row_sum[half], 1);
+    row_sum[half] += __shfl_xor_sync(0xffffffffu, row_sum[half], 2);
+  }
+  if (tig == 0) {
+    float* maxima = reinterpret_cast<float*>(smem + WgLayout::kRowMax);
+    float* sums = reinterpret_cast<float*>(smem + WgLayout::kRowSum);
+    maxima[row0] = row_max[0];
+    maxima[row0 + 8] = row_max[1];
+    sums[row0] = row_sum[0];
+    sums[row0 + 8] = row_sum[1];
+  }
+  NamedSync(kBarStateReady, 256);
+  WriteOutput(p, task, splits, partials, o, row0, 0, row_max, row_sum);
+}
+
+// WG1: O for dims 256..511, with P and alpha from WG0.
+__device__ void Value(const DecodeParams& p, const WgTask& task, int splits,
+                      const Partials& partials, unsigned char* smem, int wt) {
+  const uint32_t base = SharedAddress(smem);
+  const int row0 = (wt >> 5) * 16 + ((wt & 31) >> 2);
+  const float* alphas = reinterpret_cast<const float*>(smem + WgLayout::kAlpha);
+  float o[4][32];
+#pragma unroll
+  for (int n = 0; n < 4; ++n) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) o[n][i] = 0.0f;
+  }
+  for (int chunk = 0; chunk < task.num_chunks; ++chunk) {
+    const int buffer = chunk & 1;
+    const uint32_t keys = base + WgLayout::kKeys + buffer * kTileBytes;
+    MbarrierWait(base + WgLayout::kFull + 8 * buffer, (chunk >> 1) & 1);
+    NamedSync(kBarPReady, 256);
+    const float alpha[2] = {alphas[row0], alphas[row0 + 8]};
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) o[n][i] *= alpha[(i >> 1) & 1];
+      PinRegisters(o[n]);  // scaled before the fence, not between the MMAs
+    }
+    WgmmaFence();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        WgmmaSmemA<1>(o[n], KMajorStep(base + WgLayout::kP, j),
+                      ValueStep(keys, kHeadDim / 2 + 64 * n, j), 1);
+      }
+    }
+    WgmmaCommit();
+    WgmmaWaitAll();
+#pragma unroll
+    for (int n = 0; n < 4; ++n) PinRegisters(o[n]);
+    if (chunk + 1 < task.num_chunks) NamedArrive(kBarPFree, 256);
+    MbarrierArrive(base + WgLayout::kEmpty + 8 * buffer);
+  }
+  NamedSync(kBarStateReady, 256);
+  const float row_max[2] = {reinterpret_cast<const float*>(smem + WgLayout::kRowMax)[row0],
+                            reinterpret_cast<const float*>(smem + WgLayout::kRowMax)[row0 + 8]};
+  const float row_sum[2] = {reinterpret_cast<const float*>(smem + WgLayout::kRowSum)[row0],
+                            reinterpret_cast<const float*>(smem + WgLayout::kRowSum)[row0 + 8]};
+  WriteOutput(p, task, splits, partials, o, row0, kHeadDim / 2, row_max, row_sum);
+}
+
+// setmaxnreg: the registers of the three warpgroups (at most 3 x 168 in all,
+// what the launch gave): WG0 holds S, P and half of O; WG1 half of O; the
+// producer two rows of loads.
+constexpr int kScoreRegisters = 208;
+constexpr int kProducerRegisters = 128;
+
+__global__ void __launch_bounds__(kWgThreads, 1)
+    DecodeWgmmaKernel(const DecodeParams p, int splits, int split_entries, Partials partials) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  WgTask task;
+  task.t = blockIdx.y;
+  task.h0 = blockIdx.x * kTileRows;
+  task.split = blockIdx.z;
+  task.main_len = ListLength(p.main, task.t);
+  const int total = task.main_len + ListLength(p.extra, task.t);
+  task.begin = task.split * split_entries;
+  task.end = min(total, task.begin + split_entries);
+  task.num_chunks = task.begin < task.end ? (task.end - task.begin + kTileRows - 1) / kTileRows : 0;
+
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    const uint32_t base = SharedAddress(smem);
+    for (int b = 0; b < 2; ++b) {
+      MbarrierInit(base + WgLayout::kFull + 8 * b, 128);   // the producer's threads
+      MbarrierInit(base + WgLayout::kEmpty + 8 * b, 256);  // WG0's and WG1's
+    }
+  }
+  __syncthreads();
+  const int role = tid / 128;
+  if (role == 0) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kScoreRegisters));
+    Score(p, task, splits, partials, smem, tid);
+  } else if (role == 1) {
+    Value(p, task, splits, partials, smem, tid - 128);
+  } else {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
+    Produce(p, task, smem, tid - 256);
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchDecodeWgmma(const DecodeParams& p, int groups, int splits, int split_entries,
+                              float* partial_o, float* partial_ml, cudaStream_t stream) {
+  cudaError_t error = cudaFuncSetAttribute(
+      DecodeWgmmaKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WgLayout::kBytes);
+  if (error != cudaSuccess) return error;
+  const dim3 grid(groups, static_cast<unsigned>(p.num_tokens), splits);
+  DecodeWgmmaKernel<<<grid, kWgThreads, WgLayout::kBytes, stream>>>(
+      p, splits, split_entries, Partials{partial_o, partial_ml});
+  return cudaGetLastError();
+}
+
+}  // namespace cuda
+}  // namespace mla
