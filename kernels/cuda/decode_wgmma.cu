@@ -501,11 +501,15 @@ __device__ void Value(const DecodeParams& p, const WgTask& task, int splits,
   WriteOutput(p, task, splits, partials, o, row0, kHeadDim / 2, row_max, row_sum);
 }
 
-// setmaxnreg: the registers of the three warpgroups (at most 3 x 168 in all,
-// what the launch gave): WG0 holds S, P and half of O; WG1 half of O; the
+// setmaxnreg: the registers of the three warpgroups, together at most what
+// the launch gave (3 x 168, the cap of __launch_bounds__(384, 1)): WG0 holds
+// S, P and half of O; WG1 half of O (it keeps the launch's count); the
 // producer two rows of loads.
+constexpr int kLaunchRegisters = 168;
 constexpr int kScoreRegisters = 208;
 constexpr int kProducerRegisters = 128;
+static_assert(kScoreRegisters + kLaunchRegisters + kProducerRegisters <= 3 * kLaunchRegisters,
+              "setmaxnreg.inc would wait forever for registers");
 
 __global__ void __launch_bounds__(kWgThreads, 1)
     DecodeWgmmaKernel(const DecodeParams p, int splits, int split_entries, Partials partials) {
@@ -545,6 +549,15 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 
 cudaError_t LaunchDecodeWgmma(const DecodeParams& p, int groups, int splits, int split_entries,
                               float* partial_o, float* partial_ml, cudaStream_t stream) {
+  // Compiled with fewer registers than kLaunchRegisters, the launch would
+  // leave too few for WG0's setmaxnreg.inc, which would then never return.
+  static const int registers = [] {
+    cudaFuncAttributes attributes;
+    return cudaFuncGetAttributes(&attributes, DecodeWgmmaKernel) == cudaSuccess
+               ? attributes.numRegs
+               : -1;
+  }();
+  if (registers != kLaunchRegisters) return cudaErrorInvalidKernelImage;
   cudaError_t error = cudaFuncSetAttribute(
       DecodeWgmmaKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WgLayout::kBytes);
   if (error != cudaSuccess) return error;
