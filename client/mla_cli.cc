@@ -46,7 +46,11 @@ ABSL_FLAG(std::string, kv, "",
 ABSL_FLAG(std::string, compressed_kv, "",
           "attend: .npy of the new compressed rows, uint16 (bf16 bits) [R, 512] "
           "(C4A/C128A layers, when rows complete).");
-ABSL_FLAG(int, first_compressed_row, 0, "attend: the index of the first row of --compressed_kv.");
+ABSL_FLAG(int, first_compressed_row, -1,
+          "attend: the index of the first row of --compressed_kv (the server wants it on "
+          "C4A/C128A layers even when no row completes); -1: the layer's next row, "
+          "--position / the layer's compress ratio (`mla info` lists the ratios), 0 on a "
+          "window-only layer.");
 ABSL_FLAG(std::string, topk, "",
           "attend: .npy of the indexer's top-k on C4A layers, int32 or int64 [T, K], -1 pads.");
 ABSL_FLAG(bool, derotate, false, "attend: de-rotate out[..., 448:512] by the query position.");
@@ -124,6 +128,9 @@ absl::StatusOr<std::unique_ptr<Client>> ConnectFromFlags() {
   options.call_timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
   options.use_tls = absl::GetFlag(FLAGS_tls);
   options.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
+  if (!options.tls_server_name.empty() && !options.use_tls) {
+    return absl::InvalidArgumentError("--tls_server_name needs --tls");
+  }
   struct PemFlag {
     const char* name;
     std::string path;
@@ -224,6 +231,31 @@ absl::StatusOr<NpyArray> ReadInput(const std::string& flag, const std::string& p
   return array;
 }
 
+// --first_compressed_row, or when it is -1 the layer's next compressed row at
+// `position`: position / the compress ratio of the session's model's layer.
+// A session or layer the server does not know gives 0, so that the Attend
+// message goes out and the server's refusal names what is wrong.
+absl::StatusOr<int32_t> FirstCompressedRow(Client& client, const std::string& session, int layer,
+                                           int32_t position) {
+  const int flag = absl::GetFlag(FLAGS_first_compressed_row);
+  if (flag >= 0) return flag;
+  absl::StatusOr<std::vector<pb::SessionInfo>> sessions = client.ListSessions();
+  if (!sessions.ok()) return sessions.status();
+  absl::StatusOr<pb::ServerInfo> info = client.GetServerInfo();
+  if (!info.ok()) return info.status();
+  for (const pb::SessionInfo& listed : *sessions) {
+    if (listed.session_id() != session) continue;
+    for (const pb::ModelInfo& model : info->models()) {
+      if (model.name() != listed.model() || layer < 0 || layer >= model.compress_ratios_size()) {
+        continue;
+      }
+      const int ratio = model.compress_ratios(layer);
+      return ratio == 0 ? 0 : position / ratio;
+    }
+  }
+  return 0;
+}
+
 int Attend(Client& client) {
   const std::string session = absl::GetFlag(FLAGS_session);
   if (session.empty()) return UsageError("attend needs --session=ID (see `mla sessions list`)");
@@ -232,6 +264,9 @@ int Attend(Client& client) {
     return UsageError(
         "attend needs --position=P, the first token's position (`mla sessions list` shows the "
         "session's next position)");
+  }
+  if (absl::GetFlag(FLAGS_first_compressed_row) < -1) {
+    return UsageError("--first_compressed_row must be a row index, or -1 for the layer's next row");
   }
   absl::StatusOr<NpyArray> q =
       ReadInput("q", absl::GetFlag(FLAGS_q), NpyDtype::kUint16, {kAnyDim, kAnyDim, kHeadDim});
@@ -262,8 +297,11 @@ int Attend(Client& client) {
   input.layer = absl::GetFlag(FLAGS_layer);
   input.head_offset = absl::GetFlag(FLAGS_head_offset);
   const int32_t compressed_rows = compressed.has_value() ? static_cast<int32_t>(compressed->shape[0]) : 0;
+  absl::StatusOr<int32_t> first_row =
+      FirstCompressedRow(client, session, input.layer, absl::GetFlag(FLAGS_position));
+  if (!first_row.ok()) return CallError(first_row.status());
   input.segments = {{session, absl::GetFlag(FLAGS_position), static_cast<int32_t>(tokens),
-                     absl::GetFlag(FLAGS_first_compressed_row), compressed_rows}};
+                     *first_row, compressed_rows}};
   input.q = q->values<uint16_t>();
   if (kv.has_value()) input.kv = kv->values<uint16_t>();
   if (compressed.has_value()) input.compressed_kv = compressed->values<uint16_t>();

@@ -295,6 +295,65 @@ TEST_F(CliTest, AttendOnACompressedLayerWithTopK) {
   EXPECT_EQ((*stream)->Receive().status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Without --first_compressed_row the tool sends the layer's next row,
+// position / ratio, from the session's model: 50 on the C4A layer 2 and 1 on
+// the C128A layer 3 at position 200, 50 again when position 203 completes it.
+TEST_F(CliTest, AttendOnCompressedLayersSendsTheNextRowByDefault) {
+  const int heads = 8;
+  const std::string id = Session(heads, 200);
+  ASSERT_TRUE(WriteNpy(Path("q.npy"), NpyArray::FromValues<uint16_t>(
+                                          {1, heads, kHeadDim}, Values(101, heads * kHeadDim)))
+                  .ok());
+  ASSERT_TRUE(WriteNpy(Path("kv.npy"), NpyArray::FromValues<uint16_t>(
+                                           {1, kHeadDim}, Values(102, kHeadDim)))
+                  .ok());
+  ASSERT_TRUE(WriteNpy(Path("row50.npy"), NpyArray::FromValues<uint16_t>(
+                                              {1, kHeadDim}, Values(103, kHeadDim)))
+                  .ok());
+  const std::vector<int64_t> topk = {49, 0, -1, 7};
+  ASSERT_TRUE(
+      WriteNpy(Path("topk.npy"), NpyArray::FromValues<int64_t>({1, 4}, absl::MakeConstSpan(topk)))
+          .ok());
+  for (const char* layer : {"--layer=2", "--layer=3"}) {
+    std::vector<std::string> args = {"attend", "--session=" + id, layer, "--position=200",
+                                     "--q=" + Path("q.npy"), "--kv=" + Path("kv.npy"),
+                                     "--out=" + Path("out.npy")};
+    if (std::string(layer) == "--layer=2") args.push_back("--topk=" + Path("topk.npy"));
+    const CommandResult result = Mla(args);
+    EXPECT_EQ(result.exit_code, 0) << layer << ": " << result.err;
+  }
+  for (int position = 201; position <= 203; ++position) {
+    std::vector<std::string> args = {"attend", "--session=" + id, "--layer=2",
+                                     absl::StrCat("--position=", position),
+                                     "--q=" + Path("q.npy"), "--kv=" + Path("kv.npy"),
+                                     "--topk=" + Path("topk.npy"), "--out=" + Path("out.npy")};
+    if (position == 203) args.push_back("--compressed_kv=" + Path("row50.npy"));
+    const CommandResult result = Mla(args);
+    EXPECT_EQ(result.exit_code, 0) << "position " << position << ": " << result.err;
+  }
+  // Row 50 exists only because the tool sent it: a rank repeating step 203
+  // (whose next row is now 51) may name it.
+  const std::vector<int32_t> row50 = {50, -1, -1, -1};
+  absl::StatusOr<std::unique_ptr<AttendStream>> stream = client_->OpenAttendStream();
+  ASSERT_TRUE(stream.ok());
+  const std::vector<uint16_t> q = Values(104, heads * kHeadDim);
+  AttendInput repeat;
+  repeat.layer = 2;
+  repeat.segments = {{id, 203, 1, 51, 0}};
+  repeat.q = q;
+  repeat.topk = row50;
+  ASSERT_TRUE((*stream)->Send(repeat).ok());
+  absl::StatusOr<AttendResult> answer = (*stream)->Receive();
+  EXPECT_TRUE(answer.ok()) << answer.status();
+  EXPECT_TRUE((*stream)->Finish().ok());
+
+  const CommandResult result =
+      Mla({"attend", "--session=" + id, "--layer=2", "--position=204", "--q=" + Path("q.npy"),
+           "--first_compressed_row=-2"});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_THAT(result.err, HasSubstr("--first_compressed_row must be a row index, or -1"));
+}
+
 TEST_F(CliTest, AttendErrorsSayWhatToChange) {
   const std::string id = Session(8, 10);
   ASSERT_TRUE(WriteNpy(Path("q.npy"), NpyArray::FromValues<uint16_t>(
@@ -359,6 +418,11 @@ TEST_F(CliTest, BadCommandLinesExitNonZeroWithTheFix) {
   result = Mla({"info", "--tls_ca=/nonexistent.pem"});
   EXPECT_EQ(result.exit_code, 2);
   EXPECT_THAT(result.err, HasSubstr("--tls_ca needs --tls"));
+  // The library's own refusal would name use_tls, which is no flag of the tool.
+  result = Mla({"info", "--tls_server_name=mla-offload.test"});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_THAT(result.err, HasSubstr("--tls_server_name needs --tls"));
+  EXPECT_THAT(result.err, Not(HasSubstr("use_tls")));
   result = Mla({"info", "--no_such_flag"});
   EXPECT_NE(result.exit_code, 0);
   EXPECT_THAT(result.err, HasSubstr("no_such_flag"));
@@ -375,7 +439,7 @@ TEST_F(CliTest, HelpExplainsEveryCommandAndFlag) {
   for (const char* text :
        {"info ", "health ", "sessions list", "sessions close ID", "attend ", "--target",
         "--timeout_s", "--tls_ca", "--session", "--position", "--q ", "--kv ", "--topk",
-        "--compressed_kv", "--lse_out", "--out ", "Exit status"}) {
+        "--compressed_kv", "--first_compressed_row", "--lse_out", "--out ", "Exit status"}) {
     EXPECT_THAT(help, HasSubstr(text));
   }
   EXPECT_THAT(help, Not(HasSubstr("--grpc"))) << "--help lists only the tool's own flags";

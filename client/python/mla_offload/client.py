@@ -10,13 +10,15 @@ Thread safety: a Client may be shared by threads; so may an AttendStream
 """
 
 import dataclasses
+import math
+import numbers
 from typing import Optional
 
 import grpc
 import numpy as np
 
 from ._stubs import pb, pb_grpc
-from .attend import AttendStream, session_id_of
+from .attend import DEFAULT_STEP_TIMEOUT, AttendStream, session_id_of
 from .errors import MlaOffloadError
 from .tensors import fill_tensor
 
@@ -73,6 +75,23 @@ def _health_status(message):
     if message[0] != 0x08 or len(message) < 2 or message[1] & 0x80:
         raise ValueError(f"unexpected HealthCheckResponse bytes {message!r}")
     return HEALTH_STATUS.get(message[1], str(message[1]))
+
+
+MAX_IDLE_TTL_SECONDS = 2**31 - 1  # CreateSessionRequest.idle_ttl_seconds is an int32
+
+
+def _whole_ttl_seconds(idle_ttl_seconds):
+    """idle_ttl_seconds as the wire's whole seconds, as the C++ client sends it."""
+    if isinstance(idle_ttl_seconds, bool) or not isinstance(idle_ttl_seconds, numbers.Real):
+        raise TypeError(f"idle_ttl_seconds: expected a number of seconds, got "
+                        f"{type(idle_ttl_seconds).__name__}")
+    if not idle_ttl_seconds >= 0:  # NaN too
+        raise MlaOffloadError(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"idle_ttl_seconds is {idle_ttl_seconds}: give 0 (the server's "
+                              "default) or a positive number of seconds", "CreateSession")
+    if idle_ttl_seconds >= MAX_IDLE_TTL_SECONDS:  # inf too
+        return MAX_IDLE_TTL_SECONDS
+    return math.ceil(idle_ttl_seconds)
 
 
 class Client:
@@ -161,9 +180,12 @@ class Client:
         sinks: float32 [num_attention_layers, h_total] (or [layers, num_heads]
         when every rank has the same heads); None: no sink.
         idle_ttl_seconds: closed after this long unused; 0: the server's default.
+        Rounded up to whole seconds; longer than 2**31 - 1 s (or inf) asks for
+        2**31 - 1, the longest the server can be asked for. Negative (or NaN):
+        MlaOffloadError INVALID_ARGUMENT, nothing sent.
         """
         request = pb.CreateSessionRequest(model=model, num_heads=num_heads,
-                                          idle_ttl_seconds=idle_ttl_seconds)
+                                          idle_ttl_seconds=_whole_ttl_seconds(idle_ttl_seconds))
         if sinks is not None:
             fill_tensor(request.sinks, sinks, pb.DTYPE_F32, "sinks")
         reply = self._call("CreateSession", request, timeout)
@@ -209,11 +231,13 @@ class Client:
         except grpc.RpcError as error:
             raise MlaOffloadError.from_rpc_error(error, "Echo") from None
 
-    def attend(self, timeout=None, max_in_flight=8):
+    def attend(self, timeout=None, max_in_flight=8, step_timeout=DEFAULT_STEP_TIMEOUT):
         """Opens an AttendStream. timeout: the deadline of the whole stream in
-        seconds (None: none; a long-lived stream usually has none)."""
+        seconds (None: none; a long-lived stream usually has none).
+        step_timeout: seconds within which each message must be answered
+        (default 30); a later answer cancels the stream with DEADLINE_EXCEEDED."""
         return AttendStream(self._stub, timeout=timeout, metadata=self._metadata,
-                            max_in_flight=max_in_flight)
+                            max_in_flight=max_in_flight, step_timeout=step_timeout)
 
 
 def connect(target, **kwargs):
