@@ -770,7 +770,7 @@ struct Plan {
 
 // MLA_CUDA_DECODE picks the kernels: unset, the mma.sync tensor-core ones;
 // "simt", the CUDA-core one (a cross-check); "wgmma", the warpgroup-MMA one
-// (decode_wgmma.cu) where Hp is a multiple of 64 and mma.sync elsewhere.
+// (decode_wgmma.cu; 64 heads a CTA, zero queries below Hp = 64).
 const char* DecodeChoice() {
   static const char* choice = [] {
     const char* env = std::getenv("MLA_CUDA_DECODE");
@@ -779,9 +779,7 @@ const char* DecodeChoice() {
   return choice;
 }
 bool UseMma() { return std::strcmp(DecodeChoice(), "simt") != 0; }
-bool UseWgmma(const DecodeParams& p) {
-  return std::strcmp(DecodeChoice(), "wgmma") == 0 && p.padded_heads % kWgmmaHeads == 0;
-}
+bool UseWgmma() { return std::strcmp(DecodeChoice(), "wgmma") == 0; }
 
 // Splits each token's keys into at most `wanted` ranges (and kMaxSplits),
 // never below two chunks of `kc` keys a range; boundaries on whole chunks.
@@ -801,10 +799,10 @@ void SplitKeys(const DecodeParams& p, int64_t wanted, int kc, Plan& plan) {
 Plan MakePlan(const DecodeParams& p, int num_sms) {
   Plan plan;
   plan.hg = UseMma() ? 16 : (p.padded_heads >= 16 ? 16 : 8);
-  if (UseWgmma(p)) {
+  if (UseWgmma()) {
     // One CTA an SM (its shared memory), 64-key chunks.
     plan.hg = kWgmmaHeads;
-    plan.groups = p.padded_heads / kWgmmaHeads;
+    plan.groups = (p.padded_heads + kWgmmaHeads - 1) / kWgmmaHeads;
     const int64_t ctas = p.num_tokens * plan.groups;
     SplitKeys(p, ctas > 0 && ctas < num_sms ? num_sms / ctas : 1, kWgmmaChunk, plan);
     return plan;

@@ -1,6 +1,8 @@
-// Sparse MLA decode (spec section 5) for Hp = 64 and 128 with Hopper's
-// warpgroup MMA (wgmma): one CTA per 64 heads of a token (and per split of
-// its keys), keys in chunks of 64. Selected with MLA_CUDA_DECODE=wgmma (see
+// Sparse MLA decode (spec section 5) with Hopper's warpgroup MMA (wgmma):
+// one CTA per 64 heads of a token (and per split of its keys), keys in
+// chunks of 64. Made for Hp = 64 and 128; a smaller Hp fills the MMA's 64
+// rows with zero queries whose results are dropped (the gather, not the
+// MMAs, bounds those shapes). Selected with MLA_CUDA_DECODE=wgmma (see
 // decode.cu) until it is validated on the H200; not yet run there.
 //
 // A CTA is three warpgroups with their own jobs, linked through shared memory:
@@ -189,6 +191,7 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
 struct WgTask {
   int64_t t;
   int h0;
+  int heads_here;  // rows of q this CTA reads (below 64 when Hp < 64)
   int split;
   int main_len;
   int begin;
@@ -289,7 +292,7 @@ __device__ void WriteOutput(const DecodeParams& p, const WgTask& task, int split
           if (task.h0 + h < p.num_heads) {
             Finish(p, task.t, task.h0 + h, dim / 2, row_max[half], row_sum[half], o0, o1);
           }
-        } else {
+        } else if (h < task.heads_here) {
           const int64_t item = (task.t * p.padded_heads + task.h0 + h) * splits + task.split;
           reinterpret_cast<float2*>(partials.o + item * kHeadDim)[dim / 2] = make_float2(o0, o1);
           if (dim == 0) {
@@ -312,16 +315,22 @@ __device__ void Score(const DecodeParams& p, const WgTask& task, int splits,
   const int row0 = (wt >> 5) * 16 + g;  // this thread's heads: row0 and row0 + 8
 
   // Q: thread wt copies dims 16 c .. 16 c + 15 of head wt % 64 for c =
-  // wt / 64 + 2k (a warp reads 32 B of 32 heads; 8 lanes store 128 B).
+  // wt / 64 + 2k (a warp reads 32 B of 32 heads; 8 lanes store 128 B);
+  // rows past heads_here are zero.
   const uint16_t* q = p.q + (task.t * p.padded_heads + task.h0) * kHeadDim;
 #pragma unroll 4
   for (int k = 0; k < 16; ++k) {
     const int index = wt + 128 * k;
     const int h = index & 63;
     const int c = index >> 6;
-    const uint4* src = reinterpret_cast<const uint4*>(q + h * kHeadDim) + 2 * c;
-    *reinterpret_cast<uint4*>(smem + WgLayout::kQ + TileOffset(h, 16 * c)) = __ldg(src);
-    *reinterpret_cast<uint4*>(smem + WgLayout::kQ + TileOffset(h, 16 * c + 8)) = __ldg(src + 1);
+    uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
+    if (h < task.heads_here) {
+      const uint4* src = reinterpret_cast<const uint4*>(q + h * kHeadDim) + 2 * c;
+      lo = __ldg(src);
+      hi = __ldg(src + 1);
+    }
+    *reinterpret_cast<uint4*>(smem + WgLayout::kQ + TileOffset(h, 16 * c)) = lo;
+    *reinterpret_cast<uint4*>(smem + WgLayout::kQ + TileOffset(h, 16 * c + 8)) = hi;
   }
   FenceForWgmma();
   NamedSync(kBarQLoaded, 128);
@@ -517,6 +526,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   WgTask task;
   task.t = blockIdx.y;
   task.h0 = blockIdx.x * kTileRows;
+  task.heads_here = min(kTileRows, p.padded_heads - task.h0);
   task.split = blockIdx.z;
   task.main_len = ListLength(p.main, task.t);
   const int total = task.main_len + ListLength(p.extra, task.t);

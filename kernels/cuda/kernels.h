@@ -21,9 +21,10 @@ size_t DecodeScratchBytes(const DecodeParams& params, int num_sms);
 cudaError_t LaunchDecode(const DecodeParams& params, int num_sms, void* scratch,
                          cudaStream_t stream);
 
-// The warpgroup-MMA decode kernel (decode_wgmma.cu) for Hp a multiple of
-// kWgmmaHeads, one CTA per kWgmmaHeads heads of a token and split; called by
-// LaunchDecode, which plans the splits (partial_o/partial_ml as there).
+// The warpgroup-MMA decode kernel (decode_wgmma.cu): one CTA per
+// kWgmmaHeads heads of a token and split (a smaller Hp padded with zero
+// queries); called by LaunchDecode, which plans the splits
+// (partial_o/partial_ml as there).
 inline constexpr int kWgmmaHeads = 64;
 inline constexpr int kWgmmaChunk = 64;  // keys a chunk
 cudaError_t LaunchDecodeWgmma(const DecodeParams& params, int groups, int splits,

@@ -4,8 +4,8 @@
 # tests, compute-sanitizer memcheck and racecheck on a smaller case set, then
 # the benchmark. Logs and results.json go to $OUT.
 #   run_on_device.sh [test|simt|wgmma|sanitize|tool|bench|e2e|transport|all]...   (default: all)
-# wgmma: the decode cases, the sanitizers and the H = 64 and 128 benchmark
-# shapes with the warpgroup-MMA decode kernel (MLA_CUDA_DECODE=wgmma).
+# wgmma: the decode cases, the sanitizers and the decode benchmark shapes
+# with the warpgroup-MMA decode kernel (MLA_CUDA_DECODE=wgmma).
 # e2e: the server's end-to-end tests with --backend=cuda; transport: the
 # transport benchmark with the CUDA backend (TRANSPORT_ARGS adds flags).
 set -uo pipefail
@@ -42,14 +42,14 @@ if [[ $steps == *all* || $steps == *wgmma* ]]; then
   for tool in memcheck racecheck; do
     echo "== compute-sanitizer --tool $tool, MLA_CUDA_DECODE=wgmma"
     MLA_CUDA_DECODE=wgmma timeout 170 "$sanitizer" --tool "$tool" --error-exitcode 9 ./cuda_backend_test \
-      --gtest_filter='*Decode*h64_n3*:*Decode*h128_n1*:*Decode*h128_n2*:*LayerStep*' > "$OUT/sanitizer_wgmma_$tool.log" 2>&1
+      --gtest_filter='*Decode*h16_n12*:*Decode*h64_n3*:*Decode*h128_n1*:*Decode*h128_n2*:*LayerStep*' > "$OUT/sanitizer_wgmma_$tool.log" 2>&1
     rc=$?
     echo "exit $rc"
     grep -E '^\[==========\]|^\[  PASSED|^\[  FAILED|ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race' "$OUT/sanitizer_wgmma_$tool.log" | sort | uniq -c | head -20
     [ $rc -eq 0 ] || status=1
   done
-  echo "== cuda_bench, H = 64 and 128, MLA_CUDA_DECODE=wgmma"
-  MLA_CUDA_DECODE=wgmma ./cuda_bench --heads=64,128 --prologue=0 --out="$OUT/results_wgmma.json" --iters=30 \
+  echo "== cuda_bench, decode shapes, MLA_CUDA_DECODE=wgmma"
+  MLA_CUDA_DECODE=wgmma ./cuda_bench --prologue=0 --out="$OUT/results_wgmma.json" --iters=30 \
     --commit="$(cat commit.txt 2>/dev/null || echo unknown)" 2>&1 | tee "$OUT/bench_wgmma.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
