@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -34,9 +36,23 @@ constexpr int64_t kRowBytes = int64_t{kHeadDim} * 2;
 // AppendKV calls stay below this (the server's default limit is 256 MiB).
 constexpr int64_t kAppendChunkBytes = int64_t{48} << 20;
 
+// The longest a run may be told to last (--duration_s), and to wait for
+// anything else (--warmup_s, --step_timeout_s); ValidateOptions holds the
+// flags to these.
+constexpr double kMaxDurationSeconds = 7 * 86400;
+constexpr double kMaxWaitSeconds = 3600;
+// Open loop: above this many layer steps/s no client keeps the schedule.
+constexpr double kMaxRate = 1e7;
+
+constexpr char kNothingMeasured[] = "nothing was measured; this run's sessions were closed";
+
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+// Saturates: a Poisson gap of a very low rate would not fit in int64
+// nanoseconds, and the cast would be undefined.
 Clock::duration FromSeconds(double s) {
-  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+  constexpr double kLongest = 1e9;  // ~32 years, far from the int64 limit
+  return std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(std::clamp(s, 0.0, kLongest)));
 }
 
 // What every node shares: the model, the workload and the run's geometry.
@@ -103,6 +119,13 @@ struct Live {
   LatencyHistogram recent;  // answers since the last progress line
 };
 
+// Sessions closed at the end of a run (or of a failed setup), all nodes.
+struct CloseCount {
+  int64_t sessions = 0;
+  int64_t failed = 0;
+  absl::Status first_error;  // of the first that failed
+};
+
 enum class PhaseKind { kAttend, kEcho };
 
 struct PhasePlan {
@@ -131,10 +154,14 @@ class Node {
   std::vector<Group>& groups() { return groups_; }
   int index() const { return index_; }
 
-  // Creates the node's sessions and appends their prompts.
-  absl::Status CreateSessions(int sessions) {
+  // Creates the node's sessions and appends their prompts, until done, an
+  // error, or `stop()` turns true (checked before each session and each
+  // prompt chunk; then it returns OK with what it made so far). Every
+  // session is recorded before its prompt, so CloseSessions frees it
+  // whatever happened after its creation.
+  absl::Status CreateSessions(int sessions, const std::function<bool()>& stop) {
     std::map<int, int> group_of_server;
-    for (int s = 0; s < sessions; ++s) {
+    for (int s = 0; s < sessions && !stop(); ++s) {
       SessionRef ref;
       ref.salt = Workload::SessionSalt(setup_.seed, index_, s);
       const std::vector<float> sinks = setup_.workload->Sinks(ref.salt);
@@ -148,28 +175,32 @@ class Node {
       if (!placed.ok()) return placed.status();
       ref.id = placed->session.session_id();
       padded_heads_ = placed->session.padded_heads();
-      if (absl::Status status = AppendPrompt(cluster_->client(placed->server), ref); !status.ok()) {
-        return status;
-      }
       auto [it, fresh] = group_of_server.emplace(placed->server, static_cast<int>(groups_.size()));
       if (fresh) {
         groups_.emplace_back();
         groups_.back().server = placed->server;
       }
-      groups_[it->second].sessions.push_back(std::move(ref));
+      std::vector<SessionRef>& group = groups_[it->second].sessions;
+      group.push_back(std::move(ref));
+      if (absl::Status status = AppendPrompt(cluster_->client(placed->server), group.back(), stop);
+          !status.ok()) {
+        return status;
+      }
     }
     return absl::OkStatus();
   }
 
-  absl::Status CloseSessions() {
-    absl::Status first;
+  // Closes every session this node created, and counts those that failed.
+  void CloseSessions(CloseCount& count) {
     for (Group& group : groups_) {
       for (const SessionRef& session : group.sessions) {
+        ++count.sessions;
         absl::StatusOr<int64_t> freed = cluster_->client(group.server).CloseSession(session.id);
-        if (!freed.ok() && first.ok()) first = freed.status();
+        if (freed.ok()) continue;
+        ++count.failed;
+        if (count.first_error.ok()) count.first_error = freed.status();
       }
     }
-    return first;
   }
 
   int padded_heads() const { return padded_heads_; }
@@ -232,12 +263,13 @@ class Node {
   std::optional<Clock::time_point> last_measured_done() const { return last_measured_done_; }
 
  private:
-  absl::Status AppendPrompt(client::Client& server, const SessionRef& session) {
+  absl::Status AppendPrompt(client::Client& server, const SessionRef& session,
+                            const std::function<bool()>& stop) {
     const ModelProfile& model = *setup_.model;
     const int layers = model.num_attention_layers();
     const int chunk =
         static_cast<int>(std::max<int64_t>(1, kAppendChunkBytes / (layers * kRowBytes)));
-    for (int first = 0; first < setup_.prompt; first += chunk) {
+    for (int first = 0; first < setup_.prompt && !stop(); first += chunk) {
       const int count = std::min(chunk, setup_.prompt - first);
       std::vector<std::vector<uint16_t>> swa(layers), compressed(layers);
       std::vector<client::LayerRowsInput> rows(layers);
@@ -361,6 +393,8 @@ class Node {
       Clock::time_point due;
       if (plan_.open_loop) {
         next_due += FromSeconds(arrivals.NextGapSeconds());
+        // Nothing more is due in the window: do not sleep until the arrival.
+        if (plan_.end.has_value() && next_due >= *plan_.end) return;
         std::unique_lock<std::mutex> lock(mutex_);
         cv_.wait_until(lock, next_due, [this] { return stop_; });
         if (stop_) return;
@@ -604,23 +638,51 @@ class Node {
   std::optional<Clock::time_point> last_measured_done_;
 };
 
-// KV blocks summed over the servers.
+// KV blocks summed over the servers; *used and *total stay as they were
+// when a server does not answer.
 absl::Status ReadKv(client::Cluster& cluster, int64_t* used, int64_t* total) {
-  *used = 0;
-  *total = 0;
+  int64_t used_sum = 0, total_sum = 0;
   for (int s = 0; s < cluster.size(); ++s) {
     absl::StatusOr<pb::ServerInfo> info = cluster.client(s).GetServerInfo();
     if (!info.ok()) return info.status();
-    *used += info->kv_blocks_used();
-    *total += info->kv_blocks_total();
+    used_sum += info->kv_blocks_used();
+    total_sum += info->kv_blocks_total();
   }
+  *used = used_sum;
+  *total = total_sum;
   return absl::OkStatus();
 }
 
-// Runs one phase on every node, with the progress line, and merges the stats.
+CloseCount CloseAllSessions(std::vector<std::unique_ptr<Node>>& nodes) {
+  CloseCount count;
+  for (auto& node : nodes) node->CloseSessions(count);
+  return count;
+}
+
+// "closing sessions: 2 of 16 failed (...), first: NOT_FOUND: ..."; empty
+// when none failed.
+std::string CloseFailureText(const CloseCount& count) {
+  if (count.failed == 0) return "";
+  return absl::StrCat(
+      "closing sessions: ", count.failed, " of ", count.sessions,
+      " failed (the server may still hold their KV cache), first: ", count.first_error.ToString());
+}
+
+// A setup that cannot go on: closes what was created and says why, with
+// what closing could not free.
+absl::Status AbandonSetup(std::vector<std::unique_ptr<Node>>& nodes, const absl::Status& why) {
+  const std::string close_failure = CloseFailureText(CloseAllSessions(nodes));
+  if (close_failure.empty()) return why;
+  return absl::Status(why.code(), absl::StrCat(why.message(), "; ", close_failure));
+}
+
+// Runs one phase on every node, with the progress line, and merges the
+// stats. *interrupted_in_warm_up (when given): Ctrl-C came before the window
+// began.
 PhaseStats RunPhase(std::vector<std::unique_ptr<Node>>& nodes, PhasePlan plan,
                     const LoadOptions& options, const Setup& setup,
-                    std::vector<StepRecord>* records, std::string* stop_reason) {
+                    std::vector<StepRecord>* records, std::string* stop_reason,
+                    bool* interrupted_in_warm_up) {
   client::StreamOptions stream_options;
   stream_options.step_timeout = absl::Seconds(options.step_timeout_s);
   stream_options.max_in_flight = plan.open_loop ? 1024 : options.concurrency;
@@ -718,6 +780,8 @@ PhaseStats RunPhase(std::vector<std::unique_ptr<Node>>& nodes, PhasePlan plan,
   // The window lasts until the schedule ended (or was interrupted) and every
   // layer step due in it was answered: a server that falls behind stretches
   // it, and the rates fall with it.
+  if (interrupted_in_warm_up != nullptr)
+    *interrupted_in_warm_up = interrupted_at.has_value() && *interrupted_at < plan.warm_end;
   if (interrupted_at.has_value() && (!plan.end.has_value() || *interrupted_at < *plan.end)) {
     merged.planned_seconds = std::max(0.0, Seconds(*interrupted_at - plan.warm_end));
   } else if (plan.end.has_value()) {
@@ -829,15 +893,28 @@ absl::Status ValidateOptions(const LoadOptions& o) {
   if (o.tokens_per_step < 1 || o.tokens_per_step > 129) return bad("--tokens_per_step: 1 to 129");
   if (o.prompt < 0) return bad("--prompt must not be negative");
   if (o.concurrency < 1) return bad("--concurrency must be at least 1");
-  if (o.rate < 0) return bad("--rate must not be negative");
-  if (o.warmup_s < 0) return bad("--warmup_s must not be negative");
+  // `!(x <= max)` and `!(x >= 0)` hold for NaN too.
+  if (!(o.rate >= 0 && o.rate <= kMaxRate)) {
+    return bad(absl::StrCat("--rate=", o.rate, ": give 0 (closed loop) or a rate up to ", kMaxRate,
+                            " layer steps/s"));
+  }
+  if (!(o.warmup_s >= 0 && o.warmup_s <= kMaxWaitSeconds)) {
+    return bad(
+        absl::StrCat("--warmup_s=", o.warmup_s, ": give 0 to ", kMaxWaitSeconds, " seconds"));
+  }
   if (o.steps < 0) return bad("--steps must not be negative");
-  if (o.steps == 0 && o.duration_s <= 0)
-    return bad("--duration_s must be positive (or give --steps)");
+  if (!std::isfinite(o.duration_s) || o.duration_s > kMaxDurationSeconds ||
+      (o.steps == 0 && o.duration_s <= 0)) {
+    return bad(absl::StrCat("--duration_s=", o.duration_s, ": give more than 0 and at most ",
+                            kMaxDurationSeconds, " seconds (a week), or bound the run by --steps"));
+  }
   if (o.verify && (o.verify_every < 1 || o.verify_max < 1 || o.verify_tokens < 1)) {
     return bad("--verify_every, --verify_max and --verify_tokens must be at least 1");
   }
-  if (o.step_timeout_s <= 0) return bad("--step_timeout_s must be positive");
+  if (!(o.step_timeout_s > 0 && o.step_timeout_s <= kMaxWaitSeconds)) {
+    return bad(absl::StrCat("--step_timeout_s=", o.step_timeout_s,
+                            ": give more than 0 and at most ", kMaxWaitSeconds, " seconds"));
+  }
   return absl::OkStatus();
 }
 
@@ -916,21 +993,34 @@ absl::StatusOr<RunOutput> RunLoadTest(const LoadOptions& options) {
     if (!cluster.ok()) return cluster.status();
     nodes.push_back(std::make_unique<Node>(n, setup, *std::move(cluster), options.tp));
   }
+  // A failing node, or Ctrl-C, stops every node's setup at its next session
+  // or prompt chunk.
+  std::atomic<bool> setup_failed{false};
+  auto interrupted = [&options] { return options.interrupted != nullptr && *options.interrupted; };
+  auto stop_setup = [&] { return setup_failed || interrupted(); };
   const Clock::time_point prompt_start = Clock::now();
   {
     std::vector<absl::Status> statuses(nodes.size());
     std::vector<std::thread> threads;
     for (size_t n = 0; n < nodes.size(); ++n) {
-      threads.emplace_back([&, n] { statuses[n] = nodes[n]->CreateSessions(options.sessions); });
+      threads.emplace_back([&, n] {
+        statuses[n] = nodes[n]->CreateSessions(options.sessions, stop_setup);
+        if (!statuses[n].ok()) setup_failed = true;
+      });
     }
     for (std::thread& thread : threads) thread.join();
     for (const absl::Status& status : statuses) {
       if (!status.ok()) {
-        for (auto& node : nodes) node->CloseSessions().IgnoreError();
-        return absl::Status(status.code(),
-                            absl::StrCat("creating sessions and prompts: ", status.message()));
+        return AbandonSetup(
+            nodes, absl::Status(status.code(),
+                                absl::StrCat("creating sessions and prompts: ", status.message())));
       }
     }
+  }
+  if (interrupted()) {
+    return AbandonSetup(nodes, absl::CancelledError(absl::StrCat(
+                                   "interrupted while creating sessions and appending prompts: ",
+                                   kNothingMeasured)));
   }
   report.prompt_seconds = Seconds(Clock::now() - prompt_start);
   config.padded_heads = nodes.front()->padded_heads();
@@ -940,8 +1030,9 @@ absl::StatusOr<RunOutput> RunLoadTest(const LoadOptions& options) {
       config.sessions_per_target[group.server] += group.sessions.size();
   }
   if (absl::Status s = ReadKv(**probe, &report.kv.used_after_prompt, &report.kv.blocks_total);
-      !s.ok())
-    return s;
+      !s.ok()) {
+    return AbandonSetup(nodes, s);
+  }
 
   PhasePlan plan;
   plan.kind = PhaseKind::kAttend;
@@ -953,29 +1044,38 @@ absl::StatusOr<RunOutput> RunLoadTest(const LoadOptions& options) {
     plan.verify_every = options.verify_every;
     plan.verify_max = options.verify_max;
   }
-  report.attend = RunPhase(nodes, plan, options, setup, &output.records, &report.stop_reason);
-  if (absl::Status s = ReadKv(**probe, &report.kv.used_at_end, &report.kv.blocks_total); !s.ok())
-    return s;
+  bool interrupted_in_warm_up = false;
+  report.attend = RunPhase(nodes, plan, options, setup, &output.records, &report.stop_reason,
+                           &interrupted_in_warm_up);
+  if (interrupted_in_warm_up) {
+    return AbandonSetup(nodes, absl::CancelledError(absl::StrCat("interrupted during the warm-up: ",
+                                                                 kNothingMeasured)));
+  }
+  // The window has run: whatever fails from here on goes into the report
+  // (cleanup_errors), never instead of it.
+  if (absl::Status s = ReadKv(**probe, &report.kv.used_at_end, &report.kv.blocks_total); !s.ok()) {
+    report.kv.used_at_end = -1;
+    report.cleanup_errors.push_back(
+        absl::StrCat("reading KV use after the window: ", s.ToString()));
+  }
 
-  const bool interrupted = options.interrupted != nullptr && *options.interrupted;
-  if (options.baseline && !interrupted) {
+  if (options.baseline && !interrupted()) {
     PhasePlan echo = plan;
     echo.kind = PhaseKind::kEcho;
     echo.verify_every = 0;
     std::string echo_stop;
-    report.echo = RunPhase(nodes, echo, options, setup, &output.records, &echo_stop);
+    report.echo = RunPhase(nodes, echo, options, setup, &output.records, &echo_stop, nullptr);
   }
   if (options.verify) report.verify = VerifySamples(nodes, options, setup);
 
-  absl::Status closed;
-  for (auto& node : nodes) {
-    absl::Status status = node->CloseSessions();
-    if (closed.ok()) closed = status;
-  }
-  if (!closed.ok()) return closed;
+  if (const std::string failure = CloseFailureText(CloseAllSessions(nodes)); !failure.empty())
+    report.cleanup_errors.push_back(failure);
   if (absl::Status s = ReadKv(**probe, &report.kv.used_after_close, &report.kv.blocks_total);
-      !s.ok())
-    return s;
+      !s.ok()) {
+    report.kv.used_after_close = -1;
+    report.cleanup_errors.push_back(
+        absl::StrCat("reading KV use after closing the sessions: ", s.ToString()));
+  }
   return output;
 }
 

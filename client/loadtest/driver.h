@@ -23,8 +23,11 @@
 // 5. --verify: sampled layer steps (their answers were kept) are recomputed
 //    locally (verifier.h); then sessions are closed and KV use read again.
 //
-// Errors of setup (unreachable server, unknown model, bad flags) are
-// returned; errors of layer steps are counted in the report by code.
+// Errors of setup (unreachable server, unknown model, bad flags, a failed
+// prompt) are returned, after closing every session the run had created;
+// errors of layer steps are counted in the report by code. Once the window
+// has run, a report always comes back: a failure to close the sessions or to
+// read KV use at the end is in its cleanup_errors.
 #ifndef MLA_OFFLOAD_CLIENT_LOADTEST_DRIVER_H_
 #define MLA_OFFLOAD_CLIENT_LOADTEST_DRIVER_H_
 
@@ -67,13 +70,19 @@ struct LoadOptions {
   bool progress = true;
   bool progress_tty = false;
   std::FILE* progress_out = stderr;
-  // When it becomes true (a SIGINT handler sets it), the nodes stop sending,
-  // what is in flight is answered, the Echo phase is skipped, and the report
-  // covers the window up to then.
+  // When it becomes true (a SIGINT handler sets it) while the sessions are
+  // created or their prompts appended, setup stops at the next session or
+  // prompt chunk, the sessions are closed and RunLoadTest returns CANCELLED:
+  // nothing was measured. Later, the nodes stop sending, what is in flight
+  // is answered, the Echo phase is skipped, and the report covers the window
+  // up to then.
   const std::atomic<bool>* interrupted = nullptr;
 };
 
-// InvalidArgument naming the flag for settings that cannot run.
+// InvalidArgument naming the flag for settings that cannot run, including
+// times and rates that are not finite or beyond what a run can mean: at most
+// a week of --duration_s, an hour of --warmup_s or --step_timeout_s, 1e7
+// layer steps/s of --rate.
 absl::Status ValidateOptions(const LoadOptions& options);
 
 struct RunOutput {

@@ -1,5 +1,7 @@
 #include "client/loadtest/driver.h"
 
+#include <cmath>
+#include <limits>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -46,6 +48,38 @@ TEST(DriverTest, EachBadSettingNamesItsFlag) {
                 o.verify_every = 0;
               }),
               HasSubstr("--verify_every"));
+}
+
+TEST(DriverTest, TimesAndRatesMustBeFiniteAndSane) {
+  const double kInf = std::numeric_limits<double>::infinity();
+  const double kNan = std::numeric_limits<double>::quiet_NaN();
+  for (const double bad : {kNan, kInf, -kInf, 1e10}) {
+    LoadOptions options = Good();
+    options.duration_s = bad;
+    EXPECT_THAT(std::string(ValidateOptions(options).message()), HasSubstr("--duration_s=")) << bad;
+    options = Good();
+    options.warmup_s = bad;
+    EXPECT_THAT(std::string(ValidateOptions(options).message()), HasSubstr("--warmup_s=")) << bad;
+    options = Good();
+    options.step_timeout_s = bad;
+    EXPECT_THAT(std::string(ValidateOptions(options).message()), HasSubstr("--step_timeout_s="))
+        << bad;
+    options = Good();
+    options.rate = bad;
+    EXPECT_THAT(std::string(ValidateOptions(options).message()), HasSubstr("--rate=")) << bad;
+  }
+  EXPECT_THAT(ErrorOf([](LoadOptions& o) { o.duration_s = 1e10; }),
+              HasSubstr("at most 604800 seconds (a week)"));
+  EXPECT_THAT(ErrorOf([](LoadOptions& o) { o.rate = std::nan(""); }), HasSubstr("--rate=nan"));
+  // The limits themselves still run.
+  LoadOptions options = Good();
+  options.duration_s = 604800;
+  options.warmup_s = 3600;
+  options.step_timeout_s = 3600;
+  options.rate = 1e7;
+  EXPECT_TRUE(ValidateOptions(options).ok());
+  options.rate = 1e-3;
+  EXPECT_TRUE(ValidateOptions(options).ok());
 }
 
 TEST(DriverTest, StepsReplaceDuration) {

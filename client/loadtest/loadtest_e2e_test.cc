@@ -1,12 +1,15 @@
 // mla_offload_loadtest against the real mla_offload_server (CPU backend),
 // both as child processes over loopback (client/test_processes.h): short
 // closed- and open-loop runs with --verify, the Echo baseline and every
-// output file, a full KV cache, Ctrl-C, and the exits of runs that cannot go.
+// output file, a full KV cache (mid-run and mid-prompt), sessions the server
+// expired before the end, Ctrl-C (in the window and during setup), and the
+// exits of runs that cannot go.
 //
 // The numbers are checked for consistency with each other and with what the
 // run was told to do (counts of layer steps and tokens, CSV lines against the
 // JSON, percentiles in order, zero errors, verification passed, KV freed),
 // not against fixed figures: CI has two cores and other work.
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
@@ -20,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "client/mla_client.h"
 #include "client/test_processes.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -52,6 +56,16 @@ std::unique_ptr<client::TestServer> StartServer(const std::vector<std::string>& 
   absl::StatusOr<std::unique_ptr<client::TestServer>> server = client::TestServer::Start(all);
   EXPECT_TRUE(server.ok()) << server.status();
   return server.ok() ? *std::move(server) : nullptr;
+}
+
+// KV blocks the server holds now (GetServerInfo), -1 when it does not answer.
+int64_t KvBlocksUsed(const client::TestServer& server) {
+  absl::StatusOr<std::unique_ptr<client::Client>> connected =
+      client::Client::Connect(server.target());
+  if (!connected.ok()) return -1;
+  absl::StatusOr<mla_offload::v1::ServerInfo> info = (*connected)->GetServerInfo();
+  EXPECT_TRUE(info.ok()) << info.status();
+  return info.ok() ? info->kv_blocks_used() : -1;
 }
 
 struct LoadTestRun {
@@ -302,6 +316,86 @@ TEST(LoadTestEndToEnd, CtrlCEndsTheRunWithAReport) {
   EXPECT_EQ(json["kv"]["used_after_close"], json["kv"]["used_at_start"]);
 }
 
+TEST(LoadTestEndToEnd, APromptThatFailsPartwayLeavesNoSessionBehind) {
+  // 434 blocks: the first AppendKV chunks of a 4000-token V4-Flash prompt
+  // (1117 tokens each) fit, a later one does not. The session holds what the
+  // first chunks filled until the load test closes it.
+  std::unique_ptr<client::TestServer> server = StartServer({"--kv_cache_gb=0.01625"});
+  ASSERT_NE(server, nullptr);
+  const LoadTestRun run =
+      LoadTest({"--target=" + server->target(), "--tp=8", "--layers=4", "--sessions=1",
+                "--prompt=4000", "--warmup_s=0", "--duration_s=1"});
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("creating sessions and prompts: "));
+  EXPECT_THAT(run.output, HasSubstr("RESOURCE_EXHAUSTED"));
+  EXPECT_THAT(run.output, Not(HasSubstr("closing sessions")));  // closing worked
+  EXPECT_EQ(KvBlocksUsed(*server), 0);
+}
+
+TEST(LoadTestEndToEnd, SessionsGoneAtTheEndStillGiveTheReport) {
+  // The server closes sessions idle for 1 s (checked every second); the Echo
+  // phase leaves them idle for 4 s, so closing them at the end finds none.
+  // Its positions stay below the server's max_position (the Echo phase too
+  // stops there), so it lasts the 4 s.
+  std::unique_ptr<client::TestServer> server =
+      StartServer({"--session_idle_ttl_s=1", "--max_position=262144"});
+  ASSERT_NE(server, nullptr);
+  const std::string json_path = OutDir() + "/expired.json";
+  const LoadTestRun run = LoadTest({"--target=" + server->target(), "--tp=8", "--layers=2",
+                                    "--sessions=2", "--prompt=64", "--warmup_s=0", "--duration_s=4",
+                                    "--baseline", "--json_out=" + json_path});
+  // The run measured: its report is printed and written, and the exit
+  // status says that cleaning up failed.
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("latency per layer step   p50 "));
+  EXPECT_THAT(run.output, HasSubstr("echo baseline"));
+  EXPECT_THAT(run.output, HasSubstr("  WARNING                  closing sessions: 2 of 2 failed"));
+  EXPECT_THAT(run.output, HasSubstr("NOT_FOUND"));
+  const nlohmann::json json = nlohmann::json::parse(ReadFile(json_path));
+  EXPECT_GT(json["attend"]["layer_steps_ok"].get<int64_t>(), 0);
+  ASSERT_EQ(json["cleanup_errors"].size(), 1u);
+  EXPECT_THAT(json["cleanup_errors"][0].get<std::string>(), HasSubstr("closing sessions: 2 of 2"));
+  EXPECT_EQ(json["kv"]["used_after_close"], json["kv"]["used_at_start"]);  // the server freed them
+}
+
+TEST(LoadTestEndToEnd, CtrlCWhileAppendingPromptsClosesTheSessionsWithoutAReport) {
+  // 64 sessions of 4000 prompt tokens (34000 of the cache's 53000 blocks,
+  // 11 GB of AppendKV): far more than a second of setup, interrupted after
+  // one second.
+  std::unique_ptr<client::TestServer> server = StartServer({"--kv_cache_gb=2"});
+  ASSERT_NE(server, nullptr);
+  const std::string json_path = OutDir() + "/interrupted_setup.json";
+  std::remove(json_path.c_str());
+  const auto start = std::chrono::steady_clock::now();
+  const LoadTestRun run =
+      LoadTest({"--target=" + server->target(), "--tp=8", "--layers=2", "--sessions=64",
+                "--prompt=4000", "--warmup_s=0", "--duration_s=5", "--json_out=" + json_path},
+               {"/usr/bin/timeout", "--foreground", "--preserve-status", "-s", "INT", "1"});
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(run.exit_code, 130) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("interrupted while creating sessions and appending prompts: "
+                                    "nothing was measured; this run's sessions were closed"));
+  EXPECT_THAT(run.output, Not(HasSubstr("latency per layer step")));
+  EXPECT_FALSE(std::ifstream(json_path).good());
+  EXPECT_LT(seconds, 10);  // it stopped at the next prompt chunk, not after the setup
+  EXPECT_EQ(KvBlocksUsed(*server), 0);
+}
+
+TEST(LoadTestEndToEnd, CtrlCDuringTheWarmUpClosesTheSessionsWithoutAReport) {
+  std::unique_ptr<client::TestServer> server = StartServer();
+  ASSERT_NE(server, nullptr);
+  const LoadTestRun run =
+      LoadTest({"--target=" + server->target(), "--tp=8", "--layers=2", "--sessions=2",
+                "--prompt=64", "--warmup_s=60", "--duration_s=5"},
+               {"/usr/bin/timeout", "--foreground", "--preserve-status", "-s", "INT", "2"});
+  EXPECT_EQ(run.exit_code, 130) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("interrupted during the warm-up: nothing was measured; this "
+                                    "run's sessions were closed"));
+  EXPECT_THAT(run.output, Not(HasSubstr("latency per layer step")));
+  EXPECT_EQ(KvBlocksUsed(*server), 0);
+}
+
 TEST(LoadTestEndToEnd, RunsThatCannotGoSaySo) {
   LoadTestRun run = LoadTest({"--target=127.0.0.1:1", "--tp=3"});
   EXPECT_EQ(run.exit_code, 2);
@@ -309,6 +403,17 @@ TEST(LoadTestEndToEnd, RunsThatCannotGoSaySo) {
   run = LoadTest({"--target=127.0.0.1:1", "--plot_out=x.jpg"});
   EXPECT_EQ(run.exit_code, 2);
   EXPECT_THAT(run.output, HasSubstr(".png or .svg"));
+  // Before the run (nothing listens on port 1: a run would fail UNAVAILABLE).
+  run = LoadTest({"--target=127.0.0.1:1", "--plot_out=x.png", "--gnuplot=/nonexistent/gnuplot"});
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.output, HasSubstr("not found as '/nonexistent/gnuplot'"));
+  EXPECT_THAT(run.output, Not(HasSubstr("UNAVAILABLE")));
+  run = LoadTest({"--target=127.0.0.1:1", "--duration_s=1e10"});
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.output, HasSubstr("--duration_s=1e+10"));
+  run = LoadTest({"--target=127.0.0.1:1", "--rate=nan"});
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.output, HasSubstr("--rate=nan"));
   // Nothing listens on port 1.
   run = LoadTest({"--target=127.0.0.1:1", "--duration_s=1"});
   EXPECT_EQ(run.exit_code, 1);

@@ -46,11 +46,13 @@ ABSL_FLAG(int, prompt, 512,
 ABSL_FLAG(int, concurrency, 1,
           "Closed loop: layer steps each node keeps in flight (sent, not yet answered).");
 ABSL_FLAG(double, rate, 0,
-          "Open loop when > 0: target layer steps per second over all nodes, Poisson arrivals; "
-          "latency counts from each step's scheduled arrival, so falling behind shows.");
-ABSL_FLAG(double, warmup_s, 1.0, "Seconds at the start whose layer steps are not measured.");
+          "Open loop when > 0: target layer steps per second over all nodes (at most 1e7), "
+          "Poisson arrivals; latency counts from each step's scheduled arrival, so falling "
+          "behind shows.");
+ABSL_FLAG(double, warmup_s, 1.0,
+          "Seconds at the start whose layer steps are not measured (at most 3600).");
 ABSL_FLAG(double, duration_s, 10.0,
-          "Seconds measured after the warm-up (unless --steps is given).");
+          "Seconds measured after the warm-up, at most 604800 (a week), unless --steps is given.");
 ABSL_FLAG(int64_t, steps, 0,
           "When > 0: each node runs this many measured decode steps (L layer steps each) after "
           "the warm-up, instead of --duration_s.");
@@ -68,7 +70,8 @@ ABSL_FLAG(int, verify_tokens, 4, "--verify checks this many tokens of each sampl
 ABSL_FLAG(bool, derotate, false, "Ask the server to de-rotate outputs (derotate_output).");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the synthetic data, session keys and arrivals.");
 ABSL_FLAG(double, step_timeout_s, 30,
-          "A layer step not answered within this long is DEADLINE_EXCEEDED.");
+          "A layer step not answered within this many seconds (at most 3600) is "
+          "DEADLINE_EXCEEDED.");
 ABSL_FLAG(bool, connection_per_node, true,
           "Each node gets its own TCP connection to each server (as real serving nodes would); "
           "false: all nodes share one.");
@@ -79,16 +82,21 @@ ABSL_FLAG(std::string, json_out, "", "Write the report as JSON to this file.");
 ABSL_FLAG(std::string, csv_out, "",
           "Write one CSV line per measured layer step (attend and echo) to this file.");
 ABSL_FLAG(std::string, plot_out, "",
-          "Draw the latency histogram and CDF into this .png or .svg file (needs gnuplot).");
+          "Draw the latency histogram and CDF into this .png or .svg file (needs gnuplot, "
+          "checked before the run).");
 ABSL_FLAG(std::string, gnuplot, "gnuplot",
           "The gnuplot program for --plot_out (a path or a name in $PATH).");
 
 namespace mla::loadtest {
 namespace {
 
+// 128 + SIGINT, as a shell reports a process Ctrl-C ended.
+constexpr int kExitInterruptedBeforeWindow = 130;
+
 std::atomic<bool> g_interrupted{false};
 
-// The first Ctrl-C ends the run early with a report; a second one kills.
+// The first Ctrl-C ends the run early with a report (before the measured
+// window: without one, after closing the sessions); a second one kills.
 void OnInterrupt(int) {
   g_interrupted = true;
   std::signal(SIGINT, SIG_DFL);
@@ -127,10 +135,12 @@ int Main(const std::vector<std::string>& repeated_targets) {
   }
   const std::string plot_out = absl::GetFlag(FLAGS_plot_out);
   if (!plot_out.empty()) {
-    // A wrong extension is known before the run; say so before spending it.
-    if (absl::StatusOr<std::string> terminal = GnuplotTerminal(plot_out); !terminal.ok()) {
-      std::fprintf(stderr, "mla_offload_loadtest: %s\n",
-                   std::string(terminal.status().message()).c_str());
+    // A wrong extension or a missing gnuplot is known before the run; say so
+    // before spending it.
+    absl::Status plottable = GnuplotTerminal(plot_out).status();
+    if (plottable.ok()) plottable = CheckGnuplot(absl::GetFlag(FLAGS_gnuplot));
+    if (!plottable.ok()) {
+      std::fprintf(stderr, "mla_offload_loadtest: %s\n", std::string(plottable.message()).c_str());
       return 2;
     }
   }
@@ -138,6 +148,11 @@ int Main(const std::vector<std::string>& repeated_targets) {
   std::signal(SIGINT, OnInterrupt);
   absl::StatusOr<RunOutput> run = RunLoadTest(options);
   if (!run.ok()) {
+    if (run.status().code() == absl::StatusCode::kCancelled && g_interrupted) {
+      std::fprintf(stderr, "mla_offload_loadtest: %s\n",
+                   std::string(run.status().message()).c_str());
+      return kExitInterruptedBeforeWindow;
+    }
     std::fprintf(stderr, "mla_offload_loadtest: %s\n", run.status().ToString().c_str());
     return 1;
   }
@@ -146,6 +161,10 @@ int Main(const std::vector<std::string>& repeated_targets) {
   std::fflush(stdout);
 
   int exit_code = 0;
+  for (const std::string& error : report.cleanup_errors) {
+    std::fprintf(stderr, "mla_offload_loadtest: after the run: %s\n", error.c_str());
+    exit_code = 1;
+  }
   const std::string json_out = absl::GetFlag(FLAGS_json_out);
   if (!json_out.empty()) {
     std::ofstream file(json_out);
@@ -207,8 +226,12 @@ int main(int argc, char** argv) {
       "Poisson arrivals). Reports latency per layer step (p50/p90/p99/p99.9/max), decode\n"
       "steps/s, tokens/s, payload GB/s, errors by status code, the server's time breakdown\n"
       "and KV use; --baseline compares with Echo of the same bytes, --verify recomputes\n"
-      "sampled steps locally. Ctrl-C ends the run early and still reports. Exit status:\n"
-      "0 done, 1 failed (or --verify found mismatches), 2 bad flags.\n\n"
+      "sampled steps locally. Ctrl-C ends the run early and still reports (before the\n"
+      "window, while sessions are created, prompts appended or in the warm-up: closes\n"
+      "the sessions and exits 130 without a report).\n"
+      "Exit status: 0 done; 1 failed, --verify found mismatches, or closing the sessions\n"
+      "failed after the run (the report says so); 2 bad flags (checked before the run,\n"
+      "--plot_out's gnuplot included); 130 interrupted before anything was measured.\n\n"
       "  mla_offload_loadtest --target=127.0.0.1:50051 --model=deepseek-v4-flash --tp=8 \\\n"
       "      --streams=2 --sessions=8 --duration_s=10 --baseline --verify \\\n"
       "      --json_out=run.json --csv_out=run.csv --plot_out=latency.png");

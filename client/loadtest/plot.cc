@@ -120,16 +120,19 @@ absl::StatusOr<std::string> GnuplotTerminal(const std::string& path) {
       absl::StrCat("--plot_out=", path, ": the picture must end in .png or .svg"));
 }
 
+absl::Status CheckGnuplot(const std::string& gnuplot) {
+  if (!FindExecutable(gnuplot).empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "--plot_out needs gnuplot, which was not found as '", gnuplot,
+      "': install Debian's gnuplot-nox (apt-get install gnuplot-nox) or pass --gnuplot=PATH"));
+}
+
 absl::Status WriteLatencyPlot(const std::vector<PlotSeries>& series, const std::string& title,
                               const std::string& output_path, const std::string& gnuplot) {
   absl::StatusOr<std::string> terminal = GnuplotTerminal(output_path);
   if (!terminal.ok()) return terminal.status();
+  if (absl::Status status = CheckGnuplot(gnuplot); !status.ok()) return status;
   const std::string binary = FindExecutable(gnuplot);
-  if (binary.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--plot_out needs gnuplot, which was not found as '", gnuplot,
-        "': install Debian's gnuplot-nox (apt-get install gnuplot-nox) or pass --gnuplot=PATH"));
-  }
   TempDir dir;
   if (!dir.ok()) return absl::InternalError("cannot create a temporary folder for the plot data");
 

@@ -28,6 +28,11 @@ struct PlotSeries {
 // "pngcairo ..." or "svg ..." for the path's extension.
 absl::StatusOr<std::string> GnuplotTerminal(const std::string& path);
 
+// OK when `gnuplot` (a path, or a bare name looked up in $PATH) is an
+// executable; FailedPrecondition naming the package otherwise. A run checks
+// it before it starts, so a missing gnuplot does not cost the run.
+absl::Status CheckGnuplot(const std::string& gnuplot);
+
 // `gnuplot` is a path, or a bare name looked up in $PATH.
 absl::Status WriteLatencyPlot(const std::vector<PlotSeries>& series, const std::string& title,
                               const std::string& output_path, const std::string& gnuplot);

@@ -62,6 +62,17 @@ TEST(PlotTest, DrawsAnSvgWithTheSeriesTitles) {
   EXPECT_THAT(svg, Not(HasSubstr("echo (n=")));
 }
 
+TEST(PlotTest, ChecksForGnuplotBeforeARun) {
+  EXPECT_TRUE(CheckGnuplot("gnuplot").ok());
+  EXPECT_TRUE(CheckGnuplot("/usr/bin/gnuplot").ok());
+  for (const std::string missing : {"/nonexistent/gnuplot", "no_such_gnuplot_program"}) {
+    const absl::Status status = CheckGnuplot(missing);
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << missing;
+    EXPECT_THAT(std::string(status.message()), HasSubstr("gnuplot-nox")) << missing;
+    EXPECT_THAT(std::string(status.message()), HasSubstr("--gnuplot=PATH")) << missing;
+  }
+}
+
 TEST(PlotTest, ClearErrors) {
   const LatencyHistogram attend = Sample(2e6, 4);
   const std::string dir = TestDir();

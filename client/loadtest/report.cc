@@ -214,15 +214,19 @@ std::string FormatReport(const RunReport& report) {
                                                          c.streams * c.sessions, c.prompt,
                                                          report.prompt_seconds)));
   const KvUse& kv = report.kv;
-  absl::StrAppend(
-      &text,
-      Line("KV cache", absl::StrFormat("%d of %d blocks used at the end (%s; %.2f GB); this run's "
-                                       "prompts took %d, decoding %d more",
-                                       kv.used_at_end, kv.blocks_total,
-                                       Percent(kv.used_at_end, kv.blocks_total),
-                                       static_cast<double>(kv.used_at_end) * kv.block_bytes / 1e9,
-                                       kv.used_after_prompt - kv.used_at_start,
-                                       kv.used_at_end - kv.used_after_prompt)));
+  if (kv.used_at_end < 0) {
+    absl::StrAppend(&text, Line("KV cache", "not read at the end (see the warning below)"));
+  } else {
+    absl::StrAppend(
+        &text,
+        Line("KV cache",
+             absl::StrFormat(
+                 "%d of %d blocks used at the end (%s; %.2f GB); this run's "
+                 "prompts took %d, decoding %d more",
+                 kv.used_at_end, kv.blocks_total, Percent(kv.used_at_end, kv.blocks_total),
+                 static_cast<double>(kv.used_at_end) * kv.block_bytes / 1e9,
+                 kv.used_after_prompt - kv.used_at_start, kv.used_at_end - kv.used_after_prompt)));
+  }
   if (report.echo.has_value()) {
     const PhaseStats& e = *report.echo;
     absl::StrAppend(&text, Line("echo baseline", LatencyText(e.latency)));
@@ -250,6 +254,9 @@ std::string FormatReport(const RunReport& report) {
                           v.failed_tokens, v.tokens, v.layer_steps, v.first_failure);
     }
     absl::StrAppend(&text, Line("verify", result));
+  }
+  for (const std::string& error : report.cleanup_errors) {
+    absl::StrAppend(&text, Line("WARNING", error));
   }
   return text;
 }
@@ -293,10 +300,19 @@ nlohmann::json ReportJson(const RunReport& report) {
                         {"throughput_ratio", report.ThroughputOverhead()}};
   }
   const KvUse& kv = report.kv;
-  json["kv"] = {{"blocks_total", kv.blocks_total},           {"used_at_start", kv.used_at_start},
-                {"used_after_prompt", kv.used_after_prompt}, {"used_at_end", kv.used_at_end},
-                {"used_after_close", kv.used_after_close},   {"block_tokens", kv.block_tokens},
-                {"bytes_per_token", kv.bytes_per_token},     {"block_bytes", kv.block_bytes}};
+  // null: not read.
+  auto known = [](int64_t blocks) {
+    return blocks < 0 ? nlohmann::json() : nlohmann::json(blocks);
+  };
+  json["kv"] = {{"blocks_total", kv.blocks_total},
+                {"used_at_start", kv.used_at_start},
+                {"used_after_prompt", kv.used_after_prompt},
+                {"used_at_end", known(kv.used_at_end)},
+                {"used_after_close", known(kv.used_after_close)},
+                {"block_tokens", kv.block_tokens},
+                {"bytes_per_token", kv.bytes_per_token},
+                {"block_bytes", kv.block_bytes}};
+  json["cleanup_errors"] = report.cleanup_errors;
   if (report.verify.enabled) {
     const VerifyStats& v = report.verify;
     json["verify"] = {{"passed", v.passed()},

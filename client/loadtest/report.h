@@ -90,7 +90,8 @@ struct PhaseStats {
   double GBpsOut() const { return seconds > 0 ? bytes_out / seconds / 1e9 : 0; }
 };
 
-// KV cache blocks summed over the targets (GetServerInfo).
+// KV cache blocks summed over the targets (GetServerInfo). The two read at
+// the end are -1 when a server did not answer (see cleanup_errors).
 struct KvUse {
   int64_t blocks_total = 0;
   int64_t used_at_start = 0;      // before this run's sessions
@@ -122,6 +123,9 @@ struct RunReport {
   VerifyStats verify;
   double prompt_seconds = 0;  // creating sessions and appending prompts
   std::string stop_reason;    // why the measured window ended
+  // What failed after the window (closing the sessions, reading KV use):
+  // the figures stand, but the server may still hold this run's KV cache.
+  std::vector<std::string> cleanup_errors;
 
   double DecodeStepsPerSecond() const;
   double TokensPerSecond() const;

@@ -108,6 +108,30 @@ TEST(ReportTest, TextShowsEveryFigure) {
   EXPECT_FALSE(report.verify.passed());
 }
 
+TEST(ReportTest, CleanupErrorsAreWarnedInTextAndJson) {
+  RunReport report = SampleReport();
+  EXPECT_THAT(FormatReport(report), Not(HasSubstr("WARNING")));
+  EXPECT_TRUE(ReportJson(report)["cleanup_errors"].empty());
+
+  report.cleanup_errors = {"closing sessions: 2 of 6 failed, first: NOT_FOUND: gone",
+                           "reading KV use after closing the sessions: UNAVAILABLE: down"};
+  report.kv.used_after_close = -1;
+  const std::string text = FormatReport(report);
+  EXPECT_THAT(text, HasSubstr("  WARNING                  closing sessions: 2 of 6 failed, "
+                              "first: NOT_FOUND: gone\n"));
+  EXPECT_THAT(text, HasSubstr("  WARNING                  reading KV use after closing"));
+  EXPECT_THAT(text, HasSubstr("1010 of 10000 blocks used at the end"));  // the figures stand
+  const nlohmann::json json = nlohmann::json::parse(ReportJson(report).dump());
+  ASSERT_EQ(json["cleanup_errors"].size(), 2u);
+  EXPECT_EQ(json["cleanup_errors"][0], "closing sessions: 2 of 6 failed, first: NOT_FOUND: gone");
+  EXPECT_TRUE(json["kv"]["used_after_close"].is_null());
+  EXPECT_EQ(json["kv"]["used_at_end"], 1010);
+
+  report.kv.used_at_end = -1;
+  EXPECT_THAT(FormatReport(report), HasSubstr("KV cache                 not read at the end"));
+  EXPECT_TRUE(ReportJson(report)["kv"]["used_at_end"].is_null());
+}
+
 TEST(ReportTest, SeveralServersShowWhereTheSessionsAre) {
   RunReport report = SampleReport();
   report.config.targets = {"a:1", "b:2"};
