@@ -168,7 +168,7 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
   ~RawStream() override {
     const bool release_hold = TakeHold();
     if (release_hold) {
-      context_.TryCancel();
+      context_->TryCancel();
       RemoveHold();
     }
     std::deque<grpc::ByteBuffer> unsent;
@@ -178,6 +178,10 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
       unsent.swap(writes_);
     }
     unsent.clear();
+    // The call keeps the message of a write that failed (cancelled) until
+    // the call itself goes, with the context: only then can the last
+    // reference to the caller's memory be dropped.
+    context_.reset();
     // The caller may free the memory of its messages once this returns.
     released_.WaitUntilReleased();
   }
@@ -189,10 +193,10 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
 
   void Start(const std::shared_ptr<grpc::Channel>& channel, const std::string& method) {
     if (options_.stream_timeout != absl::InfiniteDuration()) {
-      context_.set_deadline(DeadlineAfter(options_.stream_timeout));
+      context_->set_deadline(DeadlineAfter(options_.stream_timeout));
     }
     grpc::GenericStub stub(channel);
-    stub.PrepareBidiStreamingCall(&context_, method, grpc::StubOptions(), this);
+    stub.PrepareBidiStreamingCall(context_.get(), method, grpc::StubOptions(), this);
     {
       absl::MutexLock lock(&mutex_);
       holding_ = true;
@@ -328,7 +332,7 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
             absl::FormatDuration(options_.step_timeout), " of Finish; cancelled"));
       }
     }
-    if (!ended) context_.TryCancel();
+    if (!ended) context_->TryCancel();
     absl::MutexLock lock(&mutex_);
     mutex_.Await(absl::Condition(&done_));
     if (!broken_.ok()) return broken_;
@@ -393,7 +397,7 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
       }
     }
     if (unexpected) {
-      context_.TryCancel();
+      context_->TryCancel();
       return;
     }
     StartRead(&read_buffer_);
@@ -454,7 +458,7 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
       cancel = cancel_;
       cancel_ = false;
     }
-    if (cancel) context_.TryCancel();
+    if (cancel) context_->TryCancel();
   }
 
   // After the call ended on the server's side: true once, for whoever must
@@ -486,7 +490,8 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
   const std::string what_;
   const StreamOptions options_;
   ReleaseCounter released_;  // outlives context_ and the buffers below
-  grpc::ClientContext context_;
+  // The call's context; dropped by the destructor once the call is done.
+  std::unique_ptr<grpc::ClientContext> context_ = std::make_unique<grpc::ClientContext>();
   grpc::ByteBuffer read_buffer_;  // touched only by the read reactions
 
   mutable absl::Mutex mutex_;
