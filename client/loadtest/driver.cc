@@ -742,7 +742,9 @@ PhaseStats RunPhase(std::vector<std::unique_ptr<Node>>& nodes, PhasePlan plan,
   merged.name = plan.kind == PhaseKind::kAttend ? "attend" : "echo";
   std::optional<Clock::time_point> last_done;
   std::vector<std::string> reasons;
+  size_t nodes_stopped = 0;
   for (auto& node : nodes) {
+    if (!node->stop_reason().empty()) ++nodes_stopped;
     PhaseStats& s = node->stats();
     merged.ok += s.ok;
     merged.tokens += s.tokens;
@@ -787,6 +789,13 @@ PhaseStats RunPhase(std::vector<std::unique_ptr<Node>>& nodes, PhasePlan plan,
   } else if (plan.end.has_value()) {
     merged.planned_seconds = options.duration_s;
   }
+  // Every node stopped before the schedule ended: the window ends with the
+  // last answer, or the rates would count time in which nothing was sent.
+  merged.stopped_early = !nodes.empty() && nodes_stopped == nodes.size();
+  if (merged.stopped_early && last_done.has_value()) {
+    merged.planned_seconds =
+        std::min(merged.planned_seconds, std::max(0.0, Seconds(*last_done - plan.warm_end)));
+  }
   merged.seconds = std::max(merged.planned_seconds,
                             last_done.has_value() ? Seconds(*last_done - plan.warm_end) : 0.0);
   if (!reasons.empty()) {
@@ -795,6 +804,7 @@ PhaseStats RunPhase(std::vector<std::unique_ptr<Node>>& nodes, PhasePlan plan,
     *stop_reason = options.steps > 0 ? absl::StrCat("--steps=", options.steps, " per node")
                                      : absl::StrCat("--duration_s=", options.duration_s);
   }
+  merged.stop_reason = *stop_reason;
   return merged;
 }
 

@@ -358,6 +358,33 @@ TEST(LoadTestEndToEnd, SessionsGoneAtTheEndStillGiveTheReport) {
   EXPECT_EQ(json["kv"]["used_after_close"], json["kv"]["used_at_start"]);  // the server freed them
 }
 
+// Nodes that reach the server's max_position stop; when all have, the window
+// ends with the last answer (rates over the time something was sent), and
+// the Echo baseline, which stops there too, says so.
+TEST(LoadTestEndToEnd, NodesAtMaxPositionEndTheWindowAndSaySo) {
+  // 64 prompt positions + 100 decode steps of 1 token.
+  std::unique_ptr<client::TestServer> server = StartServer({"--max_position=164"});
+  ASSERT_NE(server, nullptr);
+  const std::string json_path = OutDir() + "/max_position.json";
+  const LoadTestRun run = LoadTest({"--target=" + server->target(), "--tp=8", "--layers=2",
+                                    "--sessions=1", "--prompt=64", "--warmup_s=0",
+                                    "--duration_s=60", "--baseline", "--json_out=" + json_path});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const nlohmann::json json = nlohmann::json::parse(ReadFile(json_path));
+  for (const char* phase : {"attend", "echo"}) {
+    SCOPED_TRACE(phase);
+    const nlohmann::json& stats = json[phase];
+    EXPECT_TRUE(stats["stopped_early"].get<bool>());
+    EXPECT_THAT(stats["stop_reason"].get<std::string>(), HasSubstr("max_position 164"));
+    EXPECT_EQ(stats["layer_steps_ok"].get<int64_t>(), 200);  // 100 steps x 2 layers
+    const double seconds = stats["seconds"].get<double>();
+    EXPECT_LT(seconds, 30) << "the window ran on after the last layer step";
+    EXPECT_NEAR(stats["layer_steps_per_s"].get<double>(), 200 / seconds, 1e-6 * 200 / seconds);
+  }
+  EXPECT_THAT(run.output, HasSubstr("reached the server's max_position 164"));
+  EXPECT_THAT(run.output, HasSubstr("(measured "));
+}
+
 TEST(LoadTestEndToEnd, CtrlCWhileAppendingPromptsClosesTheSessionsWithoutAReport) {
   // 64 sessions of 4000 prompt tokens (34000 of the cache's 53000 blocks,
   // 11 GB of AppendKV): far more than a second of setup, interrupted after

@@ -65,6 +65,8 @@ nlohmann::json PhaseJson(const PhaseStats& phase) {
   nlohmann::json json;
   json["seconds"] = phase.seconds;
   json["planned_seconds"] = phase.planned_seconds;
+  json["stopped_early"] = phase.stopped_early;
+  json["stop_reason"] = phase.stop_reason;
   json["layer_steps_ok"] = phase.ok;
   json["layer_steps_failed"] = phase.failed();
   json["tokens"] = phase.tokens;
@@ -232,6 +234,10 @@ std::string FormatReport(const RunReport& report) {
     absl::StrAppend(&text, Line("echo baseline", LatencyText(e.latency)));
     absl::StrAppend(&text, Line("", absl::StrFormat("%.1f messages/s of the same bytes; errors: %s",
                                                     e.LayerStepsPerSecond(), ErrorsText(e))));
+    if (e.stopped_early) {
+      absl::StrAppend(&text, Line("", absl::StrFormat("(measured %.2f s: %s)", e.seconds,
+                                                      e.stop_reason)));
+    }
     absl::StrAppend(&text,
                     Line("service overhead",
                          absl::StrFormat("p50 latency x%.2f of pure transport; "

@@ -73,6 +73,10 @@ struct PhaseStats {
   // until the schedule ended and every layer step due in it was answered.
   double seconds = 0;
   double planned_seconds = 0;  // the schedule's part: --duration_s (0 with --steps)
+  // Every node stopped before the schedule's end (max_position, a failed
+  // layer step): the window ends at the last answer; stop_reason says why.
+  bool stopped_early = false;
+  std::string stop_reason;
   int64_t ok = 0;              // layer steps answered OK in the window
   int64_t tokens = 0;          // query tokens of those layer steps
   int64_t bytes_in = 0;        // payload sent to the server (OK layer steps)
