@@ -188,6 +188,19 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   return packed;
 }
 
+// O *= alpha of its row (element i of o[n] is row row0 + 8 ((i >> 1) & 1)),
+// then the fence before the MMAs that accumulate into O (scaled before it,
+// not between the MMAs).
+__device__ __forceinline__ void RescaleForMma(float (&o)[4][32], const float (&alpha)[2]) {
+#pragma unroll
+  for (int n = 0; n < 4; ++n) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) o[n][i] *= alpha[(i >> 1) & 1];
+    PinRegisters(o[n]);
+  }
+  WgmmaFence();
+}
+
 struct WgTask {
   int64_t t;
   int h0;
@@ -425,13 +438,7 @@ __device__ void Score(const DecodeParams& p, const WgTask& task, int splits,
     NamedArrive(kBarPReady, 256);
 
     // O[:, 0:256] = O * alpha + P V.
-#pragma unroll
-    for (int n = 0; n < 4; ++n) {
-#pragma unroll
-      for (int i = 0; i < 32; ++i) o[n][i] *= alpha[(i >> 1) & 1];
-      PinRegisters(o[n]);  // scaled before the fence, not between the MMAs
-    }
-    WgmmaFence();
+    RescaleForMma(o, alpha);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
 #pragma unroll
@@ -480,13 +487,7 @@ __device__ void Value(const DecodeParams& p, const WgTask& task, int splits,
     MbarrierWait(base + WgLayout::kFull + 8 * buffer, (chunk >> 1) & 1);
     NamedSync(kBarPReady, 256);
     const float alpha[2] = {alphas[row0], alphas[row0 + 8]};
-#pragma unroll
-    for (int n = 0; n < 4; ++n) {
-#pragma unroll
-      for (int i = 0; i < 32; ++i) o[n][i] *= alpha[(i >> 1) & 1];
-      PinRegisters(o[n]);  // scaled before the fence, not between the MMAs
-    }
-    WgmmaFence();
+    RescaleForMma(o, alpha);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
 #pragma unroll

@@ -2,7 +2,7 @@
 # Runs on the lent GPU machine (from the repository root, after
 # kernels/cuda/prepare_device.sh filled .device/ here): the CUDA backend's
 # tests, compute-sanitizer memcheck and racecheck on a smaller case set, then
-# the benchmark. Logs and results.json go to $OUT.
+# the benchmark. Logs go to $OUT as logs_STEPS.tar.gz, results*.json beside.
 #   run_on_device.sh [test|simt|wgmma|sanitize|tool|bench|e2e|transport|all]...   (default: all)
 # wgmma: the decode cases, the sanitizers and the decode benchmark shapes
 # with the warpgroup-MMA decode kernel (MLA_CUDA_DECODE=wgmma).
@@ -22,6 +22,18 @@ steps=${*:-all}
 status=0
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 
+# compute-sanitizer --tool $1 on the test cases $2, logged to $OUT/$3.log
+# (the environment, MLA_CUDA_DECODE included, passes through).
+sanitize() {
+  echo "== compute-sanitizer --tool $1 ${MLA_CUDA_DECODE:+(MLA_CUDA_DECODE=$MLA_CUDA_DECODE)}"
+  timeout 170 "$sanitizer" --tool "$1" --error-exitcode 9 ./cuda_backend_test --gtest_filter="$2" \
+    > "$OUT/$3.log" 2>&1
+  local rc=$?
+  echo "exit $rc"
+  grep -E '^\[==========\]|^\[  PASSED|^\[  FAILED|ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race' "$OUT/$3.log" | sort | uniq -c | head -20
+  [ $rc -eq 0 ] || status=1
+}
+
 # Cases small enough for the sanitizers (they slow kernels 10-100x).
 SMALL='*h8_n24*:*h16_n12*:*h32_n5*:*h64_n3*:*h128_n2*:*_n1_*:*LayerStep*:*Reject*:*Prologue*h4_n64*:*Prologue*h16_n17*:*Prologue*h128_n1'
 
@@ -40,13 +52,9 @@ if [[ $steps == *all* || $steps == *wgmma* ]]; then
   MLA_CUDA_DECODE=wgmma ./cuda_backend_test --gtest_filter='*Decode*:*LayerStep*' 2>&1 | tee "$OUT/test_wgmma.log" | grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|FAILED|Failure' | head -40
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   for tool in memcheck racecheck; do
-    echo "== compute-sanitizer --tool $tool, MLA_CUDA_DECODE=wgmma"
-    MLA_CUDA_DECODE=wgmma timeout 170 "$sanitizer" --tool "$tool" --error-exitcode 9 ./cuda_backend_test \
-      --gtest_filter='*Decode*h16_n12*:*Decode*h64_n3*:*Decode*h128_n1*:*Decode*h128_n2*:*LayerStep*' > "$OUT/sanitizer_wgmma_$tool.log" 2>&1
-    rc=$?
-    echo "exit $rc"
-    grep -E '^\[==========\]|^\[  PASSED|^\[  FAILED|ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race' "$OUT/sanitizer_wgmma_$tool.log" | sort | uniq -c | head -20
-    [ $rc -eq 0 ] || status=1
+    MLA_CUDA_DECODE=wgmma sanitize "$tool" \
+      '*Decode*h16_n12*:*Decode*h64_n3*:*Decode*h128_n1*:*Decode*h128_n2*:*LayerStep*' \
+      "sanitizer_wgmma_$tool"
   done
   echo "== cuda_bench, decode shapes, MLA_CUDA_DECODE=wgmma"
   MLA_CUDA_DECODE=wgmma ./cuda_bench --prologue=0 --out="$OUT/results_wgmma.json" --iters=30 \
@@ -54,15 +62,7 @@ if [[ $steps == *all* || $steps == *wgmma* ]]; then
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if [[ $steps == *all* || $steps == *sanitize* ]]; then
-  for tool in memcheck racecheck; do
-    echo "== compute-sanitizer --tool $tool"
-    timeout 170 "$sanitizer" --tool "$tool" --error-exitcode 9 ./cuda_backend_test \
-      --gtest_filter="$SMALL" > "$OUT/sanitizer_$tool.log" 2>&1
-    rc=$?
-    echo "exit $rc"
-    grep -E '^\[==========\]|^\[  PASSED|^\[  FAILED|ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race' "$OUT/sanitizer_$tool.log" | sort | uniq -c | head -20
-    [ $rc -eq 0 ] || status=1
-  done
+  for tool in memcheck racecheck; do sanitize "$tool" "$SMALL" "sanitizer_$tool"; done
 fi
 if [[ $steps == *all* || $steps == *tool* ]]; then
   echo "== mla_kernel_tool demo --backend=cuda (checked against the float64 reference)"
@@ -88,4 +88,6 @@ if [[ $steps == *all* || $steps == *transport* ]]; then
     tee "$OUT/transport.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
+# At most 8 files come back from a device run: the logs travel as one archive.
+(cd "$OUT" && ls ./*.log > /dev/null 2>&1 && tar czf "logs_${steps// /_}.tar.gz" ./*.log && rm -f ./*.log)
 exit $status
