@@ -240,7 +240,8 @@ __device__ void Produce(const DecodeParams& p, const WgTask& task, unsigned char
       const uint4 zero = make_uint4(0, 0, 0, 0);
 #pragma unroll
       for (int q = 0; q < 9; ++q) pieces[k][q] = zero;
-      scales[k] = make_uint2(0, 0);
+      // A skipped row: zero codes with a scale the bf16x2 path takes (+0s).
+      scales[k] = make_uint2(0x7f7f7f7fu, 0x7f7f7f7fu);
       if (slots[k] == -1) continue;
       const int e = task.begin + chunk * kTileRows + rows[k];
       const uint8_t* pool = e < task.main_len ? p.main.pool.base : p.extra.pool.base;
@@ -524,11 +525,14 @@ static_assert(kScoreRegisters + kLaunchRegisters + kProducerRegisters <= 3 * kLa
 __global__ void __launch_bounds__(kWgThreads, 1)
     DecodeWgmmaKernel(const DecodeParams p, int splits, int split_entries, Partials partials) {
   extern __shared__ __align__(1024) unsigned char smem[];
+  // blockIdx.x: token-major, the head groups of a token adjacent (the second
+  // group's row reads find the first's in L2); x has room for any batch.
+  const int groups = (p.padded_heads + kTileRows - 1) / kTileRows;
   WgTask task;
-  task.t = blockIdx.y;
-  task.h0 = blockIdx.x * kTileRows;
+  task.t = blockIdx.x / groups;
+  task.h0 = static_cast<int>(blockIdx.x % groups) * kTileRows;
   task.heads_here = min(kTileRows, p.padded_heads - task.h0);
-  task.split = blockIdx.z;
+  task.split = blockIdx.y;
   task.main_len = ListLength(p.main, task.t);
   const int total = task.main_len + ListLength(p.extra, task.t);
   task.begin = task.split * split_entries;
@@ -572,7 +576,7 @@ cudaError_t LaunchDecodeWgmma(const DecodeParams& p, int groups, int splits, int
   cudaError_t error = cudaFuncSetAttribute(
       DecodeWgmmaKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WgLayout::kBytes);
   if (error != cudaSuccess) return error;
-  const dim3 grid(groups, static_cast<unsigned>(p.num_tokens), splits);
+  const dim3 grid(static_cast<unsigned>(p.num_tokens * groups), splits);
   DecodeWgmmaKernel<<<grid, kWgThreads, WgLayout::kBytes, stream>>>(
       p, splits, split_entries, Partials{partial_o, partial_ml});
   return cudaGetLastError();

@@ -49,7 +49,8 @@ if [[ $steps == *all* || $steps == *simt* ]]; then
 fi
 if [[ $steps == *all* || $steps == *wgmma* ]]; then
   echo "== cuda_backend_test, warpgroup-MMA decode kernel (MLA_CUDA_DECODE=wgmma)"
-  MLA_CUDA_DECODE=wgmma ./cuda_backend_test --gtest_filter='*Decode*:*LayerStep*' 2>&1 | tee "$OUT/test_wgmma.log" | grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|FAILED|Failure' | head -40
+  # Bounded: a kernel that deadlocks must not take the call's whole time.
+  MLA_CUDA_DECODE=wgmma timeout 120 ./cuda_backend_test --gtest_filter='*Decode*:*LayerStep*' 2>&1 | tee "$OUT/test_wgmma.log" | grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|FAILED|Failure' | head -40
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   for tool in memcheck racecheck; do
     MLA_CUDA_DECODE=wgmma sanitize "$tool" \
@@ -57,7 +58,7 @@ if [[ $steps == *all* || $steps == *wgmma* ]]; then
       "sanitizer_wgmma_$tool"
   done
   echo "== cuda_bench, decode shapes, MLA_CUDA_DECODE=wgmma"
-  MLA_CUDA_DECODE=wgmma ./cuda_bench --prologue=0 --out="$OUT/results_wgmma.json" --iters=30 \
+  MLA_CUDA_DECODE=wgmma timeout 240 ./cuda_bench --prologue=0 --out="$OUT/results_wgmma.json" --iters=30 \
     --commit="$(cat commit.txt 2>/dev/null || echo unknown)" 2>&1 | tee "$OUT/bench_wgmma.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
