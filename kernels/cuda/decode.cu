@@ -1,9 +1,12 @@
 // Sparse MLA decode with attention sink (spec section 5).
 //
-// Two implementations of the same algorithm: DecodeMmaKernel (tensor cores,
-// mma.sync bf16 -> fp32; the default, described further down) and
-// DecodeKernel (CUDA cores, fp32 throughout; selected with the environment
-// variable MLA_CUDA_DECODE=simt, kept as a cross-check). The CUDA-core one:
+// Implementations of the same algorithm: DecodeMmaKernel (tensor cores,
+// mma.sync bf16 -> fp32; the default, described further down), DecodeKernel
+// (CUDA cores, fp32 throughout; selected with the environment variable
+// MLA_CUDA_DECODE=simt, kept as a cross-check) and, in decode_wgmma.cu,
+// DecodeWgmmaKernel (warpgroup MMA; MLA_CUDA_DECODE=wgmma, not yet validated
+// on the GPU). This file also plans the key splits and launches the combine
+// for all of them. The CUDA-core one:
 //
 // One CTA of 256 threads handles one token, a group of HG heads (HG = 16, or
 // 8 when Hp = 8) and a range of its key entries (all of them, or one split of
