@@ -921,10 +921,9 @@ absl::StatusOr<pb::CreateSessionResponse> Client::CreateSession(const SessionOpt
   }
   // Whole seconds, rounded up; longer than the wire's int32 (68 years, or
   // InfiniteDuration) becomes the longest the server can be asked for.
-  constexpr int64_t kMaxTtlSeconds = std::numeric_limits<int32_t>::max();
-  const absl::Duration ttl = std::min(options.idle_ttl, absl::Seconds(kMaxTtlSeconds));
-  request.set_idle_ttl_seconds(static_cast<int32_t>(
-      std::min(kMaxTtlSeconds, absl::ToInt64Seconds(absl::Ceil(ttl, absl::Seconds(1))))));
+  const absl::Duration longest = absl::Seconds(std::numeric_limits<int32_t>::max());
+  request.set_idle_ttl_seconds(static_cast<int32_t>(absl::ToInt64Seconds(
+      absl::Ceil(std::min(options.idle_ttl, longest), absl::Seconds(1)))));
   if (!options.sinks.empty()) {
     if (options.sinks_shape.size() != 2 ||
         options.sinks_shape[0] * options.sinks_shape[1] !=

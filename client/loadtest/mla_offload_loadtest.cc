@@ -138,7 +138,7 @@ int Main(const std::vector<std::string>& repeated_targets) {
     // A wrong extension or a missing gnuplot is known before the run; say so
     // before spending it.
     absl::Status plottable = GnuplotTerminal(plot_out).status();
-    if (plottable.ok()) plottable = CheckGnuplot(absl::GetFlag(FLAGS_gnuplot));
+    if (plottable.ok()) plottable = FindGnuplot(absl::GetFlag(FLAGS_gnuplot)).status();
     if (!plottable.ok()) {
       std::fprintf(stderr, "mla_offload_loadtest: %s\n", std::string(plottable.message()).c_str());
       return 2;

@@ -120,8 +120,9 @@ absl::StatusOr<std::string> GnuplotTerminal(const std::string& path) {
       absl::StrCat("--plot_out=", path, ": the picture must end in .png or .svg"));
 }
 
-absl::Status CheckGnuplot(const std::string& gnuplot) {
-  if (!FindExecutable(gnuplot).empty()) return absl::OkStatus();
+absl::StatusOr<std::string> FindGnuplot(const std::string& gnuplot) {
+  std::string binary = FindExecutable(gnuplot);
+  if (!binary.empty()) return binary;
   return absl::FailedPreconditionError(absl::StrCat(
       "--plot_out needs gnuplot, which was not found as '", gnuplot,
       "': install Debian's gnuplot-nox (apt-get install gnuplot-nox) or pass --gnuplot=PATH"));
@@ -131,8 +132,9 @@ absl::Status WriteLatencyPlot(const std::vector<PlotSeries>& series, const std::
                               const std::string& output_path, const std::string& gnuplot) {
   absl::StatusOr<std::string> terminal = GnuplotTerminal(output_path);
   if (!terminal.ok()) return terminal.status();
-  if (absl::Status status = CheckGnuplot(gnuplot); !status.ok()) return status;
-  const std::string binary = FindExecutable(gnuplot);
+  absl::StatusOr<std::string> found = FindGnuplot(gnuplot);
+  if (!found.ok()) return found.status();
+  const std::string& binary = *found;
   TempDir dir;
   if (!dir.ok()) return absl::InternalError("cannot create a temporary folder for the plot data");
 

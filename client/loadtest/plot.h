@@ -28,10 +28,10 @@ struct PlotSeries {
 // "pngcairo ..." or "svg ..." for the path's extension.
 absl::StatusOr<std::string> GnuplotTerminal(const std::string& path);
 
-// OK when `gnuplot` (a path, or a bare name looked up in $PATH) is an
-// executable; FailedPrecondition naming the package otherwise. A run checks
-// it before it starts, so a missing gnuplot does not cost the run.
-absl::Status CheckGnuplot(const std::string& gnuplot);
+// The executable `gnuplot` (a path, or a bare name looked up in $PATH);
+// FailedPrecondition naming the package when there is none. A run looks
+// before it starts, so a missing gnuplot does not cost the run.
+absl::StatusOr<std::string> FindGnuplot(const std::string& gnuplot);
 
 // `gnuplot` is a path, or a bare name looked up in $PATH.
 absl::Status WriteLatencyPlot(const std::vector<PlotSeries>& series, const std::string& title,

@@ -63,10 +63,10 @@ TEST(PlotTest, DrawsAnSvgWithTheSeriesTitles) {
 }
 
 TEST(PlotTest, ChecksForGnuplotBeforeARun) {
-  EXPECT_TRUE(CheckGnuplot("gnuplot").ok());
-  EXPECT_TRUE(CheckGnuplot("/usr/bin/gnuplot").ok());
+  EXPECT_TRUE(FindGnuplot("gnuplot").ok());
+  EXPECT_TRUE(FindGnuplot("/usr/bin/gnuplot").ok());
   for (const std::string missing : {"/nonexistent/gnuplot", "no_such_gnuplot_program"}) {
-    const absl::Status status = CheckGnuplot(missing);
+    const absl::Status status = FindGnuplot(missing).status();
     EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << missing;
     EXPECT_THAT(std::string(status.message()), HasSubstr("gnuplot-nox")) << missing;
     EXPECT_THAT(std::string(status.message()), HasSubstr("--gnuplot=PATH")) << missing;

@@ -174,7 +174,7 @@ std::string FormatReport(const RunReport& report) {
   const PhaseStats& a = report.attend;
   absl::StrAppend(
       &text, Line("load", absl::StrFormat("%s; warm-up %.1f s excluded; measured %.2f s (%s)", load,
-                                          c.warmup_s, a.seconds, report.stop_reason)));
+                                          c.warmup_s, a.seconds, a.stop_reason)));
   if (a.planned_seconds > 0 && a.seconds > 1.05 * a.planned_seconds) {
     absl::StrAppend(&text, Line("", absl::StrFormat("(the window's last answer came %.2f s after "
                                                     "its end: the server fell behind)",
@@ -290,7 +290,7 @@ nlohmann::json ReportJson(const RunReport& report) {
                     {"warmup_s", c.warmup_s},
                     {"duration_s", c.duration_s},
                     {"steps", c.steps}};
-  json["stop_reason"] = report.stop_reason;
+  json["stop_reason"] = report.attend.stop_reason;
   json["prompt_seconds"] = report.prompt_seconds;
   nlohmann::json attend = PhaseJson(report.attend);
   attend["decode_steps_per_s"] = report.DecodeStepsPerSecond();

@@ -74,9 +74,9 @@ struct PhaseStats {
   double seconds = 0;
   double planned_seconds = 0;  // the schedule's part: --duration_s (0 with --steps)
   // Every node stopped before the schedule's end (max_position, a failed
-  // layer step): the window ends at the last answer; stop_reason says why.
+  // layer step): the window ends at the last answer.
   bool stopped_early = false;
-  std::string stop_reason;
+  std::string stop_reason;  // why the window ended
   int64_t ok = 0;              // layer steps answered OK in the window
   int64_t tokens = 0;          // query tokens of those layer steps
   int64_t bytes_in = 0;        // payload sent to the server (OK layer steps)
@@ -126,7 +126,6 @@ struct RunReport {
   KvUse kv;
   VerifyStats verify;
   double prompt_seconds = 0;  // creating sessions and appending prompts
-  std::string stop_reason;    // why the measured window ended
   // What failed after the window (closing the sessions, reading KV use):
   // the figures stand, but the server may still hold this run's KV cache.
   std::vector<std::string> cleanup_errors;

@@ -34,7 +34,7 @@ RunReport SampleReport() {
   c.concurrency = 2;
   c.warmup_s = 0.5;
   c.duration_s = 2;
-  report.stop_reason = "--duration_s";
+  report.attend.stop_reason = "--duration_s";
   report.prompt_seconds = 1.25;
   PhaseStats& a = report.attend;
   a.name = "attend";
