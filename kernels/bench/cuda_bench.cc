@@ -47,6 +47,7 @@
 #include "kernels/bench/gather_ceiling.h"
 #include "kernels/bf16.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/kernels.h"
 #include "kernels/geometry.h"
 #include "kernels/head_padding.h"
 #include "kernels/rope.h"
@@ -236,9 +237,7 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   const std::string gpu = prop.name;
-  // Which decode kernels run (decode.cu reads the same variable).
-  const char* decode_env = std::getenv("MLA_CUDA_DECODE");
-  const std::string decode_kernels = decode_env != nullptr && *decode_env ? decode_env : "mma";
+  const std::string decode_kernels = cuda::DecodeKernelsName();
   std::printf("device: %s, %d SMs, L2 %d MB, backend %s, decode kernels %s\n", prop.name,
               prop.multiProcessorCount, prop.l2CacheSize >> 20, backend.Describe().c_str(),
               decode_kernels.c_str());

@@ -860,6 +860,8 @@ cudaError_t LaunchMma(const DecodeParams& p, const Plan& plan, Partials partials
 
 }  // namespace
 
+const char* DecodeKernelsName() { return UseWgmma() ? "wgmma" : UseMma() ? "mma" : "simt"; }
+
 size_t DecodeScratchBytes(const DecodeParams& p, int num_sms) {
   const Plan plan = MakePlan(p, num_sms);
   if (plan.splits == 1) return 0;

@@ -21,6 +21,10 @@ size_t DecodeScratchBytes(const DecodeParams& params, int num_sms);
 cudaError_t LaunchDecode(const DecodeParams& params, int num_sms, void* scratch,
                          cudaStream_t stream);
 
+// The decode kernels MLA_CUDA_DECODE selects, as "mma" (unset: the
+// default), "simt" or "wgmma" (see decode.cu).
+const char* DecodeKernelsName();
+
 // The warpgroup-MMA decode kernel (decode_wgmma.cu): one CTA per
 // kWgmmaHeads heads of a token and split (a smaller Hp padded with zero
 // queries); called by LaunchDecode, which plans the splits
