@@ -296,10 +296,14 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 
   if (splits == 1) {
+    const float* cos_sin = DerotationOf(p, t);
 #pragma unroll
     for (int h = 0; h < HG; ++h) {
       const int head = h0 + h;
-      if (head < p.num_heads) Finish(p, t, head, tid, run_max[h], run_sum[h], o[h][0], o[h][1]);
+      if (head >= p.num_heads) continue;
+      const RowEnd end = EndOfRow(p, t, head, run_max[h], run_sum[h]);
+      StorePair(p, t, head, tid, end.factor, cos_sin, o[h][0], o[h][1]);
+      if (tid == 0) StoreLse(p, t, head, end.lse);
     }
   } else {
 #pragma unroll
@@ -713,7 +717,9 @@ __global__ void __launch_bounds__(kThreads, 2 / MT)
     // chunk's key tile and probabilities.
   }
 
-  // Thread holds heads m*16 + g and + 8, dims 64w + 8j + 2tig (+1).
+  // Thread holds heads m*16 + g and + 8, dims 64w + 8j + 2tig (+1). The
+  // per-row and per-token reads come before the row's stores.
+  const float* cos_sin = splits == 1 ? DerotationOf(p, t) : nullptr;
 #pragma unroll
   for (int m = 0; m < MT; ++m) {
 #pragma unroll
@@ -721,13 +727,16 @@ __global__ void __launch_bounds__(kThreads, 2 / MT)
       const int h = m * 16 + g + 8 * half;
       const float run_m = run_max[h];
       const float l = run_sum[h];
+      const bool finish = splits == 1 && h0 + h < p.num_heads;
+      const RowEnd end = finish ? EndOfRow(p, t, h0 + h, run_m, l) : RowEnd{0.0f, 0.0f};
+      if (finish && warp == 0 && tig == 0) StoreLse(p, t, h0 + h, end.lse);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const int word = (warp * 64 + j * 8 + 2 * tig) / 2;
         const float o0 = acc[m][j][2 * half];
         const float o1 = acc[m][j][2 * half + 1];
         if (splits == 1) {
-          if (h0 + h < p.num_heads) Finish(p, t, h0 + h, word, run_m, l, o0, o1);
+          if (finish) StorePair(p, t, h0 + h, word, end.factor, cos_sin, o0, o1);
         } else if (h < heads_here) {
           const int64_t item = (t * p.padded_heads + h0 + h) * splits + split;
           reinterpret_cast<float2*>(partials.o + item * kHeadDim)[word] = make_float2(o0, o1);

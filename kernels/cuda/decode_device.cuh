@@ -113,33 +113,62 @@ __device__ __forceinline__ float SinkOf(const DecodeParams& p, int64_t t, int h)
   return p.sinks_per_token ? __ldg(p.sinks + t * p.num_heads + h) : __ldg(p.sinks + h);
 }
 
-// Final scaling, sink, de-rotation and bf16 rounding of dims (2w, 2w+1) of
-// head h of token t, from the unnormalised o and the softmax state (m, l).
-__device__ __forceinline__ void Finish(const DecodeParams& p, int64_t t, int h, int w, float m,
-                                       float l, float o0, float o1) {
-  float lse = INFINITY;
-  if (l > 0.0f) {
-    lse = m + logf(l);
-    const float factor = 1.0f / (l * (1.0f + expf(SinkOf(p, t, h) - lse)));
-    o0 *= factor;
-    o1 *= factor;
-    if (p.derotate && w >= kNopeDim / 2) {
-      const int pair = w - kNopeDim / 2;
-      const float* cos_sin = p.rope.data + int64_t{__ldg(p.positions + t)} * kRopeDim;
-      const float c = __ldg(cos_sin + pair);
-      const float s = -__ldg(cos_sin + kRopePairs + pair);
-      const float a = o0;
-      const float b = o1;
-      o0 = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-      o1 = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
-    }
-  } else {
-    o0 = 0.0f;
-    o1 = 0.0f;
+// What the end of a row (token t, head h) needs once, from the unnormalised
+// softmax state (m, l): the factor 1 / (l (1 + exp(sink - lse))) that
+// normalises o with the sink (0 for an empty row) and lse (+inf when empty).
+struct RowEnd {
+  float factor;
+  float lse;
+};
+__device__ __forceinline__ RowEnd EndOfRow(const DecodeParams& p, int64_t t, int h, float m,
+                                           float l) {
+  if (!(l > 0.0f)) return RowEnd{0.0f, INFINITY};
+  const float lse = m + logf(l);
+  return RowEnd{1.0f / (l * (1.0f + expf(SinkOf(p, t, h) - lse))), lse};
+}
+
+// The RoPE row (cos [32], then sin [32]) that de-rotates token t's output,
+// or nullptr when the output is not de-rotated.
+__device__ __forceinline__ const float* DerotationOf(const DecodeParams& p, int64_t t) {
+  return p.derotate ? p.rope.data + int64_t{__ldg(p.positions + t)} * kRopeDim : nullptr;
+}
+
+// Scales dims (2w, 2w+1) of head h of token t by the row's factor,
+// de-rotates them when cos_sin is given and they are RoPE dims, and stores
+// them as bf16. Loads nothing else: callers hoist the per-row and per-token
+// reads (EndOfRow, DerotationOf) out of their loops over dims.
+__device__ __forceinline__ void StorePair(const DecodeParams& p, int64_t t, int h, int w,
+                                          float factor, const float* cos_sin, float o0,
+                                          float o1) {
+  // factor 0: an empty row (or a sink that outweighs it), written as zeros
+  // whatever o holds.
+  o0 = factor == 0.0f ? 0.0f : o0 * factor;
+  o1 = factor == 0.0f ? 0.0f : o1 * factor;
+  if (cos_sin != nullptr && w >= kNopeDim / 2) {
+    const int pair = w - kNopeDim / 2;
+    const float c = __ldg(cos_sin + pair);
+    const float s = -__ldg(cos_sin + kRopePairs + pair);
+    const float a = o0;
+    const float b = o1;
+    o0 = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    o1 = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
   }
   uint32_t* out = reinterpret_cast<uint32_t*>(p.out + (t * p.num_heads + h) * kHeadDim);
   out[w] = ToBf16Bits(o0) | (ToBf16Bits(o1) << 16);
-  if (w == 0 && p.lse != nullptr) p.lse[t * p.num_heads + h] = lse;
+}
+
+__device__ __forceinline__ void StoreLse(const DecodeParams& p, int64_t t, int h, float lse) {
+  if (p.lse != nullptr) p.lse[t * p.num_heads + h] = lse;
+}
+
+// Final scaling, sink, de-rotation and bf16 rounding of dims (2w, 2w+1) of
+// head h of token t, from the unnormalised o and the softmax state (m, l),
+// for kernels that finish one pair of a row per thread.
+__device__ __forceinline__ void Finish(const DecodeParams& p, int64_t t, int h, int w, float m,
+                                       float l, float o0, float o1) {
+  const RowEnd end = EndOfRow(p, t, h, m, l);
+  StorePair(p, t, h, w, end.factor, DerotationOf(p, t), o0, o1);
+  if (w == 0) StoreLse(p, t, h, end.lse);
 }
 
 // Partial results of one split: o [splits][512] fp32 and (m, l) per

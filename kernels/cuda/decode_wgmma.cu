@@ -78,18 +78,30 @@ __device__ __forceinline__ uint64_t MatrixDescriptor(uint32_t address, uint32_t 
          static_cast<uint64_t>(leading >> 4) << 16 | static_cast<uint64_t>(stride >> 4) << 32;
 }
 
-// 16 columns (one k-step) of a K-major tile: core matrices 1 KiB apart along
-// the columns, 128 bytes apart along the rows.
-__device__ __forceinline__ uint64_t KMajorStep(uint32_t tile, int step) {
-  return MatrixDescriptor(tile + step * 2 * (kTileRows * 16), kTileRows * 16, 128);
+// A descriptor moved by `bytes` (a multiple of 16): its start address is the
+// low 14 bits in 16-byte units, and no shared address (below 228 KiB) carries
+// out of them, so the other fields stay as they are. Computing a tile's
+// descriptor once and moving it by constants keeps the address arithmetic
+// off the MMAs' issue path.
+__device__ __forceinline__ uint64_t Advance(uint64_t descriptor, uint32_t bytes) {
+  return descriptor + (bytes >> 4);
 }
 
-// V for keys 16 step .. + 15 and dims dim0 .. dim0 + 63 of a key tile, as an
-// MN-major operand: along the keys (the reduction) core matrices are 128
-// bytes apart, along the dims 1 KiB.
-__device__ __forceinline__ uint64_t ValueStep(uint32_t tile, int dim0, int step) {
-  return MatrixDescriptor(tile + (dim0 >> 3) * (kTileRows * 16) + step * 16 * 16, 128,
-                          kTileRows * 16);
+// A K-major tile (core matrices 1 KiB apart along the columns, 128 bytes
+// apart along the rows); k-step `step` (16 columns) is Advance(d, KStepBytes(step)).
+__device__ __forceinline__ uint64_t KMajorTile(uint32_t tile) {
+  return MatrixDescriptor(tile, kTileRows * 16, 128);
+}
+__host__ __device__ constexpr uint32_t KStepBytes(int step) { return step * 2 * (kTileRows * 16); }
+
+// A key tile as V, an MN-major operand: along the keys (the reduction) core
+// matrices are 128 bytes apart, along the dims 1 KiB. Keys 16 step .. + 15
+// and dims dim0 .. dim0 + 63 are Advance(d, ValueStepBytes(dim0, step)).
+__device__ __forceinline__ uint64_t ValueTile(uint32_t tile) {
+  return MatrixDescriptor(tile, 128, kTileRows * 16);
+}
+__host__ __device__ constexpr uint32_t ValueStepBytes(int dim0, int step) {
+  return (dim0 >> 3) * (kTileRows * 16) + step * 16 * 16;
 }
 
 __device__ __forceinline__ uint32_t SharedAddress(const void* pointer) {
@@ -188,16 +200,27 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   return packed;
 }
 
+// 2^x (ex2.approx, subnormal results flushed to zero; 2^-inf = 0).
+__device__ __forceinline__ float Exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // O *= alpha of its row (element i of o[n] is row row0 + 8 ((i >> 1) & 1)),
 // then the fence before the MMAs that accumulate into O (scaled before it,
-// not between the MMAs).
+// not between the MMAs). Once the maxima settle most chunks move none of a
+// warp's rows, and the warp skips the multiplications.
 __device__ __forceinline__ void RescaleForMma(float (&o)[4][32], const float (&alpha)[2]) {
+  if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-  for (int n = 0; n < 4; ++n) {
+    for (int n = 0; n < 4; ++n) {
 #pragma unroll
-    for (int i = 0; i < 32; ++i) o[n][i] *= alpha[(i >> 1) & 1];
-    PinRegisters(o[n]);
+      for (int i = 0; i < 32; ++i) o[n][i] *= alpha[(i >> 1) & 1];
+    }
   }
+#pragma unroll
+  for (int n = 0; n < 4; ++n) PinRegisters(o[n]);
   WgmmaFence();
 }
 
@@ -216,6 +239,52 @@ struct WgTask {
 // r + 8 of each chunk, and of each row the 16-byte pieces l / 8 + 4k: FP8
 // pieces k = 0..6 (dims 16 (l / 8 + 4k) .., scale byte k) and RoPE pieces
 // k = 0, 1. Eight lanes store one core-matrix column: 128 contiguous bytes.
+// The loads of a chunk's row go out as soon as the previous chunk's copy of
+// that row is stored, so they have the consumers' time on a whole chunk to
+// arrive; the slots come two chunks ahead.
+struct RowPieces {
+  uint4 pieces[9];  // FP8 pieces 0..6, RoPE pieces 7, 8
+  uint2 scales;
+};
+
+__device__ __forceinline__ void LoadRow(const DecodeParams& p, const WgTask& task, int chunk,
+                                        int r, int32_t slot, int part, RowPieces& row) {
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+#pragma unroll
+  for (int q = 0; q < 9; ++q) row.pieces[q] = zero;
+  // A skipped row: zero codes with a scale the bf16x2 path takes (+0s).
+  row.scales = make_uint2(0x7f7f7f7fu, 0x7f7f7f7fu);
+  if (slot == -1) return;
+  const int e = task.begin + chunk * kTileRows + r;
+  const uint8_t* pool = e < task.main_len ? p.main.pool.base : p.extra.pool.base;
+  const uint8_t* block = pool + static_cast<int64_t>(slot / kBlockTokens) * kBlockBytes;
+  const int offset = slot % kBlockTokens;
+  const uint4* data = reinterpret_cast<const uint4*>(block + offset * kTokenDataBytes);
+#pragma unroll
+  for (int q = 0; q < 7; ++q) row.pieces[q] = __ldg(data + part + 4 * q);
+  row.pieces[7] = __ldg(data + 28 + part);
+  row.pieces[8] = __ldg(data + 32 + part);
+  row.scales = __ldg(reinterpret_cast<const uint2*>(block + kBlockTokens * kTokenDataBytes +
+                                                   offset * kTokenScaleBytes));
+}
+
+__device__ __forceinline__ void StoreRow(const RowPieces& row, int r, int part,
+                                         unsigned char* tile) {
+#pragma unroll
+  for (int q = 0; q < 7; ++q) {
+    const uint32_t scale_word = q < 4 ? row.scales.x : row.scales.y;
+    const uint32_t scale_byte = (scale_word >> (8 * (q & 3))) & 0xffu;
+    uint32_t out[8];
+    DequantisePiece(row.pieces[q], scale_byte, out);
+    const int dim = 16 * (part + 4 * q);
+    *reinterpret_cast<uint4*>(tile + TileOffset(r, dim)) = make_uint4(out[0], out[1], out[2], out[3]);
+    *reinterpret_cast<uint4*>(tile + TileOffset(r, dim + 8)) =
+        make_uint4(out[4], out[5], out[6], out[7]);
+  }
+  *reinterpret_cast<uint4*>(tile + TileOffset(r, kNopeDim + 8 * part)) = row.pieces[7];
+  *reinterpret_cast<uint4*>(tile + TileOffset(r, kNopeDim + 8 * (part + 4))) = row.pieces[8];
+}
+
 __device__ void Produce(const DecodeParams& p, const WgTask& task, unsigned char* smem, int wt) {
   const int part = (wt & 31) >> 3;
   const int rows[2] = {(wt >> 5) * 16 + (wt & 7), (wt >> 5) * 16 + (wt & 7) + 8};
@@ -226,94 +295,81 @@ __device__ void Produce(const DecodeParams& p, const WgTask& task, unsigned char
     return e < task.main_len ? __ldg(p.main.indices + task.t * p.main.width + e)
                              : __ldg(p.extra.indices + task.t * p.extra.width + (e - task.main_len));
   };
-  int32_t next[2] = {slot_of(0, rows[0]), slot_of(0, rows[1])};
+  int32_t slots[2] = {slot_of(0, rows[0]), slot_of(0, rows[1])};
+  int32_t next[2] = {slot_of(1, rows[0]), slot_of(1, rows[1])};
+  RowPieces row[2];
+#pragma unroll
+  for (int k = 0; k < 2; ++k) LoadRow(p, task, 0, rows[k], slots[k], part, row[k]);
   for (int chunk = 0; chunk < task.num_chunks; ++chunk) {
     const int buffer = chunk & 1;
-    const int32_t slots[2] = {next[0], next[1]};
-    next[0] = slot_of(chunk + 1, rows[0]);
-    next[1] = slot_of(chunk + 1, rows[1]);
-    // Every load of the chunk in flight before the first conversion.
-    uint4 pieces[2][9];
-    uint2 scales[2];
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const uint4 zero = make_uint4(0, 0, 0, 0);
-#pragma unroll
-      for (int q = 0; q < 9; ++q) pieces[k][q] = zero;
-      // A skipped row: zero codes with a scale the bf16x2 path takes (+0s).
-      scales[k] = make_uint2(0x7f7f7f7fu, 0x7f7f7f7fu);
-      if (slots[k] == -1) continue;
-      const int e = task.begin + chunk * kTileRows + rows[k];
-      const uint8_t* pool = e < task.main_len ? p.main.pool.base : p.extra.pool.base;
-      const uint8_t* block = pool + static_cast<int64_t>(slots[k] / kBlockTokens) * kBlockBytes;
-      const int offset = slots[k] % kBlockTokens;
-      const uint4* row = reinterpret_cast<const uint4*>(block + offset * kTokenDataBytes);
-#pragma unroll
-      for (int q = 0; q < 7; ++q) pieces[k][q] = __ldg(row + part + 4 * q);
-      pieces[k][7] = __ldg(row + 28 + part);
-      pieces[k][8] = __ldg(row + 32 + part);
-      scales[k] = __ldg(reinterpret_cast<const uint2*>(block + kBlockTokens * kTokenDataBytes +
-                                                       offset * kTokenScaleBytes));
-    }
+    const int32_t after[2] = {slot_of(chunk + 2, rows[0]), slot_of(chunk + 2, rows[1])};
     // The consumers are done with this buffer's previous chunk (none before
     // chunk 2: the wait on the phase before the first returns at once).
     MbarrierWait(base + WgLayout::kEmpty + 8 * buffer, ((chunk >> 1) & 1) ^ 1);
     unsigned char* tile = smem + WgLayout::kKeys + buffer * kTileBytes;
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
-      const int r = rows[k];
-#pragma unroll
-      for (int q = 0; q < 7; ++q) {
-        const uint32_t scale_word = q < 4 ? scales[k].x : scales[k].y;
-        const uint32_t scale_byte = (scale_word >> (8 * (q & 3))) & 0xffu;
-        uint32_t out[8];
-        DequantisePiece(pieces[k][q], scale_byte, out);
-        const int dim = 16 * (part + 4 * q);
-        *reinterpret_cast<uint4*>(tile + TileOffset(r, dim)) =
-            make_uint4(out[0], out[1], out[2], out[3]);
-        *reinterpret_cast<uint4*>(tile + TileOffset(r, dim + 8)) =
-            make_uint4(out[4], out[5], out[6], out[7]);
-      }
-      *reinterpret_cast<uint4*>(tile + TileOffset(r, kNopeDim + 8 * part)) = pieces[k][7];
-      *reinterpret_cast<uint4*>(tile + TileOffset(r, kNopeDim + 8 * (part + 4))) = pieces[k][8];
+      StoreRow(row[k], rows[k], part, tile);
       if (part == 0) {
-        reinterpret_cast<int*>(smem + WgLayout::kValid)[buffer * kTileRows + r] = slots[k] != -1;
+        reinterpret_cast<int*>(smem + WgLayout::kValid)[buffer * kTileRows + rows[k]] =
+            slots[k] != -1;
       }
+      if (chunk + 1 < task.num_chunks) LoadRow(p, task, chunk + 1, rows[k], next[k], part, row[k]);
     }
     FenceForWgmma();
     MbarrierArrive(base + WgLayout::kFull + 8 * buffer);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      slots[k] = next[k];
+      next[k] = after[k];
+    }
   }
 }
 
 // Writes this thread's part of O: rows (heads) row0 and row0 + 8, dims
 // dim0 + 64 n + 8 i + 2 (lane % 4) and + 1, from accumulator element
-// o[n][4 i + 2 half] (+ 1) for row row0 + 8 half.
+// o[n][4 i + 2 half] (+ 1) for row row0 + 8 half. The per-row and per-token
+// reads come first, so the stores do not wait on them one by one.
 __device__ void WriteOutput(const DecodeParams& p, const WgTask& task, int splits,
                             const Partials& partials, const float (&o)[4][32], int row0,
                             int dim0, const float (&row_max)[2], const float (&row_sum)[2]) {
   const int tig = threadIdx.x & 3;
+  if (splits == 1) {
+    const float* cos_sin = DerotationOf(p, task.t);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int h = task.h0 + row0 + 8 * half;
+      if (h >= p.num_heads) continue;
+      const RowEnd end = EndOfRow(p, task.t, h, row_max[half], row_sum[half]);
+      if (dim0 == 0 && tig == 0) StoreLse(p, task.t, h, end.lse);
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int dim = dim0 + 64 * n + 8 * i + 2 * tig;
+          StorePair(p, task.t, h, dim / 2, end.factor, cos_sin, o[n][4 * i + 2 * half],
+                    o[n][4 * i + 2 * half + 1]);
+        }
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int h = row0 + 8 * half;
+    if (h >= task.heads_here) continue;
+    const int64_t item = (task.t * p.padded_heads + task.h0 + h) * splits + task.split;
+    if (dim0 == 0 && tig == 0) {
+      partials.ml[2 * item] = row_max[half];
+      partials.ml[2 * item + 1] = row_sum[half];
+    }
 #pragma unroll
     for (int n = 0; n < 4; ++n) {
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const int dim = dim0 + 64 * n + 8 * i + 2 * tig;
-        const float o0 = o[n][4 * i + 2 * half];
-        const float o1 = o[n][4 * i + 2 * half + 1];
-        if (splits == 1) {
-          if (task.h0 + h < p.num_heads) {
-            Finish(p, task.t, task.h0 + h, dim / 2, row_max[half], row_sum[half], o0, o1);
-          }
-        } else if (h < task.heads_here) {
-          const int64_t item = (task.t * p.padded_heads + task.h0 + h) * splits + task.split;
-          reinterpret_cast<float2*>(partials.o + item * kHeadDim)[dim / 2] = make_float2(o0, o1);
-          if (dim == 0) {
-            partials.ml[2 * item] = row_max[half];
-            partials.ml[2 * item + 1] = row_sum[half];
-          }
-        }
+        reinterpret_cast<float2*>(partials.o + item * kHeadDim)[dim / 2] =
+            make_float2(o[n][4 * i + 2 * half], o[n][4 * i + 2 * half + 1]);
       }
     }
   }
@@ -330,21 +386,27 @@ __device__ void Score(const DecodeParams& p, const WgTask& task, int splits,
 
   // Q: thread wt copies dims 16 c .. 16 c + 15 of head wt % 64 for c =
   // wt / 64 + 2k (a warp reads 32 B of 32 heads; 8 lanes store 128 B);
-  // rows past heads_here are zero.
+  // rows past heads_here are zero. All 32 loads are in flight before the
+  // first store: one memory latency, not one per step.
   const uint16_t* q = p.q + (task.t * p.padded_heads + task.h0) * kHeadDim;
-#pragma unroll 4
+  const int q_head = wt & 63;
+  uint4 q_pieces[32];
+#pragma unroll
   for (int k = 0; k < 16; ++k) {
-    const int index = wt + 128 * k;
-    const int h = index & 63;
-    const int c = index >> 6;
-    uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
-    if (h < task.heads_here) {
-      const uint4* src = reinterpret_cast<const uint4*>(q + h * kHeadDim) + 2 * c;
-      lo = __ldg(src);
-      hi = __ldg(src + 1);
+    const int c = (wt >> 6) + 2 * k;
+    q_pieces[2 * k] = q_pieces[2 * k + 1] = make_uint4(0, 0, 0, 0);
+    if (q_head < task.heads_here) {
+      const uint4* src = reinterpret_cast<const uint4*>(q + q_head * kHeadDim) + 2 * c;
+      q_pieces[2 * k] = __ldg(src);
+      q_pieces[2 * k + 1] = __ldg(src + 1);
     }
-    *reinterpret_cast<uint4*>(smem + WgLayout::kQ + TileOffset(h, 16 * c)) = lo;
-    *reinterpret_cast<uint4*>(smem + WgLayout::kQ + TileOffset(h, 16 * c + 8)) = hi;
+  }
+#pragma unroll
+  for (int k = 0; k < 16; ++k) {
+    const int c = (wt >> 6) + 2 * k;
+    *reinterpret_cast<uint4*>(smem + WgLayout::kQ + TileOffset(q_head, 16 * c)) = q_pieces[2 * k];
+    *reinterpret_cast<uint4*>(smem + WgLayout::kQ + TileOffset(q_head, 16 * c + 8)) =
+        q_pieces[2 * k + 1];
   }
   FenceForWgmma();
   NamedSync(kBarQLoaded, 128);
@@ -355,6 +417,10 @@ __device__ void Score(const DecodeParams& p, const WgTask& task, int splits,
 #pragma unroll
     for (int i = 0; i < 32; ++i) o[n][i] = 0.0f;
   }
+  // Scores and maxima are kept in log2 units (scaled by log2 e), so that
+  // every exponential is one ex2; row_max goes back to natural units at the end.
+  const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
+  const uint64_t q_tile = KMajorTile(base + WgLayout::kQ);
   float row_max[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.0f, 0.0f};  // this thread's columns only until the end
   float* alphas = reinterpret_cast<float*>(smem + WgLayout::kAlpha);
@@ -368,9 +434,11 @@ __device__ void Score(const DecodeParams& p, const WgTask& task, int splits,
 #pragma unroll
     for (int i = 0; i < 32; ++i) s[i] = 0.0f;
     WgmmaFence();
+    const uint64_t key_tile = KMajorTile(keys);
 #pragma unroll
     for (int step = 0; step < kHeadDim / 16; ++step) {
-      WgmmaSmemA<0>(s, KMajorStep(base + WgLayout::kQ, step), KMajorStep(keys, step), step > 0);
+      WgmmaSmemA<0>(s, Advance(q_tile, KStepBytes(step)), Advance(key_tile, KStepBytes(step)),
+                    step > 0);
     }
     WgmmaCommit();
     WgmmaWaitAll();
@@ -382,13 +450,13 @@ __device__ void Score(const DecodeParams& p, const WgTask& task, int splits,
     float chunk_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
+      const int2 ok = *reinterpret_cast<const int2*>(valid + 8 * i + 2 * tig);
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        const bool ok = valid[8 * i + 2 * tig + c] != 0;
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           float& z = s[4 * i + 2 * half + c];
-          z = ok ? p.softmax_scale * z : -INFINITY;
+          z = (c == 0 ? ok.x : ok.y) != 0 ? scale_log2 * z : -INFINITY;
           chunk_max[half] = fmaxf(chunk_max[half], z);
         }
       }
@@ -399,14 +467,18 @@ __device__ void Score(const DecodeParams& p, const WgTask& task, int splits,
       chunk_max[half] = fmaxf(chunk_max[half], __shfl_xor_sync(0xffffffffu, chunk_max[half], 1));
       chunk_max[half] = fmaxf(chunk_max[half], __shfl_xor_sync(0xffffffffu, chunk_max[half], 2));
       const float new_max = fmaxf(row_max[half], chunk_max[half]);
-      alpha[half] = new_max == -INFINITY ? 1.0f : expf(row_max[half] - new_max);
+      alpha[half] = new_max == -INFINITY ? 1.0f : Exp2(row_max[half] - new_max);
       row_max[half] = new_max;
       row_sum[half] *= alpha[half];
     }
+    // A row with no key yet subtracts 0 instead of -inf: its scores are all
+    // -inf, and 2^-inf is the 0 they need (not the NaN of -inf - -inf).
+    const float subtract[2] = {row_max[0] == -INFINITY ? 0.0f : row_max[0],
+                               row_max[1] == -INFINITY ? 0.0f : row_max[1]};
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
       const int half = (i >> 1) & 1;
-      s[i] = s[i] == -INFINITY ? 0.0f : expf(s[i] - row_max[half]);
+      s[i] = Exp2(s[i] - subtract[half]);
       row_sum[half] += s[i];
     }
     // P as the A operand of P V, k-step j covering keys 16 j .. 16 j + 15.
@@ -440,10 +512,13 @@ __device__ void Score(const DecodeParams& p, const WgTask& task, int splits,
 
     // O[:, 0:256] = O * alpha + P V.
     RescaleForMma(o, alpha);
+    const uint64_t value_tile = ValueTile(keys);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
 #pragma unroll
-      for (int n = 0; n < 4; ++n) WgmmaRegisterA(o[n], pa[j], ValueStep(keys, 64 * n, j));
+      for (int n = 0; n < 4; ++n) {
+        WgmmaRegisterA(o[n], pa[j], Advance(value_tile, ValueStepBytes(64 * n, j)));
+      }
     }
     WgmmaCommit();
     WgmmaWaitAll();
@@ -452,9 +527,11 @@ __device__ void Score(const DecodeParams& p, const WgTask& task, int splits,
     MbarrierArrive(base + WgLayout::kEmpty + 8 * buffer);
   }
 
-  // The row sums over the quad; the final state for WG1.
+  // The row sums over the quad, the maxima in natural units; the final state
+  // for WG1.
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
+    row_max[half] *= 0.6931471805599453f;  // ln 2; -inf stays -inf
     row_sum[half] += __shfl_xor_sync(0xffffffffu, row_sum[half], 1);
     row_sum[half] += __shfl_xor_sync(0xffffffffu, row_sum[half], 2);
   }
@@ -476,6 +553,7 @@ __device__ void Value(const DecodeParams& p, const WgTask& task, int splits,
   const uint32_t base = SharedAddress(smem);
   const int row0 = (wt >> 5) * 16 + ((wt & 31) >> 2);
   const float* alphas = reinterpret_cast<const float*>(smem + WgLayout::kAlpha);
+  const uint64_t p_tile = KMajorTile(base + WgLayout::kP);
   float o[4][32];
 #pragma unroll
   for (int n = 0; n < 4; ++n) {
@@ -486,6 +564,7 @@ __device__ void Value(const DecodeParams& p, const WgTask& task, int splits,
     const int buffer = chunk & 1;
     const uint32_t keys = base + WgLayout::kKeys + buffer * kTileBytes;
     MbarrierWait(base + WgLayout::kFull + 8 * buffer, (chunk >> 1) & 1);
+    const uint64_t value_tile = ValueTile(keys);
     NamedSync(kBarPReady, 256);
     const float alpha[2] = {alphas[row0], alphas[row0 + 8]};
     RescaleForMma(o, alpha);
@@ -493,8 +572,8 @@ __device__ void Value(const DecodeParams& p, const WgTask& task, int splits,
     for (int j = 0; j < 4; ++j) {
 #pragma unroll
       for (int n = 0; n < 4; ++n) {
-        WgmmaSmemA<1>(o[n], KMajorStep(base + WgLayout::kP, j),
-                      ValueStep(keys, kHeadDim / 2 + 64 * n, j), 1);
+        WgmmaSmemA<1>(o[n], Advance(p_tile, KStepBytes(j)),
+                      Advance(value_tile, ValueStepBytes(kHeadDim / 2 + 64 * n, j)), 1);
       }
     }
     WgmmaCommit();
