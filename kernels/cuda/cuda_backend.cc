@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/kernels.h"
@@ -21,6 +22,14 @@ cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); 
 }  // namespace
 
 CudaBackend::CudaBackend(int device) : device_(device) {
+  // Checked before the device, so that the mistake is named on any machine.
+  if (const char* decode = std::getenv("MLA_CUDA_DECODE");
+      cuda::DecodeKernelsFor(decode) == nullptr) {
+    init_status_ = absl::InvalidArgumentError(
+        absl::StrCat("MLA_CUDA_DECODE=", decode,
+                     " names no decode kernels: use wgmma (the default), mma or simt"));
+    return;
+  }
   int count = 0;
   cudaError_t error = cudaGetDeviceCount(&count);
   if (error != cudaSuccess) {

@@ -1,12 +1,12 @@
 // Sparse MLA decode with attention sink (spec section 5).
 //
-// Implementations of the same algorithm: DecodeMmaKernel (tensor cores,
-// mma.sync bf16 -> fp32; the default, described further down), DecodeKernel
-// (CUDA cores, fp32 throughout; selected with the environment variable
-// MLA_CUDA_DECODE=simt, kept as a cross-check) and, in decode_wgmma.cu,
-// DecodeWgmmaKernel (warpgroup MMA; MLA_CUDA_DECODE=wgmma, not yet validated
-// on the GPU). This file also plans the key splits and launches the combine
-// for all of them. The CUDA-core one:
+// Implementations of the same algorithm: in decode_wgmma.cu,
+// DecodeWgmmaKernel (warpgroup MMA, 64 heads a CTA; the default), and here
+// DecodeMmaKernel (tensor cores, mma.sync bf16 -> fp32, 16 or 32 heads a
+// CTA; MLA_CUDA_DECODE=mma, described further down) and DecodeKernel (CUDA
+// cores, fp32 throughout; MLA_CUDA_DECODE=simt, kept as a cross-check).
+// This file also plans the key splits and launches the combine for all of
+// them. The CUDA-core one:
 //
 // One CTA of 256 threads handles one token, a group of HG heads (HG = 16, or
 // 8 when Hp = 8) and a range of its key entries (all of them, or one split of
@@ -780,18 +780,13 @@ struct Plan {
   int split_entries;
 };
 
-// MLA_CUDA_DECODE picks the kernels: unset, the mma.sync tensor-core ones;
-// "simt", the CUDA-core one (a cross-check); "wgmma", the warpgroup-MMA one
-// (decode_wgmma.cu; 64 heads a CTA, zero queries below Hp = 64).
 const char* DecodeChoice() {
-  static const char* choice = [] {
-    const char* env = std::getenv("MLA_CUDA_DECODE");
-    return env == nullptr ? "" : env;
-  }();
-  return choice;
+  static const char* choice = DecodeKernelsFor(std::getenv("MLA_CUDA_DECODE"));
+  return choice == nullptr ? "wgmma" : choice;  // CudaBackend refuses unknown values
 }
-bool UseMma() { return std::strcmp(DecodeChoice(), "simt") != 0; }
+
 bool UseWgmma() { return std::strcmp(DecodeChoice(), "wgmma") == 0; }
+bool UseMma() { return std::strcmp(DecodeChoice(), "mma") == 0; }
 
 // Splits each token's keys into at most `wanted` ranges (and kMaxSplits),
 // never below two chunks of `kc` keys a range; boundaries on whole chunks.
@@ -869,7 +864,15 @@ cudaError_t LaunchMma(const DecodeParams& p, const Plan& plan, Partials partials
 
 }  // namespace
 
-const char* DecodeKernelsName() { return UseWgmma() ? "wgmma" : UseMma() ? "mma" : "simt"; }
+const char* DecodeKernelsFor(const char* value) {
+  if (value == nullptr || value[0] == '\0' || std::strcmp(value, "wgmma") == 0) return "wgmma";
+  for (const char* known : {"mma", "simt"}) {
+    if (std::strcmp(value, known) == 0) return known;
+  }
+  return nullptr;
+}
+
+const char* DecodeKernelsName() { return DecodeChoice(); }
 
 size_t DecodeScratchBytes(const DecodeParams& p, int num_sms) {
   const Plan plan = MakePlan(p, num_sms);

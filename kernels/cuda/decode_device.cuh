@@ -133,13 +133,12 @@ __device__ __forceinline__ const float* DerotationOf(const DecodeParams& p, int6
   return p.derotate ? p.rope.data + int64_t{__ldg(p.positions + t)} * kRopeDim : nullptr;
 }
 
-// Scales dims (2w, 2w+1) of head h of token t by the row's factor,
-// de-rotates them when cos_sin is given and they are RoPE dims, and stores
-// them as bf16. Loads nothing else: callers hoist the per-row and per-token
-// reads (EndOfRow, DerotationOf) out of their loops over dims.
-__device__ __forceinline__ void StorePair(const DecodeParams& p, int64_t t, int h, int w,
-                                          float factor, const float* cos_sin, float o0,
-                                          float o1) {
+// Dims (2w, 2w+1) of a row scaled by the row's factor, de-rotated when
+// cos_sin is given and they are RoPE dims, as two bf16 (2w in the low half).
+// Loads nothing but cos_sin: callers hoist the per-row and per-token reads
+// (EndOfRow, DerotationOf) out of their loops over dims.
+__device__ __forceinline__ uint32_t FinishedPair(int w, float factor, const float* cos_sin,
+                                                 float o0, float o1) {
   // factor 0: an empty row (or a sink that outweighs it), written as zeros
   // whatever o holds.
   o0 = factor == 0.0f ? 0.0f : o0 * factor;
@@ -153,8 +152,15 @@ __device__ __forceinline__ void StorePair(const DecodeParams& p, int64_t t, int 
     o0 = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
     o1 = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
   }
+  return ToBf16Bits(o0) | (ToBf16Bits(o1) << 16);
+}
+
+// FinishedPair stored as dims (2w, 2w+1) of head h of token t.
+__device__ __forceinline__ void StorePair(const DecodeParams& p, int64_t t, int h, int w,
+                                          float factor, const float* cos_sin, float o0,
+                                          float o1) {
   uint32_t* out = reinterpret_cast<uint32_t*>(p.out + (t * p.num_heads + h) * kHeadDim);
-  out[w] = ToBf16Bits(o0) | (ToBf16Bits(o1) << 16);
+  out[w] = FinishedPair(w, factor, cos_sin, o0, o1);
 }
 
 __device__ __forceinline__ void StoreLse(const DecodeParams& p, int64_t t, int h, float lse) {

@@ -2,8 +2,8 @@
 // one CTA per 64 heads of a token (and per split of its keys), keys in
 // chunks of 64. Made for Hp = 64 and 128; a smaller Hp fills the MMA's 64
 // rows with zero queries whose results are dropped (the gather, not the
-// MMAs, bounds those shapes). Selected with MLA_CUDA_DECODE=wgmma (see
-// decode.cu) until it is validated on the H200; not yet run there.
+// MMAs, bounds those shapes). The default decode kernel (MLA_CUDA_DECODE,
+// see decode.cu); kernels/bench/RESULTS.md has its figures and limits.
 //
 // A CTA is three warpgroups with their own jobs, linked through shared memory:
 //   WG0, scores: S = Q K^T for the chunk (Q and the key tile both in shared
@@ -49,15 +49,33 @@ struct WgLayout {
   static constexpr uint32_t kValid = kRowSum + kTileRows * 4;   // [2][64] int
   static constexpr uint32_t kFull = kValid + 2 * kTileRows * 4;  // two mbarriers
   static constexpr uint32_t kEmpty = kFull + 16;                 // two mbarriers
-  static constexpr uint32_t kBytes = kEmpty + 16;
+  // mbarriers between WG0 and WG1 (see below).
+  static constexpr uint32_t kPReady = kEmpty + 16;
+  static constexpr uint32_t kPFree = kPReady + 8;
+  static constexpr uint32_t kStateReady = kPFree + 8;
+  static constexpr uint32_t kStaged = kStateReady + 8;
+  static constexpr uint32_t kBytes = kStaged + 8;
 };
 static_assert(WgLayout::kBytes <= 227 * 1024, "shared memory of the wgmma CTA");
 
-// Named barriers (0 is __syncthreads).
-constexpr int kBarQLoaded = 1;   // WG0: Q stored
-constexpr int kBarPReady = 2;    // WG0 arrives, WG1 waits: P and alpha of a chunk stored
-constexpr int kBarPFree = 3;     // WG1 arrives, WG0 waits: WG1 is done reading them
-constexpr int kBarStateReady = 4;  // both: the final softmax state is stored
+// Named barrier 1 (0 is __syncthreads): WG0 has stored Q. WG0 and WG1 meet
+// at mbarriers, which compute-sanitizer's racecheck follows (it reports
+// hazards across a named barrier that two warpgroups share):
+//   kPReady: WG0's 128 threads arrive once P and alpha of a chunk are
+//     stored; WG1 waits (phase = chunk).
+//   kPFree: WG1's 128 threads arrive once done reading them; WG0 waits
+//     before it stores the next chunk's (phase = chunk - 1).
+//   kStateReady: all 256 arrive after their last chunk (WG0 with the final
+//     softmax state stored), then wait; the key tiles are free after it.
+//   kStaged: all 256 arrive once their output is staged, then wait.
+constexpr int kBarQLoaded = 1;
+
+// At the end the output is staged in shared memory (over the key tiles,
+// free once both consumers are past their last chunk) as 64 head rows of
+// 512 bf16, padded so that a warp's stores (8 heads x 4 lanes) fall in 32
+// distinct banks; then it goes out in 16-byte pieces.
+constexpr uint32_t kStagedRowBytes = kHeadDim * 2 + 16;
+static_assert(kTileRows * kStagedRowBytes <= 2 * kTileBytes, "staged output over the key tiles");
 
 // Byte offset of element (row, col) of a 64-row bf16 tile made of 8 x 8 core
 // matrices: the 8 columns 8c .. 8c + 7 of a row are 16 contiguous bytes, the
@@ -184,9 +202,6 @@ __device__ __forceinline__ void MbarrierWait(uint32_t bar, uint32_t parity) {
 }
 __device__ __forceinline__ void NamedSync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void NamedArrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 // Makes this thread's shared-memory stores visible to wgmma's reads.
 __device__ __forceinline__ void FenceForWgmma() {
@@ -328,28 +343,52 @@ __device__ void Produce(const DecodeParams& p, const WgTask& task, unsigned char
 
 // Writes this thread's part of O: rows (heads) row0 and row0 + 8, dims
 // dim0 + 64 n + 8 i + 2 (lane % 4) and + 1, from accumulator element
-// o[n][4 i + 2 half] (+ 1) for row row0 + 8 half. The per-row and per-token
-// reads come first, so the stores do not wait on them one by one.
+// o[n][4 i + 2 half] (+ 1) for row row0 + 8 half. Called by both consumer
+// warpgroups (threads 0..255) together. Finished rows are staged in shared
+// memory and copied out in whole 16-byte pieces; partial ones (a split of
+// the keys) go straight to the scratch rows.
 __device__ void WriteOutput(const DecodeParams& p, const WgTask& task, int splits,
                             const Partials& partials, const float (&o)[4][32], int row0,
-                            int dim0, const float (&row_max)[2], const float (&row_sum)[2]) {
+                            int dim0, const float (&row_max)[2], const float (&row_sum)[2],
+                            unsigned char* smem) {
   const int tig = threadIdx.x & 3;
   if (splits == 1) {
     const float* cos_sin = DerotationOf(p, task.t);
+    unsigned char* staged = smem + WgLayout::kKeys;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int h = task.h0 + row0 + 8 * half;
-      if (h >= p.num_heads) continue;
-      const RowEnd end = EndOfRow(p, task.t, h, row_max[half], row_sum[half]);
-      if (dim0 == 0 && tig == 0) StoreLse(p, task.t, h, end.lse);
+      const int h = row0 + 8 * half;
+      if (task.h0 + h >= p.num_heads) continue;
+      const RowEnd end = EndOfRow(p, task.t, task.h0 + h, row_max[half], row_sum[half]);
+      if (dim0 == 0 && tig == 0) StoreLse(p, task.t, task.h0 + h, end.lse);
 #pragma unroll
       for (int n = 0; n < 4; ++n) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           const int dim = dim0 + 64 * n + 8 * i + 2 * tig;
-          StorePair(p, task.t, h, dim / 2, end.factor, cos_sin, o[n][4 * i + 2 * half],
-                    o[n][4 * i + 2 * half + 1]);
+          *reinterpret_cast<uint32_t*>(staged + h * kStagedRowBytes + dim * 2) =
+              FinishedPair(dim / 2, end.factor, cos_sin, o[n][4 * i + 2 * half],
+                           o[n][4 * i + 2 * half + 1]);
         }
+      }
+    }
+    MbarrierArrive(SharedAddress(smem) + WgLayout::kStaged);
+    MbarrierWait(SharedAddress(smem) + WgLayout::kStaged, 0);
+    const int heads = min(kTileRows, p.num_heads - task.h0);
+    uint16_t* out = p.out + (task.t * p.num_heads + task.h0) * kHeadDim;
+    if ((reinterpret_cast<uintptr_t>(p.out) & 15) == 0) {
+      for (int k = threadIdx.x; k < heads * (kHeadDim / 8); k += 256) {
+        const int h = k / (kHeadDim / 8);
+        const int piece = k % (kHeadDim / 8);
+        *reinterpret_cast<uint4*>(out + h * kHeadDim + piece * 8) =
+            *reinterpret_cast<const uint4*>(staged + h * kStagedRowBytes + piece * 16);
+      }
+    } else {  // an output view that is only 4-byte aligned
+      for (int k = threadIdx.x; k < heads * (kHeadDim / 2); k += 256) {
+        const int h = k / (kHeadDim / 2);
+        const int word = k % (kHeadDim / 2);
+        reinterpret_cast<uint32_t*>(out + h * kHeadDim)[word] =
+            *reinterpret_cast<const uint32_t*>(staged + h * kStagedRowBytes + word * 4);
       }
     }
     return;
@@ -493,7 +532,7 @@ __device__ void Score(const DecodeParams& p, const WgTask& task, int splits,
 #pragma unroll
     for (int j = 0; j < 4; ++j) PinRegisters(pa[j]);
     // Hand P and alpha to WG1 once it is done with the previous chunk's.
-    if (chunk > 0) NamedSync(kBarPFree, 256);
+    if (chunk > 0) MbarrierWait(base + WgLayout::kPFree, (chunk - 1) & 1);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
 #pragma unroll
@@ -508,7 +547,7 @@ __device__ void Score(const DecodeParams& p, const WgTask& task, int splits,
       alphas[row0 + 8] = alpha[1];
     }
     FenceForWgmma();
-    NamedArrive(kBarPReady, 256);
+    MbarrierArrive(base + WgLayout::kPReady);
 
     // O[:, 0:256] = O * alpha + P V.
     RescaleForMma(o, alpha);
@@ -543,8 +582,9 @@ __device__ void Score(const DecodeParams& p, const WgTask& task, int splits,
     sums[row0] = row_sum[0];
     sums[row0 + 8] = row_sum[1];
   }
-  NamedSync(kBarStateReady, 256);
-  WriteOutput(p, task, splits, partials, o, row0, 0, row_max, row_sum);
+  MbarrierArrive(base + WgLayout::kStateReady);
+  MbarrierWait(base + WgLayout::kStateReady, 0);
+  WriteOutput(p, task, splits, partials, o, row0, 0, row_max, row_sum, smem);
 }
 
 // WG1: O for dims 256..511, with P and alpha from WG0.
@@ -565,7 +605,7 @@ __device__ void Value(const DecodeParams& p, const WgTask& task, int splits,
     const uint32_t keys = base + WgLayout::kKeys + buffer * kTileBytes;
     MbarrierWait(base + WgLayout::kFull + 8 * buffer, (chunk >> 1) & 1);
     const uint64_t value_tile = ValueTile(keys);
-    NamedSync(kBarPReady, 256);
+    MbarrierWait(base + WgLayout::kPReady, chunk & 1);
     const float alpha[2] = {alphas[row0], alphas[row0 + 8]};
     RescaleForMma(o, alpha);
 #pragma unroll
@@ -580,15 +620,16 @@ __device__ void Value(const DecodeParams& p, const WgTask& task, int splits,
     WgmmaWaitAll();
 #pragma unroll
     for (int n = 0; n < 4; ++n) PinRegisters(o[n]);
-    if (chunk + 1 < task.num_chunks) NamedArrive(kBarPFree, 256);
+    if (chunk + 1 < task.num_chunks) MbarrierArrive(base + WgLayout::kPFree);
     MbarrierArrive(base + WgLayout::kEmpty + 8 * buffer);
   }
-  NamedSync(kBarStateReady, 256);
+  MbarrierArrive(base + WgLayout::kStateReady);
+  MbarrierWait(base + WgLayout::kStateReady, 0);
   const float row_max[2] = {reinterpret_cast<const float*>(smem + WgLayout::kRowMax)[row0],
                             reinterpret_cast<const float*>(smem + WgLayout::kRowMax)[row0 + 8]};
   const float row_sum[2] = {reinterpret_cast<const float*>(smem + WgLayout::kRowSum)[row0],
                             reinterpret_cast<const float*>(smem + WgLayout::kRowSum)[row0 + 8]};
-  WriteOutput(p, task, splits, partials, o, row0, kHeadDim / 2, row_max, row_sum);
+  WriteOutput(p, task, splits, partials, o, row0, kHeadDim / 2, row_max, row_sum, smem);
 }
 
 // setmaxnreg: the registers of the three warpgroups, together at most what
@@ -625,6 +666,10 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       MbarrierInit(base + WgLayout::kFull + 8 * b, 128);   // the producer's threads
       MbarrierInit(base + WgLayout::kEmpty + 8 * b, 256);  // WG0's and WG1's
     }
+    MbarrierInit(base + WgLayout::kPReady, 128);  // WG0's
+    MbarrierInit(base + WgLayout::kPFree, 128);   // WG1's
+    MbarrierInit(base + WgLayout::kStateReady, 256);
+    MbarrierInit(base + WgLayout::kStaged, 256);
   }
   __syncthreads();
   const int role = tid / 128;

@@ -21,8 +21,11 @@ size_t DecodeScratchBytes(const DecodeParams& params, int num_sms);
 cudaError_t LaunchDecode(const DecodeParams& params, int num_sms, void* scratch,
                          cudaStream_t stream);
 
-// The decode kernels MLA_CUDA_DECODE selects, as "mma" (unset: the
-// default), "simt" or "wgmma" (see decode.cu).
+// The decode kernels that the value of MLA_CUDA_DECODE selects: "wgmma"
+// (unset or empty: the default), "mma" or "simt" (see decode.cu); nullptr
+// for any other value, which CudaBackend refuses.
+const char* DecodeKernelsFor(const char* value);
+// The decode kernels in use: DecodeKernelsFor(MLA_CUDA_DECODE), read once.
 const char* DecodeKernelsName();
 
 // The warpgroup-MMA decode kernel (decode_wgmma.cu): one CTA per

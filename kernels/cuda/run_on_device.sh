@@ -3,9 +3,10 @@
 # kernels/cuda/prepare_device.sh filled .device/ here): the CUDA backend's
 # tests, compute-sanitizer memcheck and racecheck on a smaller case set, then
 # the benchmark. Logs go to $OUT as logs_STEPS.tar.gz, results*.json beside.
-#   run_on_device.sh [test|simt|wgmma|sanitize|tool|bench|e2e|transport|all]...   (default: all)
-# wgmma: the decode cases, the sanitizers and the decode benchmark shapes
-# with the warpgroup-MMA decode kernel (MLA_CUDA_DECODE=wgmma).
+#   run_on_device.sh [test|mma|simt|sanitize|tool|bench|e2e|transport|all]...   (default: all)
+# test, sanitize, tool, bench and e2e use the default decode kernels
+# (warpgroup MMA); mma and simt run the decode cases with the other two
+# (MLA_CUDA_DECODE=mma, =simt) as cross-checks.
 # e2e: the server's end-to-end tests with --backend=cuda; transport: the
 # transport benchmark with the CUDA backend (TRANSPORT_ARGS adds flags).
 set -uo pipefail
@@ -39,29 +40,19 @@ SMALL='*h8_n24*:*h16_n12*:*h32_n5*:*h64_n3*:*h128_n2*:*_n1_*:*LayerStep*:*Reject
 
 if [[ $steps == *all* || $steps == *test* ]]; then
   echo "== cuda_backend_test"
-  ./cuda_backend_test 2>&1 | tee "$OUT/test.log" | grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|FAILED|Failure|error' | head -80
+  timeout 240 ./cuda_backend_test 2>&1 | tee "$OUT/test.log" | grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|FAILED|Failure|error' | head -80
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
-if [[ $steps == *all* || $steps == *simt* ]]; then
-  echo "== cuda_backend_test, CUDA-core decode kernel (MLA_CUDA_DECODE=simt)"
-  MLA_CUDA_DECODE=simt ./cuda_backend_test --gtest_filter='*Decode*:*LayerStep*' 2>&1 | tee "$OUT/test_simt.log" | grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|FAILED|Failure' | head -40
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-fi
-if [[ $steps == *all* || $steps == *wgmma* ]]; then
-  echo "== cuda_backend_test, warpgroup-MMA decode kernel (MLA_CUDA_DECODE=wgmma)"
-  # Bounded: a kernel that deadlocks must not take the call's whole time.
-  MLA_CUDA_DECODE=wgmma timeout 120 ./cuda_backend_test --gtest_filter='*Decode*:*LayerStep*' 2>&1 | tee "$OUT/test_wgmma.log" | grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|FAILED|Failure' | head -40
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-  for tool in memcheck racecheck; do
-    MLA_CUDA_DECODE=wgmma sanitize "$tool" \
-      '*Decode*h16_n12*:*Decode*h64_n3*:*Decode*h128_n1*:*Decode*h128_n2*:*LayerStep*' \
-      "sanitizer_wgmma_$tool"
-  done
-  echo "== cuda_bench, decode shapes, MLA_CUDA_DECODE=wgmma"
-  MLA_CUDA_DECODE=wgmma timeout 240 ./cuda_bench --prologue=0 --out="$OUT/results_wgmma.json" --iters=30 \
-    --commit="$(cat commit.txt 2>/dev/null || echo unknown)" 2>&1 | tee "$OUT/bench_wgmma.log"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-fi
+# The decode cases with the other decode kernels (bounded: a kernel that
+# deadlocks must not take the call's whole time).
+for kernels in mma simt; do
+  if [[ $steps == *all* || $steps == *$kernels* ]]; then
+    echo "== cuda_backend_test, decode cases, MLA_CUDA_DECODE=$kernels"
+    MLA_CUDA_DECODE=$kernels timeout 120 ./cuda_backend_test --gtest_filter='*Decode*:*LayerStep*' 2>&1 |
+      tee "$OUT/test_$kernels.log" | grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|FAILED|Failure' | head -40
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  fi
+done
 if [[ $steps == *all* || $steps == *sanitize* ]]; then
   for tool in memcheck racecheck; do sanitize "$tool" "$SMALL" "sanitizer_$tool"; done
 fi
@@ -74,12 +65,12 @@ if [[ $steps == *all* || $steps == *tool* ]]; then
 fi
 if [[ $steps == *all* || $steps == *bench* ]]; then
   echo "== cuda_bench"
-  ./cuda_bench --out="$OUT/results.json" --iters=30 --commit="$(cat commit.txt 2>/dev/null || echo unknown)" 2>&1 | tee "$OUT/bench.log"
+  timeout 240 ./cuda_bench --out="$OUT/results.json" --iters=30 --commit="$(cat commit.txt 2>/dev/null || echo unknown)" 2>&1 | tee "$OUT/bench.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if [[ $steps == *all* || $steps == *e2e* ]]; then
   echo "== server_e2e_test, server --backend=cuda"
-  MLA_OFFLOAD_BACKEND=cuda MLA_OFFLOAD_SERVER="$PWD/mla_offload_server" ./server_e2e_test 2>&1 |
+  MLA_OFFLOAD_BACKEND=cuda MLA_OFFLOAD_SERVER="$PWD/mla_offload_server" timeout 240 ./server_e2e_test 2>&1 |
     tee "$OUT/e2e.log" | grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|FAILED|Failure' | head -40
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
