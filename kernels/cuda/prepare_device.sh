@@ -18,5 +18,7 @@ for binary in bazel-bin/kernels/cuda/cuda_backend_test bazel-bin/kernels/bench/c
     while read -r lib; do cp -L -n "$lib" .device/lib/; done
 done
 cp kernels/cuda/run_on_device.sh .device/
-git rev-parse --short HEAD > .device/commit.txt
+# The commit the binaries were built from; "-dirty" when the tree had
+# changes not yet committed (results.json records it).
+echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . || echo -dirty)" > .device/commit.txt
 du -sh .device
