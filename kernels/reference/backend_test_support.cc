@@ -318,7 +318,8 @@ reference::KeyListInputs KeyListInputsOf(const KeyList& list) {
 std::string DecodeCase::Name() const {
   return absl::StrCat(layer.Name(), "_h", heads, "_n", tokens, "_", SinkModeName(sinks),
                       derotate ? "_derotate" : "", want_lse ? "" : "_nolse",
-                      explicit_lengths ? "" : "_nolengths");
+                      explicit_lengths ? "" : "_nolengths",
+                      out_offset == 0 ? "" : absl::StrCat("_outoffset", out_offset));
 }
 
 std::vector<DecodeCase> DecodeCases() {
@@ -339,6 +340,8 @@ std::vector<DecodeCase> DecodeCases() {
   }
   // A batch of one token.
   cases.push_back({LayerCases()[1], 16, 1, SinkMode::kMixed, true, true, true, 2100});
+  // An output view that starts 4 bytes into its buffer.
+  cases.push_back({LayerCases()[4], 8, 3, SinkMode::kZero, true, true, true, 2110, 2});
   return cases;
 }
 
@@ -407,7 +410,9 @@ void RunDecodeCase(ComputeBackend& backend, const DecodeCase& c) {
     params.positions = arena.Put(positions);
     params.rope = arena.PutTable(table);
   }
-  params.out = arena.Put(std::vector<uint16_t>(n * c.heads * kHeadDim, kPoisonBf16));
+  uint16_t* out_buffer =
+      arena.Put(std::vector<uint16_t>(c.out_offset + n * c.heads * kHeadDim, kPoisonBf16));
+  params.out = out_buffer + c.out_offset;
   if (c.want_lse) {
     params.lse =
         arena.Put(std::vector<float>(n * c.heads, std::numeric_limits<float>::quiet_NaN()));
@@ -432,7 +437,11 @@ void RunDecodeCase(ComputeBackend& backend, const DecodeCase& c) {
   absl::StatusOr<DecodeReference> expected = reference::ReferenceDecode(inputs);
   ASSERT_TRUE(expected.ok()) << expected.status();
 
-  const std::vector<uint16_t> out = arena.Get(params.out, n * c.heads * kHeadDim);
+  const std::vector<uint16_t> whole = arena.Get(out_buffer, c.out_offset + n * c.heads * kHeadDim);
+  for (int i = 0; i < c.out_offset; ++i) {
+    ASSERT_EQ(whole[i], kPoisonBf16) << "decode wrote before the output view, element " << i;
+  }
+  const std::vector<uint16_t> out(whole.begin() + c.out_offset, whole.end());
   const ComparisonReport out_report = CompareDecodeOut(out, *expected);
   EXPECT_TRUE(out_report.ok()) << out_report.ToString();
   if (c.want_lse) {

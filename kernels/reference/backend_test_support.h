@@ -281,6 +281,9 @@ struct DecodeCase {
   bool want_lse;
   bool explicit_lengths;
   uint64_t seed;
+  // Elements of poison before `out` in its buffer: 2 makes the view only
+  // 4-byte aligned (callers may pass sub-views; the rest start aligned).
+  int out_offset = 0;
 
   std::string Name() const;  // the test name
 };
