@@ -83,7 +83,7 @@ struct DecodeParams {
   bool derotate = false;
   const int32_t* positions = nullptr;  // [N]; needed when derotate
   RopeTableView rope;                  // needed when derotate
-  uint16_t* out = nullptr;  // [N, H, 512] bf16
+  uint16_t* out = nullptr;  // [N, H, 512] bf16, at least 4-byte aligned
   float* lse = nullptr;     // [N, H] natural-log sum of exp; null = not wanted
 };
 

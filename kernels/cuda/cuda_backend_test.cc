@@ -159,8 +159,8 @@ std::vector<DecodeCase> CudaDecodeCases() {
   cases.push_back({layers[5], 128, 96, SinkMode::kLarge, true, true, false, 2103});
   cases.push_back({layers[3], 4, 300, SinkMode::kZero, true, false, true, 2104});
   cases.push_back({layers[2], 32, 256, SinkMode::kPerToken, false, true, true, 2105});
-  // One CTA per token (no split) into an output view that is only 4-byte
-  // aligned: the staged output's word-by-word path.
+  // One CTA per token on the H200 (no split) into an output view that is
+  // only 4-byte aligned: the staged output's word-by-word path.
   cases.push_back({layers[4], 64, 128, SinkMode::kMixed, true, true, true, 2111, 2});
   return cases;
 }

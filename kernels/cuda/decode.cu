@@ -805,7 +805,7 @@ void SplitKeys(const DecodeParams& p, int64_t wanted, int kc, Plan& plan) {
 
 Plan MakePlan(const DecodeParams& p, int num_sms) {
   Plan plan;
-  plan.hg = UseMma() ? 16 : (p.padded_heads >= 16 ? 16 : 8);
+  plan.hg = p.padded_heads >= 16 ? 16 : 8;  // the CUDA-core kernel's; the others set their own
   if (UseWgmma()) {
     // One CTA an SM (its shared memory), 64-key chunks.
     plan.hg = kWgmmaHeads;

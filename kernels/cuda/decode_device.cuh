@@ -139,11 +139,11 @@ __device__ __forceinline__ const float* DerotationOf(const DecodeParams& p, int6
 // (EndOfRow, DerotationOf) out of their loops over dims.
 __device__ __forceinline__ uint32_t FinishedPair(int w, float factor, const float* cos_sin,
                                                  float o0, float o1) {
-  // factor 0: an empty row (or a sink that outweighs it), written as zeros
-  // whatever o holds.
+  // factor 0: an empty row (or a sink that outweighs it), written as +0
+  // whatever o holds (and not rotated: cos < 0 would make it -0).
   o0 = factor == 0.0f ? 0.0f : o0 * factor;
   o1 = factor == 0.0f ? 0.0f : o1 * factor;
-  if (cos_sin != nullptr && w >= kNopeDim / 2) {
+  if (factor != 0.0f && cos_sin != nullptr && w >= kNopeDim / 2) {
     const int pair = w - kNopeDim / 2;
     const float c = __ldg(cos_sin + pair);
     const float s = -__ldg(cos_sin + kRopePairs + pair);

@@ -13,9 +13,10 @@
 //   WG1, values: O[:, 256:512] = O * alpha + P V[:, 256:512] with P read from
 //     shared memory.
 //   WG2, producer: gathers the chunk's 64 FP8 rows from global memory into
-//     registers (the slots of the next chunk already loaded), dequantises
-//     them to bf16 into one of two key tiles and signals the consumers
-//     through an mbarrier; the consumers free a tile through another.
+//     registers (issued while the previous chunk's rows are being stored;
+//     the slots read a chunk earlier still), dequantises them to bf16 into
+//     one of two key tiles and signals the consumers through an mbarrier;
+//     the consumers free a tile through another.
 // The key tile serves as K (K-major B operand of S = Q K^T) and as V (the
 // same bytes as an MN-major B operand of P V): both use the layout of
 // TileOffset. Numbers are those of the other kernels: fp32 scores, the
@@ -292,7 +293,8 @@ __device__ __forceinline__ void StoreRow(const RowPieces& row, int r, int part,
     uint32_t out[8];
     DequantisePiece(row.pieces[q], scale_byte, out);
     const int dim = 16 * (part + 4 * q);
-    *reinterpret_cast<uint4*>(tile + TileOffset(r, dim)) = make_uint4(out[0], out[1], out[2], out[3]);
+    *reinterpret_cast<uint4*>(tile + TileOffset(r, dim)) =
+        make_uint4(out[0], out[1], out[2], out[3]);
     *reinterpret_cast<uint4*>(tile + TileOffset(r, dim + 8)) =
         make_uint4(out[4], out[5], out[6], out[7]);
   }

@@ -36,7 +36,7 @@ sanitize() {
 }
 
 # Cases small enough for the sanitizers (they slow kernels 10-100x).
-SMALL='*h8_n24*:*h16_n12*:*h32_n5*:*h64_n3*:*h128_n2*:*_n1_*:*LayerStep*:*Reject*:*Prologue*h4_n64*:*Prologue*h16_n17*:*Prologue*h128_n1'
+SMALL='*h8_n24*:*h16_n12*:*h32_n5*:*h64_n3*:*h128_n2*:*_n1_*:*outoffset*:*LayerStep*:*Reject*:*Prologue*h4_n64*:*Prologue*h16_n17*:*Prologue*h128_n1'
 
 if [[ $steps == *all* || $steps == *test* ]]; then
   echo "== cuda_backend_test"

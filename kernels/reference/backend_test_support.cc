@@ -410,8 +410,11 @@ void RunDecodeCase(ComputeBackend& backend, const DecodeCase& c) {
     params.positions = arena.Put(positions);
     params.rope = arena.PutTable(table);
   }
+  // Poison before the view (c.out_offset elements) and after it (a guard).
+  constexpr int kGuard = 64;
+  const int64_t view = n * c.heads * kHeadDim;
   uint16_t* out_buffer =
-      arena.Put(std::vector<uint16_t>(c.out_offset + n * c.heads * kHeadDim, kPoisonBf16));
+      arena.Put(std::vector<uint16_t>(c.out_offset + view + kGuard, kPoisonBf16));
   params.out = out_buffer + c.out_offset;
   if (c.want_lse) {
     params.lse =
@@ -437,11 +440,16 @@ void RunDecodeCase(ComputeBackend& backend, const DecodeCase& c) {
   absl::StatusOr<DecodeReference> expected = reference::ReferenceDecode(inputs);
   ASSERT_TRUE(expected.ok()) << expected.status();
 
-  const std::vector<uint16_t> whole = arena.Get(out_buffer, c.out_offset + n * c.heads * kHeadDim);
+  const std::vector<uint16_t> whole = arena.Get(out_buffer, c.out_offset + view + kGuard);
   for (int i = 0; i < c.out_offset; ++i) {
     ASSERT_EQ(whole[i], kPoisonBf16) << "decode wrote before the output view, element " << i;
   }
-  const std::vector<uint16_t> out(whole.begin() + c.out_offset, whole.end());
+  for (int i = 0; i < kGuard; ++i) {
+    ASSERT_EQ(whole[c.out_offset + view + i], kPoisonBf16)
+        << "decode wrote past the output view, element " << i;
+  }
+  const std::vector<uint16_t> out(whole.begin() + c.out_offset,
+                                  whole.begin() + c.out_offset + view);
   const ComparisonReport out_report = CompareDecodeOut(out, *expected);
   EXPECT_TRUE(out_report.ok()) << out_report.ToString();
   if (c.want_lse) {
