@@ -308,12 +308,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   } else {
 #pragma unroll
     for (int h = 0; h < HG; ++h) {
-      const int64_t item = (t * p.padded_heads + h0 + h) * splits + split;
-      reinterpret_cast<float2*>(partials.o + item * kHeadDim)[tid] = make_float2(o[h][0], o[h][1]);
-      if (tid == 0) {
-        partials.ml[2 * item] = run_max[h];
-        partials.ml[2 * item + 1] = run_sum[h];
-      }
+      const int64_t item = Partials::Item(p, t, h0 + h, splits, split);
+      partials.Store(item, tid, o[h][0], o[h][1]);
+      if (tid == 0) partials.StoreState(item, run_max[h], run_sum[h]);
     }
   }
 }
@@ -738,12 +735,9 @@ __global__ void __launch_bounds__(kThreads, 2 / MT)
         if (splits == 1) {
           if (finish) StorePair(p, t, h0 + h, word, end.factor, cos_sin, o0, o1);
         } else if (h < heads_here) {
-          const int64_t item = (t * p.padded_heads + h0 + h) * splits + split;
-          reinterpret_cast<float2*>(partials.o + item * kHeadDim)[word] = make_float2(o0, o1);
-          if (word == 0) {
-            partials.ml[2 * item] = run_m;
-            partials.ml[2 * item + 1] = l;
-          }
+          const int64_t item = Partials::Item(p, t, h0 + h, splits, split);
+          partials.Store(item, word, o0, o1);
+          if (word == 0) partials.StoreState(item, run_m, l);
         }
       }
     }
@@ -755,7 +749,7 @@ __global__ void __launch_bounds__(kThreads)
     CombineKernel(const DecodeParams p, int splits, Partials partials) {
   const int64_t t = blockIdx.x / p.num_heads;
   const int h = static_cast<int>(blockIdx.x % p.num_heads);
-  const int64_t first = (t * p.padded_heads + h) * splits;
+  const int64_t first = Partials::Item(p, t, h, splits, 0);
   float m = -INFINITY;
   for (int s = 0; s < splits; ++s) m = fmaxf(m, partials.ml[2 * (first + s)]);
   float l = 0.0f, o0 = 0.0f, o1 = 0.0f;

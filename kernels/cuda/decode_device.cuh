@@ -178,10 +178,26 @@ __device__ __forceinline__ void Finish(const DecodeParams& p, int64_t t, int h, 
 }
 
 // Partial results of one split: o [splits][512] fp32 and (m, l) per
-// (token, padded head, split).
+// (token, padded head, split). Every decode kernel writes them through
+// Store and StoreState; the combine kernel reads them back.
 struct Partials {
   float* o;   // [N, Hp, splits, 512]
   float* ml;  // [N, Hp, splits, 2]
+
+  // The index of (token t, padded head h, split) in both arrays.
+  __device__ __forceinline__ static int64_t Item(const DecodeParams& p, int64_t t, int h,
+                                                 int splits, int split) {
+    return (t * p.padded_heads + h) * splits + split;
+  }
+  // Unnormalised dims (2w, 2w+1) of an item.
+  __device__ __forceinline__ void Store(int64_t item, int w, float o0, float o1) const {
+    reinterpret_cast<float2*>(o + item * kHeadDim)[w] = make_float2(o0, o1);
+  }
+  // The item's softmax state: running max m and sum l.
+  __device__ __forceinline__ void StoreState(int64_t item, float m, float l) const {
+    ml[2 * item] = m;
+    ml[2 * item + 1] = l;
+  }
 };
 
 }  // namespace

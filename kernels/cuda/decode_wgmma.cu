@@ -399,18 +399,14 @@ __device__ void WriteOutput(const DecodeParams& p, const WgTask& task, int split
   for (int half = 0; half < 2; ++half) {
     const int h = row0 + 8 * half;
     if (h >= task.heads_here) continue;
-    const int64_t item = (task.t * p.padded_heads + task.h0 + h) * splits + task.split;
-    if (dim0 == 0 && tig == 0) {
-      partials.ml[2 * item] = row_max[half];
-      partials.ml[2 * item + 1] = row_sum[half];
-    }
+    const int64_t item = Partials::Item(p, task.t, task.h0 + h, splits, task.split);
+    if (dim0 == 0 && tig == 0) partials.StoreState(item, row_max[half], row_sum[half]);
 #pragma unroll
     for (int n = 0; n < 4; ++n) {
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const int dim = dim0 + 64 * n + 8 * i + 2 * tig;
-        reinterpret_cast<float2*>(partials.o + item * kHeadDim)[dim / 2] =
-            make_float2(o[n][4 * i + 2 * half], o[n][4 * i + 2 * half + 1]);
+        partials.Store(item, dim / 2, o[n][4 * i + 2 * half], o[n][4 * i + 2 * half + 1]);
       }
     }
   }
