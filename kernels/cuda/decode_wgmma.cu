@@ -5,18 +5,20 @@
 // MMAs, bounds those shapes). The default decode kernel (MLA_CUDA_DECODE,
 // see decode.cu); kernels/bench/RESULTS.md has its figures and limits.
 //
-// A CTA is three warpgroups with their own jobs, linked through shared memory:
+// A CTA is four warpgroups with their own jobs, linked through shared memory:
 //   WG0, scores: S = Q K^T for the chunk (Q and the key tile both in shared
 //     memory), the online softmax of its 64 heads, P (bf16) and the rescale
 //     factor alpha of each head into shared memory for WG1; then
 //     O[:, 0:256] = O * alpha + P V[:, 0:256] with P from registers.
 //   WG1, values: O[:, 256:512] = O * alpha + P V[:, 256:512] with P read from
 //     shared memory.
-//   WG2, producer: gathers the chunk's 64 FP8 rows from global memory into
-//     registers (issued while the previous chunk's rows are being stored;
-//     the slots read a chunk earlier still), dequantises them to bf16 into
-//     one of two key tiles and signals the consumers through an mbarrier;
-//     the consumers free a tile through another.
+//   WG2 and WG3, producers: gather the chunk's 64 FP8 rows from global
+//     memory into registers (a quarter of a row a thread, issued while the
+//     previous chunk's rows are being stored; the slots read a chunk earlier
+//     still), dequantise them to bf16 into one of two key tiles and signal
+//     the consumers through an mbarrier; the consumers free a tile through
+//     another. Eight warps issue the loads: with the same bytes in flight, a
+//     gather runs faster from more warps (RESULTS.md).
 // The key tile serves as K (K-major B operand of S = Q K^T) and as V (the
 // same bytes as an MN-major B operand of P V): both use the layout of
 // TileOffset. Numbers are those of the other kernels: fp32 scores, the
@@ -35,7 +37,7 @@ namespace mla {
 namespace cuda {
 namespace {
 
-constexpr int kWgThreads = 384;  // three warpgroups
+constexpr int kWgThreads = 512;  // four warpgroups: two consumers, two producers
 constexpr int kTileRows = 64;    // heads of a CTA; keys of a chunk
 constexpr uint32_t kTileBytes = kTileRows * kHeadDim * 2;
 
@@ -55,13 +57,15 @@ struct WgLayout {
   static constexpr uint32_t kPFree = kPReady + 8;
   static constexpr uint32_t kStateReady = kPFree + 8;
   static constexpr uint32_t kStaged = kStateReady + 8;
-  static constexpr uint32_t kBytes = kStaged + 8;
+  static constexpr uint32_t kQReady = kStaged + 8;
+  static constexpr uint32_t kBytes = kQReady + 8;
 };
 static_assert(WgLayout::kBytes <= 227 * 1024, "shared memory of the wgmma CTA");
 
-// Named barrier 1 (0 is __syncthreads): WG0 has stored Q. WG0 and WG1 meet
-// at mbarriers, which compute-sanitizer's racecheck follows (it reports
-// hazards across a named barrier that two warpgroups share):
+// WG0 and WG1 meet at mbarriers, which compute-sanitizer's racecheck
+// follows (it reports hazards across a named barrier that two warpgroups
+// share):
+//   kQReady: all 256 arrive once their half of Q is stored; WG0 waits.
 //   kPReady: WG0's 128 threads arrive once P and alpha of a chunk are
 //     stored; WG1 waits (phase = chunk).
 //   kPFree: WG1's 128 threads arrive once done reading them; WG0 waits
@@ -69,7 +73,6 @@ static_assert(WgLayout::kBytes <= 227 * 1024, "shared memory of the wgmma CTA");
 //   kStateReady: all 256 arrive after their last chunk (WG0 with the final
 //     softmax state stored), then wait; the key tiles are free after it.
 //   kStaged: all 256 arrive once their output is staged, then wait.
-constexpr int kBarQLoaded = 1;
 
 // At the end the output is staged in shared memory (over the key tiles,
 // free once both consumers are past their last chunk) as 64 head rows of
@@ -201,9 +204,6 @@ __device__ __forceinline__ void MbarrierWait(uint32_t bar, uint32_t parity) {
       "r"(parity)
       : "memory");
 }
-__device__ __forceinline__ void NamedSync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
 // Makes this thread's shared-memory stores visible to wgmma's reads.
 __device__ __forceinline__ void FenceForWgmma() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -251,8 +251,8 @@ struct WgTask {
   int num_chunks;
 };
 
-// The producer: thread (warp w, lane l) handles rows r = 16w + l % 8 and
-// r + 8 of each chunk, and of each row the 16-byte pieces l / 8 + 4k: FP8
+// The producers: thread (warp w of the two warpgroups, lane l) handles row
+// r = 8w + l % 8 of each chunk, and of it the 16-byte pieces l / 8 + 4k: FP8
 // pieces k = 0..6 (dims 16 (l / 8 + 4k) .., scale byte k) and RoPE pieces
 // k = 0, 1. Eight lanes store one core-matrix column: 128 contiguous bytes.
 // The loads of a chunk's row go out as soon as the previous chunk's copy of
@@ -304,42 +304,32 @@ __device__ __forceinline__ void StoreRow(const RowPieces& row, int r, int part,
 
 __device__ void Produce(const DecodeParams& p, const WgTask& task, unsigned char* smem, int wt) {
   const int part = (wt & 31) >> 3;
-  const int rows[2] = {(wt >> 5) * 16 + (wt & 7), (wt >> 5) * 16 + (wt & 7) + 8};
+  const int r = (wt >> 5) * 8 + (wt & 7);
   const uint32_t base = SharedAddress(smem);
-  auto slot_of = [&](int chunk, int r) -> int32_t {
+  auto slot_of = [&](int chunk) -> int32_t {
     const int e = task.begin + chunk * kTileRows + r;
     if (chunk >= task.num_chunks || e >= task.end) return -1;
     return e < task.main_len ? __ldg(p.main.indices + task.t * p.main.width + e)
                              : __ldg(p.extra.indices + task.t * p.extra.width + (e - task.main_len));
   };
-  int32_t slots[2] = {slot_of(0, rows[0]), slot_of(0, rows[1])};
-  int32_t next[2] = {slot_of(1, rows[0]), slot_of(1, rows[1])};
-  RowPieces row[2];
-#pragma unroll
-  for (int k = 0; k < 2; ++k) LoadRow(p, task, 0, rows[k], slots[k], part, row[k]);
+  int32_t slot = slot_of(0);
+  int32_t next = slot_of(1);
+  RowPieces row;
+  LoadRow(p, task, 0, r, slot, part, row);
   for (int chunk = 0; chunk < task.num_chunks; ++chunk) {
     const int buffer = chunk & 1;
-    const int32_t after[2] = {slot_of(chunk + 2, rows[0]), slot_of(chunk + 2, rows[1])};
+    const int32_t after = slot_of(chunk + 2);
     // The consumers are done with this buffer's previous chunk (none before
     // chunk 2: the wait on the phase before the first returns at once).
     MbarrierWait(base + WgLayout::kEmpty + 8 * buffer, ((chunk >> 1) & 1) ^ 1);
     unsigned char* tile = smem + WgLayout::kKeys + buffer * kTileBytes;
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      StoreRow(row[k], rows[k], part, tile);
-      if (part == 0) {
-        reinterpret_cast<int*>(smem + WgLayout::kValid)[buffer * kTileRows + rows[k]] =
-            slots[k] != -1;
-      }
-      if (chunk + 1 < task.num_chunks) LoadRow(p, task, chunk + 1, rows[k], next[k], part, row[k]);
-    }
+    StoreRow(row, r, part, tile);
+    if (part == 0) reinterpret_cast<int*>(smem + WgLayout::kValid)[buffer * kTileRows + r] = slot != -1;
+    if (chunk + 1 < task.num_chunks) LoadRow(p, task, chunk + 1, r, next, part, row);
     FenceForWgmma();
     MbarrierArrive(base + WgLayout::kFull + 8 * buffer);
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      slots[k] = next[k];
-      next[k] = after[k];
-    }
+    slot = next;
+    next = after;
   }
 }
 
@@ -412,25 +402,19 @@ __device__ void WriteOutput(const DecodeParams& p, const WgTask& task, int split
   }
 }
 
-// WG0: Q, S = Q K^T, the softmax, P, and O for dims 0..255.
-__device__ void Score(const DecodeParams& p, const WgTask& task, int splits,
-                      const Partials& partials, unsigned char* smem, int wt) {
-  const uint32_t base = SharedAddress(smem);
-  const int lane = wt & 31;
-  const int g = lane >> 2;
-  const int tig = lane & 3;
-  const int row0 = (wt >> 5) * 16 + g;  // this thread's heads: row0 and row0 + 8
-
-  // Q: thread wt copies dims 16 c .. 16 c + 15 of head wt % 64 for c =
-  // wt / 64 + 2k (a warp reads 32 B of 32 heads; 8 lanes store 128 B);
-  // rows past heads_here are zero. All 32 loads are in flight before the
-  // first store: one memory latency, not one per step.
+// Q into shared memory, by WG0 and WG1 together (u = 0..255): thread u
+// copies dims 16 c .. 16 c + 15 of head u % 64 for c = u / 64 + 4k (a warp
+// reads 32 B of 32 heads; 8 lanes store 128 B); rows past heads_here are
+// zero. All 16 loads are in flight before the first store: one memory
+// latency, not one per step. Then u arrives on kQReady.
+__device__ __forceinline__ void StoreQ(const DecodeParams& p, const WgTask& task,
+                                       unsigned char* smem, int u) {
   const uint16_t* q = p.q + (task.t * p.padded_heads + task.h0) * kHeadDim;
-  const int q_head = wt & 63;
-  uint4 q_pieces[32];
+  const int q_head = u & 63;
+  uint4 q_pieces[16];
 #pragma unroll
-  for (int k = 0; k < 16; ++k) {
-    const int c = (wt >> 6) + 2 * k;
+  for (int k = 0; k < 8; ++k) {
+    const int c = (u >> 6) + 4 * k;
     q_pieces[2 * k] = q_pieces[2 * k + 1] = make_uint4(0, 0, 0, 0);
     if (q_head < task.heads_here) {
       const uint4* src = reinterpret_cast<const uint4*>(q + q_head * kHeadDim) + 2 * c;
@@ -439,14 +423,27 @@ __device__ void Score(const DecodeParams& p, const WgTask& task, int splits,
     }
   }
 #pragma unroll
-  for (int k = 0; k < 16; ++k) {
-    const int c = (wt >> 6) + 2 * k;
+  for (int k = 0; k < 8; ++k) {
+    const int c = (u >> 6) + 4 * k;
     *reinterpret_cast<uint4*>(smem + WgLayout::kQ + TileOffset(q_head, 16 * c)) = q_pieces[2 * k];
     *reinterpret_cast<uint4*>(smem + WgLayout::kQ + TileOffset(q_head, 16 * c + 8)) =
         q_pieces[2 * k + 1];
   }
   FenceForWgmma();
-  NamedSync(kBarQLoaded, 128);
+  MbarrierArrive(SharedAddress(smem) + WgLayout::kQReady);
+}
+
+// WG0: S = Q K^T, the softmax, P, and O for dims 0..255.
+__device__ void Score(const DecodeParams& p, const WgTask& task, int splits,
+                      const Partials& partials, unsigned char* smem, int wt) {
+  const uint32_t base = SharedAddress(smem);
+  const int lane = wt & 31;
+  const int g = lane >> 2;
+  const int tig = lane & 3;
+  const int row0 = (wt >> 5) * 16 + g;  // this thread's heads: row0 and row0 + 8
+
+  StoreQ(p, task, smem, wt);
+  MbarrierWait(base + WgLayout::kQReady, 0);
 
   float o[4][32];
 #pragma unroll
@@ -589,6 +586,7 @@ __device__ void Score(const DecodeParams& p, const WgTask& task, int splits,
 __device__ void Value(const DecodeParams& p, const WgTask& task, int splits,
                       const Partials& partials, unsigned char* smem, int wt) {
   const uint32_t base = SharedAddress(smem);
+  StoreQ(p, task, smem, 128 + wt);
   const int row0 = (wt >> 5) * 16 + ((wt & 31) >> 2);
   const float* alphas = reinterpret_cast<const float*>(smem + WgLayout::kAlpha);
   const uint64_t p_tile = KMajorTile(base + WgLayout::kP);
@@ -630,14 +628,14 @@ __device__ void Value(const DecodeParams& p, const WgTask& task, int splits,
   WriteOutput(p, task, splits, partials, o, row0, kHeadDim / 2, row_max, row_sum, smem);
 }
 
-// setmaxnreg: the registers of the three warpgroups, together at most what
-// the launch gave (3 x 168, the cap of __launch_bounds__(384, 1)): WG0 holds
-// S, P and half of O; WG1 half of O (it keeps the launch's count); the
-// producer two rows of loads.
-constexpr int kLaunchRegisters = 168;
+// setmaxnreg: the registers of the four warpgroups, together at most what
+// the launch gave (4 x 128, the cap of __launch_bounds__(512, 1)): WG0 holds
+// S, P and half of O; WG1 half of O; a producer a quarter row of loads.
+constexpr int kLaunchRegisters = 128;
 constexpr int kScoreRegisters = 208;
-constexpr int kProducerRegisters = 128;
-static_assert(kScoreRegisters + kLaunchRegisters + kProducerRegisters <= 3 * kLaunchRegisters,
+constexpr int kValueRegisters = 168;
+constexpr int kProducerRegisters = 64;
+static_assert(kScoreRegisters + kValueRegisters + 2 * kProducerRegisters <= 4 * kLaunchRegisters,
               "setmaxnreg.inc would wait forever for registers");
 
 __global__ void __launch_bounds__(kWgThreads, 1)
@@ -661,13 +659,14 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   if (tid == 0) {
     const uint32_t base = SharedAddress(smem);
     for (int b = 0; b < 2; ++b) {
-      MbarrierInit(base + WgLayout::kFull + 8 * b, 128);   // the producer's threads
+      MbarrierInit(base + WgLayout::kFull + 8 * b, 256);   // the producers' threads
       MbarrierInit(base + WgLayout::kEmpty + 8 * b, 256);  // WG0's and WG1's
     }
     MbarrierInit(base + WgLayout::kPReady, 128);  // WG0's
     MbarrierInit(base + WgLayout::kPFree, 128);   // WG1's
     MbarrierInit(base + WgLayout::kStateReady, 256);
     MbarrierInit(base + WgLayout::kStaged, 256);
+    MbarrierInit(base + WgLayout::kQReady, 256);
   }
   __syncthreads();
   const int role = tid / 128;
@@ -675,6 +674,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kScoreRegisters));
     Score(p, task, splits, partials, smem, tid);
   } else if (role == 1) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kValueRegisters));
     Value(p, task, splits, partials, smem, tid - 128);
   } else {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
