@@ -325,9 +325,11 @@ __device__ void Produce(const DecodeParams& p, const WgTask& task, unsigned char
     unsigned char* tile = smem + WgLayout::kKeys + buffer * kTileBytes;
     StoreRow(row, r, part, tile);
     if (part == 0) reinterpret_cast<int*>(smem + WgLayout::kValid)[buffer * kTileRows + r] = slot != -1;
-    if (chunk + 1 < task.num_chunks) LoadRow(p, task, chunk + 1, r, next, part, row);
     FenceForWgmma();
     MbarrierArrive(base + WgLayout::kFull + 8 * buffer);
+    // The tile is announced before the next chunk's loads go out: a fence
+    // or release after them may wait for them (RESULTS.md).
+    if (chunk + 1 < task.num_chunks) LoadRow(p, task, chunk + 1, r, next, part, row);
     slot = next;
     next = after;
   }
