@@ -25,6 +25,9 @@
 // Gather ceiling: the same cache rows read at random slots of the pool by a
 // kernel that does nothing else (kernels/bench/gather_ceiling.cu): what the
 // decode's "GB/s of cache rows" can reach at best on this access pattern.
+// Then the same gather spread in other ways (the "gather sweep" lines): rows
+// in flight an SM, the warps that issue them, and shared memory held (less
+// L1), the resources a decode kernel trades for its other work.
 //
 // Prologue: b tokens of H heads, b SWA rows and b/4 compressed rows (one per
 // 4 tokens, as a C4A layer makes them). Bytes: q read + q_out written +
@@ -309,28 +312,48 @@ int main(int argc, char** argv) {
     CHECK_OK(d_sink.status());
     CHECK_OK(backend.CopyToDevice(d_slots->data(), slots.data(), slots.size() * 4));
     cudaStream_t stream = static_cast<cudaStream_t>(backend.native_stream());
-    auto launch = [&](int i) {
-      CHECK_CUDA(LaunchGatherRows(pool->as<uint8_t>(), d_slots->as<int32_t>() + (i % kGatherSets) * kRows,
-                                  kRows, d_sink->as<uint32_t>(), prop.multiProcessorCount, stream));
+    // GB/s of cache rows read with `shape`.
+    auto gather_rate = [&](const GatherShape& shape) {
+      auto launch = [&](int i) {
+        CHECK_CUDA(LaunchGatherRows(pool->as<uint8_t>(),
+                                    d_slots->as<int32_t>() + (i % kGatherSets) * kRows, kRows,
+                                    d_sink->as<uint32_t>(), prop.multiProcessorCount, shape,
+                                    stream));
+      };
+      for (int i = 0; i < kGatherSets; ++i) launch(i);  // warm-up
+      cudaEvent_t start, stop;
+      CHECK_CUDA(cudaEventCreate(&start));
+      CHECK_CUDA(cudaEventCreate(&stop));
+      CHECK_CUDA(cudaEventRecord(start, stream));
+      for (int i = 0; i < kLaunches; ++i) launch(i);
+      CHECK_CUDA(cudaEventRecord(stop, stream));
+      CHECK_CUDA(cudaEventSynchronize(stop));
+      float ms = 0;
+      CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+      CHECK_CUDA(cudaEventDestroy(start));
+      CHECK_CUDA(cudaEventDestroy(stop));
+      return kRows * static_cast<double>(kTokenBytes) / (1e-3 * ms / kLaunches) / 1e9;
     };
-    for (int i = 0; i < kGatherSets; ++i) launch(i);  // warm-up
-    cudaEvent_t start, stop;
-    CHECK_CUDA(cudaEventCreate(&start));
-    CHECK_CUDA(cudaEventCreate(&stop));
-    CHECK_CUDA(cudaEventRecord(start, stream));
-    for (int i = 0; i < kLaunches; ++i) launch(i);
-    CHECK_CUDA(cudaEventRecord(stop, stream));
-    CHECK_CUDA(cudaEventSynchronize(stop));
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    const double us = 1000.0 * ms / kLaunches;
-    gather_gbps = kRows * static_cast<double>(kTokenBytes) / (us * 1e-6) / 1e9;
-    CHECK_CUDA(cudaEventDestroy(start));
-    CHECK_CUDA(cudaEventDestroy(stop));
+    gather_gbps = gather_rate(GatherShape{});
     std::printf("ceiling: random 584-byte row gather %.0f GB/s (%.1f us for %lld rows at random "
                 "slots of the %.0f MB pool; %.0f%% of copy)\n",
-                gather_gbps, us, static_cast<long long>(kRows),
+                gather_gbps, kRows * static_cast<double>(kTokenBytes) / gather_gbps / 1e3,
+                static_cast<long long>(kRows),
                 pool_blocks * static_cast<double>(kBlockBytes) / 1e6, 100.0 * gather_gbps / copy_gbps);
+    // The decode CTA (DecodeWgmmaKernel) holds 206 KiB of shared memory, one
+    // an SM; its producers are 8 warps with 64 rows in flight.
+    const GatherShape sweep[] = {
+        {1, 256, 4, 0},       {1, 256, 8, 0},      {1, 128, 16, 0},     {1, 128, 16, 206144},
+        {1, 256, 8, 206144},  {1, 256, 16, 206144}, {2, 256, 8, 100000}, {8, 256, 4, 24000},
+    };
+    for (const GatherShape& shape : sweep) {
+      const double gbps = gather_rate(shape);
+      std::printf("gather sweep: %d CTA(s) x %3d threads an SM, %2d rows a warp (%3d rows in flight "
+                  "an SM), %6d B shared memory a CTA: %5.0f GB/s (%.0f%% of the ceiling)\n",
+                  shape.ctas_per_sm, shape.threads, shape.rows_per_warp,
+                  shape.ctas_per_sm * shape.threads / 32 * shape.rows_per_warp, shape.smem_bytes,
+                  gbps, 100.0 * gbps / gather_gbps);
+    }
   }
 
   std::vector<Result> results;

@@ -5,9 +5,9 @@
 namespace mla {
 namespace {
 
-constexpr int kRowsInFlight = 4;  // rows a warp requests before using any
 constexpr int kPieces = kTokenDataBytes / 16;  // 36 16-byte pieces of row data
 
+template <int kRowsInFlight>
 __global__ void GatherRowsKernel(const uint8_t* pool, const int32_t* slots, int64_t rows,
                                  uint32_t* sink) {
   const int lane = threadIdx.x & 31;
@@ -41,12 +41,33 @@ __global__ void GatherRowsKernel(const uint8_t* pool, const int32_t* slots, int6
   if (folded == 0x9e3779b9u) *sink = folded;
 }
 
+template <int kRowsInFlight>
+cudaError_t Launch(const uint8_t* pool, const int32_t* slots, int64_t rows, uint32_t* sink,
+                   int num_sms, const GatherShape& shape, cudaStream_t stream) {
+  const cudaError_t error =
+      cudaFuncSetAttribute(GatherRowsKernel<kRowsInFlight>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, shape.smem_bytes);
+  if (error != cudaSuccess) return error;
+  GatherRowsKernel<kRowsInFlight><<<num_sms * shape.ctas_per_sm, shape.threads, shape.smem_bytes,
+                                    stream>>>(pool, slots, rows, sink);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t LaunchGatherRows(const uint8_t* pool, const int32_t* slots, int64_t rows,
-                             uint32_t* sink, int num_sms, cudaStream_t stream) {
-  GatherRowsKernel<<<num_sms * 8, 256, 0, stream>>>(pool, slots, rows, sink);
-  return cudaGetLastError();
+                             uint32_t* sink, int num_sms, const GatherShape& shape,
+                             cudaStream_t stream) {
+  switch (shape.rows_per_warp) {
+    case 4:
+      return Launch<4>(pool, slots, rows, sink, num_sms, shape, stream);
+    case 8:
+      return Launch<8>(pool, slots, rows, sink, num_sms, shape, stream);
+    case 16:
+      return Launch<16>(pool, slots, rows, sink, num_sms, shape, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace mla

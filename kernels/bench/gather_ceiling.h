@@ -1,6 +1,7 @@
 // The random-row gather ceiling of the decode benchmark: how fast one GPU
 // reads MODEL1 cache rows (576 data bytes and the 8 scale bytes, at random
-// slots of a pool) when nothing else is done with them.
+// slots of a pool) when nothing else is done with them, and how that rate
+// depends on how many rows are in flight an SM and from how many warps.
 #ifndef MLA_OFFLOAD_KERNELS_BENCH_GATHER_CEILING_H_
 #define MLA_OFFLOAD_KERNELS_BENCH_GATHER_CEILING_H_
 
@@ -10,12 +11,27 @@
 
 namespace mla {
 
+// How a gather is spread over the GPU: CTAs an SM (the grid is that many per
+// SM), threads a CTA, rows a warp requests before using any (4, 8 or 16), and
+// dynamic shared memory a CTA holds without using it (it takes its share of
+// the SM's L1, as a decode CTA's shared memory does). Rows in flight an SM:
+// ctas_per_sm * threads / 32 * rows_per_warp.
+struct GatherShape {
+  int ctas_per_sm = 8;
+  int threads = 256;
+  int rows_per_warp = 4;
+  int smem_bytes = 0;
+};
+
 // Reads the rows at `slots[0..rows)` of the paged pool (MODEL1 blocks of 64
-// tokens) with every SM full of warps, four rows in flight a warp, and folds
-// them into one value written to *sink only if it matches a pattern (so the
-// reads cannot be dropped). Enqueued on `stream`.
+// tokens), a warp a row (lanes 0..31 the first 512 data bytes, lanes 0..3
+// the other 64, lane 4 the scales), and folds them into one value written to
+// *sink only if it matches a pattern (so the reads cannot be dropped).
+// Enqueued on `stream`. The ceiling is the default shape: every SM full of
+// warps. cudaErrorInvalidValue for a rows_per_warp other than 4, 8 or 16.
 cudaError_t LaunchGatherRows(const uint8_t* pool, const int32_t* slots, int64_t rows,
-                             uint32_t* sink, int num_sms, cudaStream_t stream);
+                             uint32_t* sink, int num_sms, const GatherShape& shape,
+                             cudaStream_t stream);
 
 }  // namespace mla
 
