@@ -3,7 +3,7 @@
 # repository root).
 set terminal pngcairo size 1400,420 font ",11"
 set output "kernels/bench/wgmma_timeline.png"
-set title "DecodeWgmmaKernel, one CTA of V4-Flash H=64 b=128 on the H200 (clock64 stamps)"
+set title "DecodeWgmmaKernel of commit 0c86b52 (one producer warpgroup), one CTA of V4-Flash H=64 b=128 on the H200 (clock64 stamps)"
 set xlabel "SM clock cycles since the CTA started (about 1.9 per ns)"
 set ytics ("WG1: P.V [256:512]" 1, "WG0: S, softmax, P.V [0:256]" 2, "producer: chunk stored" 3)
 set yrange [0.4:3.6]
