@@ -240,7 +240,7 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   const std::string gpu = prop.name;
-  const std::string decode_kernels = cuda::DecodeKernelsName();
+  const std::string decode_kernels = cuda::DecodeKernelsName(backend.decode_kernels());
   std::printf("device: %s, %d SMs, L2 %d MB, backend %s, decode kernels %s\n", prop.name,
               prop.multiProcessorCount, prop.l2CacheSize >> 20, backend.Describe().c_str(),
               decode_kernels.c_str());

@@ -23,13 +23,15 @@ cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); 
 
 CudaBackend::CudaBackend(int device) : device_(device) {
   // Checked before the device, so that the mistake is named on any machine.
-  if (const char* decode = std::getenv("MLA_CUDA_DECODE");
-      cuda::DecodeKernelsFor(decode) == nullptr) {
+  const char* decode = std::getenv("MLA_CUDA_DECODE");
+  const std::optional<cuda::DecodeKernels> kernels = cuda::DecodeKernelsFor(decode);
+  if (!kernels.has_value()) {
     init_status_ = absl::InvalidArgumentError(
         absl::StrCat("MLA_CUDA_DECODE=", decode,
                      " names no decode kernels: use wgmma (the default), mma or simt"));
     return;
   }
+  decode_kernels_ = *kernels;
   int count = 0;
   cudaError_t error = cudaGetDeviceCount(&count);
   if (error != cudaSuccess) {
@@ -172,7 +174,7 @@ absl::Status CudaBackend::Prologue(const PrologueParams& params) {
 absl::Status CudaBackend::Decode(const DecodeParams& params) {
   if (absl::Status status = CheckDecodeParams(params); !status.ok()) return status;
   if (absl::Status status = Activate(); !status.ok()) return status;
-  const size_t scratch = cuda::DecodeScratchBytes(params, num_sms_);
+  const size_t scratch = cuda::DecodeScratchBytes(params, decode_kernels_, num_sms_);
   if (scratch > scratch_bytes_) {
     // Earlier decodes may still read the old scratch: wait for them.
     if (absl::Status status = CudaError(cudaStreamSynchronize(AsStream(stream_)),
@@ -191,8 +193,8 @@ absl::Status CudaBackend::Decode(const DecodeParams& params) {
     }
     scratch_bytes_ = scratch;
   }
-  return Launched("decode kernel", cuda::LaunchDecode(params, num_sms_, scratch_,
-                                                      AsStream(stream_)));
+  return Launched("decode kernel", cuda::LaunchDecode(params, decode_kernels_, num_sms_,
+                                                      scratch_, AsStream(stream_)));
 }
 
 absl::Status CudaBackend::Synchronize() {

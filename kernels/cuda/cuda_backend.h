@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/decode_kernels.h"
 
 namespace mla {
 
@@ -25,11 +26,17 @@ class CudaBackend : public ComputeBackend {
   // returned by every call; Create() reports it at once.
   explicit CudaBackend(int device);
   ~CudaBackend() override;
+  // Owns its stream and device memory.
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
 
   static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(int device);
 
   // OK when the device could be set up.
   const absl::Status& init_status() const { return init_status_; }
+  // The decode kernels Decode() runs: MLA_CUDA_DECODE, read when the
+  // backend is made (an unknown value is its init_status).
+  cuda::DecodeKernels decode_kernels() const { return decode_kernels_; }
 
   std::string Describe() const override;
   bool host_accessible() const override { return false; }
@@ -55,6 +62,7 @@ class CudaBackend : public ComputeBackend {
   absl::Status init_status_;
   void* stream_ = nullptr;  // cudaStream_t
   int num_sms_ = 0;
+  cuda::DecodeKernels decode_kernels_ = cuda::DecodeKernels::kWgmma;
   std::string name_;
   // Kernels enqueued since the last Synchronize, for error messages.
   std::string in_flight_;

@@ -12,15 +12,18 @@
 // read them on the host. Without a CUDA device every test skips.
 #include "kernels/cuda/cuda_backend.h"
 
+#include <algorithm>
 #include <functional>
 #include <iostream>
 #include <memory>
+#include <random>
 #include <utility>
-#include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "kernels/bf16.h"
+#include "kernels/cache_format.h"
 #include "kernels/cpu_backend.h"
 #include "kernels/geometry.h"
 #include "kernels/head_padding.h"
@@ -192,7 +195,80 @@ INSTANTIATE_TEST_SUITE_P(AllLayerKinds, LayerStepTest, ::testing::ValuesIn(Layer
                            return info.param.Name();
                          });
 
-// ---- Bad parameters: InvalidArgument, nothing written.
+// ---- A batch past the 65,535 CTAs that a grid's y and z allow.
+
+// Every decode kernel puts the tokens in the grid's x. Token t attends one
+// row of its own (slot t % 4096 of random rows) with no sink, so the softmax
+// is over that one key and its output is the row exactly, in every head
+// (lse 0). Also run with MLA_CUDA_DECODE=mma and =simt by run_on_device.sh.
+TEST(DecodeGridTest, EveryTokenOfABatchPastTheGridYLimit) {
+  MAKE_CUDA_BACKEND(backend);
+  constexpr int64_t kTokens = 70000;
+  constexpr int kHeads = 8;
+  constexpr int64_t kSlots = 4096;
+  std::vector<uint8_t> pool(kSlots / kBlockTokens * kBlockBytes, 0);
+  std::vector<uint16_t> expected(kSlots * kHeadDim);
+  std::mt19937 rng(2121);
+  std::uniform_real_distribution<float> value(-3.0f, 3.0f);
+  std::vector<float> row(kHeadDim);
+  for (int64_t slot = 0; slot < kSlots; ++slot) {
+    for (float& x : row) x = RoundToBf16(value(rng));
+    QuantizeRow(row.data(), pool.data() + SlotDataOffset(slot), pool.data() + SlotScaleOffset(slot));
+    DequantizeRow(pool.data() + SlotDataOffset(slot), pool.data() + SlotScaleOffset(slot),
+                  row.data());
+    for (int d = 0; d < kHeadDim; ++d) expected[slot * kHeadDim + d] = FloatToBf16(row[d]);
+  }
+  std::vector<int32_t> indices(kTokens);
+  for (int64_t t = 0; t < kTokens; ++t) indices[t] = static_cast<int32_t>(t % kSlots);
+  const int64_t out_elements = kTokens * kHeads * kHeadDim;
+  auto upload = [&](const void* data, int64_t bytes) {
+    absl::StatusOr<DeviceBuffer> buffer = backend.Allocate(bytes);
+    EXPECT_TRUE(buffer.ok()) << buffer.status();
+    if (data != nullptr) EXPECT_TRUE(backend.CopyToDevice(buffer->data(), data, bytes).ok());
+    return *std::move(buffer);
+  };
+  const DeviceBuffer d_pool = upload(pool.data(), static_cast<int64_t>(pool.size()));
+  const DeviceBuffer d_indices = upload(indices.data(), kTokens * 4);
+  const DeviceBuffer d_q = upload(nullptr, kTokens * kHeads * kHeadDim * 2);  // zeros
+  const std::vector<uint16_t> poison(out_elements, 0xffff);
+  const std::vector<float> lse_poison(kTokens * kHeads, -1.0f);
+  const DeviceBuffer d_out = upload(poison.data(), out_elements * 2);
+  const DeviceBuffer d_lse = upload(lse_poison.data(), kTokens * kHeads * 4);
+
+  DecodeParams params;
+  params.num_tokens = kTokens;
+  params.num_heads = kHeads;
+  params.padded_heads = kHeads;
+  params.q = d_q.as<uint16_t>();
+  params.softmax_scale = 0.04419417382415922f;  // 512^-0.5 (q is zero: any scale)
+  params.main.width = 1;
+  params.main.indices = d_indices.as<int32_t>();
+  params.main.pool = CachePoolView{d_pool.as<uint8_t>(), kSlots / kBlockTokens};
+  params.out = d_out.as<uint16_t>();
+  params.lse = d_lse.as<float>();
+  ASSERT_TRUE(backend.Decode(params).ok());
+  ASSERT_TRUE(backend.Synchronize().ok());
+  std::vector<uint16_t> out(out_elements);
+  std::vector<float> lse(kTokens * kHeads);
+  ASSERT_TRUE(backend.CopyToHost(out.data(), d_out.data(), out_elements * 2).ok());
+  ASSERT_TRUE(backend.CopyToHost(lse.data(), d_lse.data(), kTokens * kHeads * 4).ok());
+  int64_t wrong = 0, first = -1;
+  for (int64_t t = 0; t < kTokens; ++t) {
+    const uint16_t* want = expected.data() + (t % kSlots) * kHeadDim;
+    for (int h = 0; h < kHeads; ++h) {
+      const uint16_t* got = out.data() + (t * kHeads + h) * kHeadDim;
+      // As numbers: a -0 row value may come out +0 (the key tile's other,
+      // empty rows add +0 times a zero probability).
+      const bool same = std::equal(got, got + kHeadDim, want, [](uint16_t a, uint16_t b) {
+        return Bf16ToFloat(a) == Bf16ToFloat(b);
+      });
+      if (!same || lse[t * kHeads + h] != 0.0f) {
+        if (wrong++ == 0) first = t;
+      }
+    }
+  }
+  EXPECT_EQ(wrong, 0) << wrong << " (token, head) rows wrong, the first of token " << first;
+}
 
 // ---- Bad parameters: InvalidArgument, nothing written.
 

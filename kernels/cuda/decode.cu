@@ -447,10 +447,13 @@ __global__ void __launch_bounds__(kThreads, 2 / MT)
   const int warp = tid >> 5;
   const int g = lane >> 2;   // MMA group id
   const int tig = lane & 3;  // thread in group
-  const int64_t t = blockIdx.y;
-  const int h0 = blockIdx.x * kHeadsHere;
+  // blockIdx.x: token-major, the head groups of a token adjacent; x has
+  // room for any batch (y and z are limited to 65,535).
+  const int groups = (p.padded_heads + kHeadsHere - 1) / kHeadsHere;
+  const int64_t t = blockIdx.x / groups;
+  const int h0 = static_cast<int>(blockIdx.x % groups) * kHeadsHere;
   const int heads_here = min(kHeadsHere, p.padded_heads - h0);
-  const int split = blockIdx.z;
+  const int split = blockIdx.y;
 
   const int main_len = ListLength(p.main, t);
   const int total = main_len + ListLength(p.extra, t);
@@ -774,14 +777,6 @@ struct Plan {
   int split_entries;
 };
 
-const char* DecodeChoice() {
-  static const char* choice = DecodeKernelsFor(std::getenv("MLA_CUDA_DECODE"));
-  return choice == nullptr ? "wgmma" : choice;  // CudaBackend refuses unknown values
-}
-
-bool UseWgmma() { return std::strcmp(DecodeChoice(), "wgmma") == 0; }
-bool UseMma() { return std::strcmp(DecodeChoice(), "mma") == 0; }
-
 // Splits each token's keys into at most `wanted` ranges (and kMaxSplits),
 // never below two chunks of `kc` keys a range; boundaries on whole chunks.
 void SplitKeys(const DecodeParams& p, int64_t wanted, int kc, Plan& plan) {
@@ -797,10 +792,10 @@ void SplitKeys(const DecodeParams& p, int64_t wanted, int kc, Plan& plan) {
   plan.splits = splits == 1 ? 1 : (width + plan.split_entries - 1) / plan.split_entries;
 }
 
-Plan MakePlan(const DecodeParams& p, int num_sms) {
+Plan MakePlan(const DecodeParams& p, DecodeKernels kernels, int num_sms) {
   Plan plan;
   plan.hg = p.padded_heads >= 16 ? 16 : 8;  // the CUDA-core kernel's; the others set their own
-  if (UseWgmma()) {
+  if (kernels == DecodeKernels::kWgmma) {
     // One CTA an SM (its shared memory), 64-key chunks.
     plan.hg = kWgmmaHeads;
     plan.groups = (p.padded_heads + kWgmmaHeads - 1) / kWgmmaHeads;
@@ -808,7 +803,7 @@ Plan MakePlan(const DecodeParams& p, int num_sms) {
     SplitKeys(p, ctas > 0 && ctas < num_sms ? num_sms / ctas : 1, kWgmmaChunk, plan);
     return plan;
   }
-  if (UseMma()) {
+  if (kernels == DecodeKernels::kMma) {
     plan.hg = p.padded_heads >= 32 ? 2 * kMmaHeads : kMmaHeads;
     plan.groups = (p.padded_heads + plan.hg - 1) / plan.hg;
     const int mt = plan.hg / kMmaHeads;
@@ -850,7 +845,7 @@ cudaError_t LaunchMma(const DecodeParams& p, const Plan& plan, Partials partials
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(bytes));
   if (error != cudaSuccess) return error;
-  const dim3 grid(plan.groups, static_cast<unsigned>(p.num_tokens), plan.splits);
+  const dim3 grid(static_cast<unsigned>(p.num_tokens * plan.groups), plan.splits);
   DecodeMmaKernel<MT, kc><<<grid, kThreads, bytes, stream>>>(p, plan.splits, plan.split_entries,
                                                               partials);
   return cudaGetLastError();
@@ -858,26 +853,37 @@ cudaError_t LaunchMma(const DecodeParams& p, const Plan& plan, Partials partials
 
 }  // namespace
 
-const char* DecodeKernelsFor(const char* value) {
-  if (value == nullptr || value[0] == '\0' || std::strcmp(value, "wgmma") == 0) return "wgmma";
-  for (const char* known : {"mma", "simt"}) {
-    if (std::strcmp(value, known) == 0) return known;
+std::optional<DecodeKernels> DecodeKernelsFor(const char* value) {
+  if (value == nullptr || value[0] == '\0') return DecodeKernels::kWgmma;
+  for (DecodeKernels kernels : {DecodeKernels::kWgmma, DecodeKernels::kMma, DecodeKernels::kSimt}) {
+    if (std::strcmp(value, DecodeKernelsName(kernels)) == 0) return kernels;
   }
-  return nullptr;
+  return std::nullopt;
 }
 
-const char* DecodeKernelsName() { return DecodeChoice(); }
+const char* DecodeKernelsName(DecodeKernels kernels) {
+  switch (kernels) {
+    case DecodeKernels::kWgmma:
+      return "wgmma";
+    case DecodeKernels::kMma:
+      return "mma";
+    case DecodeKernels::kSimt:
+      return "simt";
+  }
+  return "?";
+}
 
-size_t DecodeScratchBytes(const DecodeParams& p, int num_sms) {
-  const Plan plan = MakePlan(p, num_sms);
+size_t DecodeScratchBytes(const DecodeParams& p, DecodeKernels kernels, int num_sms) {
+  const Plan plan = MakePlan(p, kernels, num_sms);
   if (plan.splits == 1) return 0;
   const size_t items = static_cast<size_t>(p.num_tokens) * p.padded_heads * plan.splits;
   return items * (kHeadDim + 2) * sizeof(float);
 }
 
-cudaError_t LaunchDecode(const DecodeParams& p, int num_sms, void* scratch, cudaStream_t stream) {
+cudaError_t LaunchDecode(const DecodeParams& p, DecodeKernels kernels, int num_sms, void* scratch,
+                         cudaStream_t stream) {
   if (p.num_tokens == 0) return cudaSuccess;
-  const Plan plan = MakePlan(p, num_sms);
+  const Plan plan = MakePlan(p, kernels, num_sms);
   Partials partials{nullptr, nullptr};
   if (plan.splits > 1) {
     const size_t items = static_cast<size_t>(p.num_tokens) * p.padded_heads * plan.splits;
@@ -885,10 +891,10 @@ cudaError_t LaunchDecode(const DecodeParams& p, int num_sms, void* scratch, cuda
     partials.ml = partials.o + items * kHeadDim;
   }
   cudaError_t error;
-  if (plan.hg == kWgmmaHeads) {
+  if (kernels == DecodeKernels::kWgmma) {
     error = LaunchDecodeWgmma(p, plan.groups, plan.splits, plan.split_entries, partials.o,
                               partials.ml, stream);
-  } else if (UseMma()) {
+  } else if (kernels == DecodeKernels::kMma) {
     error = plan.hg == 2 * kMmaHeads ? LaunchMma<2>(p, plan, partials, stream)
                                      : LaunchMma<1>(p, plan, partials, stream);
   } else {

@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/decode_kernels.h"
 
 namespace mla {
 namespace cuda {
@@ -15,18 +16,12 @@ namespace cuda {
 // rows of both insert lists (RoPE, bf16, quantise, write).
 cudaError_t LaunchPrologue(const PrologueParams& params, cudaStream_t stream);
 
-// Spec section 5. `scratch` is device memory of at least DecodeScratchBytes()
-// for the split-key partial results (may be null when that is 0).
-size_t DecodeScratchBytes(const DecodeParams& params, int num_sms);
-cudaError_t LaunchDecode(const DecodeParams& params, int num_sms, void* scratch,
-                         cudaStream_t stream);
-
-// The decode kernels that the value of MLA_CUDA_DECODE selects: "wgmma"
-// (unset or empty: the default), "mma" or "simt" (see decode.cu); nullptr
-// for any other value, which CudaBackend refuses.
-const char* DecodeKernelsFor(const char* value);
-// The decode kernels in use: DecodeKernelsFor(MLA_CUDA_DECODE), read once.
-const char* DecodeKernelsName();
+// Spec section 5 with `kernels`. `scratch` is device memory of at least
+// DecodeScratchBytes() for the split-key partial results (may be null when
+// that is 0).
+size_t DecodeScratchBytes(const DecodeParams& params, DecodeKernels kernels, int num_sms);
+cudaError_t LaunchDecode(const DecodeParams& params, DecodeKernels kernels, int num_sms,
+                         void* scratch, cudaStream_t stream);
 
 // The warpgroup-MMA decode kernel (decode_wgmma.cu): one CTA per
 // kWgmmaHeads heads of a token and split (a smaller Hp padded with zero
