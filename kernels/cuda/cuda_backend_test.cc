@@ -6,7 +6,8 @@
 //
 // Derived from kernels/reference/cpu_backend_test.cc (same inputs, poisoning
 // and comparators), with larger batches (up to 1024 tokens), so that the
-// kernels' split-key and one-CTA-per-token paths both run. Only structural
+// kernels' split-key and one-CTA-per-token paths both run, and one batch of
+// 70,000 tokens (past a grid's y limit) with a known answer. Only structural
 // parameter checks are tested for rejection: index, slot and position values
 // are the caller's contract (spec section 5) and the CUDA backend does not
 // read them on the host. Without a CUDA device every test skips.
@@ -198,9 +199,11 @@ INSTANTIATE_TEST_SUITE_P(AllLayerKinds, LayerStepTest, ::testing::ValuesIn(Layer
 // ---- A batch past the 65,535 CTAs that a grid's y and z allow.
 
 // Every decode kernel puts the tokens in the grid's x. Token t attends one
-// row of its own (slot t % 4096 of random rows) with no sink, so the softmax
+// row, the one at slot t % 4096 of random rows, with no sink, so the softmax
 // is over that one key and its output is the row exactly, in every head
 // (lse 0). Also run with MLA_CUDA_DECODE=mma and =simt by run_on_device.sh.
+// With 8 heads every kernel has one head group a token: the head part of
+// the grid's x is covered by the 64- and 128-head cases above.
 TEST(DecodeGridTest, EveryTokenOfABatchPastTheGridYLimit) {
   MAKE_CUDA_BACKEND(backend);
   constexpr int64_t kTokens = 70000;
@@ -221,37 +224,43 @@ TEST(DecodeGridTest, EveryTokenOfABatchPastTheGridYLimit) {
   std::vector<int32_t> indices(kTokens);
   for (int64_t t = 0; t < kTokens; ++t) indices[t] = static_cast<int32_t>(t % kSlots);
   const int64_t out_elements = kTokens * kHeads * kHeadDim;
-  auto upload = [&](const void* data, int64_t bytes) {
+  // A zero-filled device buffer of `bytes`, holding `data` when given.
+  auto upload = [&](const void* data, int64_t bytes) -> absl::StatusOr<DeviceBuffer> {
     absl::StatusOr<DeviceBuffer> buffer = backend.Allocate(bytes);
-    EXPECT_TRUE(buffer.ok()) << buffer.status();
-    if (data != nullptr) EXPECT_TRUE(backend.CopyToDevice(buffer->data(), data, bytes).ok());
-    return *std::move(buffer);
+    if (!buffer.ok() || data == nullptr) return buffer;
+    if (absl::Status status = backend.CopyToDevice(buffer->data(), data, bytes); !status.ok()) {
+      return status;
+    }
+    return buffer;
   };
-  const DeviceBuffer d_pool = upload(pool.data(), static_cast<int64_t>(pool.size()));
-  const DeviceBuffer d_indices = upload(indices.data(), kTokens * 4);
-  const DeviceBuffer d_q = upload(nullptr, kTokens * kHeads * kHeadDim * 2);  // zeros
   const std::vector<uint16_t> poison(out_elements, 0xffff);
   const std::vector<float> lse_poison(kTokens * kHeads, -1.0f);
-  const DeviceBuffer d_out = upload(poison.data(), out_elements * 2);
-  const DeviceBuffer d_lse = upload(lse_poison.data(), kTokens * kHeads * 4);
+  absl::StatusOr<DeviceBuffer> d_pool = upload(pool.data(), static_cast<int64_t>(pool.size()));
+  absl::StatusOr<DeviceBuffer> d_indices = upload(indices.data(), kTokens * 4);
+  absl::StatusOr<DeviceBuffer> d_q = upload(nullptr, kTokens * kHeads * kHeadDim * 2);  // zeros
+  absl::StatusOr<DeviceBuffer> d_out = upload(poison.data(), out_elements * 2);
+  absl::StatusOr<DeviceBuffer> d_lse = upload(lse_poison.data(), kTokens * kHeads * 4);
+  for (const absl::StatusOr<DeviceBuffer>* buffer : {&d_pool, &d_indices, &d_q, &d_out, &d_lse}) {
+    ASSERT_TRUE(buffer->ok()) << buffer->status();
+  }
 
   DecodeParams params;
   params.num_tokens = kTokens;
   params.num_heads = kHeads;
   params.padded_heads = kHeads;
-  params.q = d_q.as<uint16_t>();
+  params.q = d_q->as<uint16_t>();
   params.softmax_scale = 0.04419417382415922f;  // 512^-0.5 (q is zero: any scale)
   params.main.width = 1;
-  params.main.indices = d_indices.as<int32_t>();
-  params.main.pool = CachePoolView{d_pool.as<uint8_t>(), kSlots / kBlockTokens};
-  params.out = d_out.as<uint16_t>();
-  params.lse = d_lse.as<float>();
+  params.main.indices = d_indices->as<int32_t>();
+  params.main.pool = CachePoolView{d_pool->as<uint8_t>(), kSlots / kBlockTokens};
+  params.out = d_out->as<uint16_t>();
+  params.lse = d_lse->as<float>();
   ASSERT_TRUE(backend.Decode(params).ok());
   ASSERT_TRUE(backend.Synchronize().ok());
   std::vector<uint16_t> out(out_elements);
   std::vector<float> lse(kTokens * kHeads);
-  ASSERT_TRUE(backend.CopyToHost(out.data(), d_out.data(), out_elements * 2).ok());
-  ASSERT_TRUE(backend.CopyToHost(lse.data(), d_lse.data(), kTokens * kHeads * 4).ok());
+  ASSERT_TRUE(backend.CopyToHost(out.data(), d_out->data(), out_elements * 2).ok());
+  ASSERT_TRUE(backend.CopyToHost(lse.data(), d_lse->data(), kTokens * kHeads * 4).ok());
   int64_t wrong = 0, first = -1;
   for (int64_t t = 0; t < kTokens; ++t) {
     const uint16_t* want = expected.data() + (t % kSlots) * kHeadDim;

@@ -335,8 +335,6 @@ __global__ void __launch_bounds__(kThreads, 2)
 //   4. O += P V: warp w owns dims 64w..64w+63 of every head, 8 n-tiles;
 //      V fragments come from the bf16 rows with ldmatrix.trans, each serving
 //      every M-tile.
-// Head groups of one token are adjacent in the grid (blockIdx.x), so the
-// second group's row reads find the first's in L2.
 constexpr int kMmaHeads = 16;
 // Keys a chunk: 64 with 32 heads a CTA (MT = 2), 32 with 16 (MT = 1).
 constexpr int MmaChunkKeys(int mt) { return mt == 1 ? 32 : 64; }
@@ -447,8 +445,9 @@ __global__ void __launch_bounds__(kThreads, 2 / MT)
   const int warp = tid >> 5;
   const int g = lane >> 2;   // MMA group id
   const int tig = lane & 3;  // thread in group
-  // blockIdx.x: token-major, the head groups of a token adjacent; x has
-  // room for any batch (y and z are limited to 65,535).
+  // blockIdx.x: token-major, the head groups of a token adjacent (the second
+  // group's row reads find the first's in L2); x has room for any batch (y
+  // and z are limited to 65,535).
   const int groups = (p.padded_heads + kHeadsHere - 1) / kHeadsHere;
   const int64_t t = blockIdx.x / groups;
   const int h0 = static_cast<int>(blockIdx.x % groups) * kHeadsHere;

@@ -1,6 +1,7 @@
-// MLA_CUDA_DECODE: which decode kernels each value selects, and that the
-// CUDA backend refuses a value that names none, before it looks for a device
-// (so these tests need no GPU and run in CI).
+// MLA_CUDA_DECODE: which decode kernels each value selects, that the CUDA
+// backend keeps the choice it was made with, and that it refuses a value
+// that names none, before it looks for a device (so these tests need no GPU
+// and run in CI).
 #include <cstdlib>
 #include <memory>
 #include <optional>
@@ -10,7 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_backend.h"
-#include "kernels/cuda/kernels.h"
+#include "kernels/cuda/decode_kernels.h"
 
 namespace mla {
 namespace {

@@ -3,7 +3,7 @@
 // chunks of 64. Made for Hp = 64 and 128; a smaller Hp fills the MMA's 64
 // rows with zero queries whose results are dropped (the gather, not the
 // MMAs, bounds those shapes). The default decode kernel (MLA_CUDA_DECODE,
-// see decode.cu); kernels/bench/RESULTS.md has its figures and limits.
+// see decode_kernels.h); kernels/bench/RESULTS.md has its figures and limits.
 //
 // A CTA is four warpgroups with their own jobs, linked through shared memory:
 //   WG0, scores: S = Q K^T for the chunk (Q and the key tile both in shared
@@ -13,9 +13,10 @@
 //   WG1, values: O[:, 256:512] = O * alpha + P V[:, 256:512] with P read from
 //     shared memory.
 //   WG2 and WG3, producers: gather the chunk's 64 FP8 rows from global
-//     memory into registers (a quarter of a row a thread, issued while the
-//     previous chunk's rows are being stored; the slots read a chunk earlier
-//     still), dequantise them to bf16 into one of two key tiles and signal
+//     memory into registers (a quarter of a row a thread, issued once the
+//     thread's row of the previous chunk is stored and that tile announced;
+//     the slots read a chunk earlier still), dequantise them to bf16 into
+//     one of two key tiles and signal
 //     the consumers through an mbarrier; the consumers free a tile through
 //     another. Eight warps issue the loads: with the same bytes in flight, a
 //     gather runs faster from more warps (RESULTS.md).
@@ -256,8 +257,8 @@ struct WgTask {
 // pieces k = 0..6 (dims 16 (l / 8 + 4k) .., scale byte k) and RoPE pieces
 // k = 0, 1. Eight lanes store one core-matrix column: 128 contiguous bytes.
 // The loads of a chunk's row go out as soon as the previous chunk's copy of
-// that row is stored, so they have the consumers' time on a whole chunk to
-// arrive; the slots come two chunks ahead.
+// that row is stored and its tile announced, so they have the consumers'
+// time on a whole chunk to arrive; the slots come two chunks ahead.
 struct RowPieces {
   uint4 pieces[9];  // FP8 pieces 0..6, RoPE pieces 7, 8
   uint2 scales;
