@@ -1,7 +1,9 @@
 // Sparse MLA decode with attention sink (spec section 5).
 //
 // Implementations of the same algorithm: in decode_wgmma.cu,
-// DecodeWgmmaKernel (warpgroup MMA, 64 heads a CTA; the default), and here
+// DecodeWgmmaKernel (warpgroup MMA, 64 heads a CTA; the default), in
+// decode_narrow.cu DecodeNarrowKernel (Hp <= 32 as the MMA's N;
+// MLA_CUDA_DECODE=narrow, not yet run on a GPU), and here
 // DecodeMmaKernel (tensor cores, mma.sync bf16 -> fp32, 16 or 32 heads a
 // CTA; MLA_CUDA_DECODE=mma, described further down) and DecodeKernel (CUDA
 // cores, fp32 throughout; MLA_CUDA_DECODE=simt, kept as a cross-check).
@@ -794,7 +796,14 @@ void SplitKeys(const DecodeParams& p, int64_t wanted, int kc, Plan& plan) {
 Plan MakePlan(const DecodeParams& p, DecodeKernels kernels, int num_sms) {
   Plan plan;
   plan.hg = p.padded_heads >= 16 ? 16 : 8;  // the CUDA-core kernel's; the others set their own
-  if (kernels == DecodeKernels::kWgmma) {
+  if (kernels == DecodeKernels::kNarrow && p.padded_heads <= kNarrowMaxHeads) {
+    // One CTA a token and an SM (its shared memory), 64-key chunks.
+    plan.groups = 1;
+    SplitKeys(p, p.num_tokens > 0 && p.num_tokens < num_sms ? num_sms / p.num_tokens : 1,
+              kWgmmaChunk, plan);
+    return plan;
+  }
+  if (kernels == DecodeKernels::kWgmma || kernels == DecodeKernels::kNarrow) {
     // One CTA an SM (its shared memory), 64-key chunks.
     plan.hg = kWgmmaHeads;
     plan.groups = (p.padded_heads + kWgmmaHeads - 1) / kWgmmaHeads;
@@ -854,7 +863,8 @@ cudaError_t LaunchMma(const DecodeParams& p, const Plan& plan, Partials partials
 
 std::optional<DecodeKernels> DecodeKernelsFor(const char* value) {
   if (value == nullptr || value[0] == '\0') return DecodeKernels::kWgmma;
-  for (DecodeKernels kernels : {DecodeKernels::kWgmma, DecodeKernels::kMma, DecodeKernels::kSimt}) {
+  for (DecodeKernels kernels : {DecodeKernels::kWgmma, DecodeKernels::kMma, DecodeKernels::kSimt,
+                                 DecodeKernels::kNarrow}) {
     if (std::strcmp(value, DecodeKernelsName(kernels)) == 0) return kernels;
   }
   return std::nullopt;
@@ -868,6 +878,8 @@ const char* DecodeKernelsName(DecodeKernels kernels) {
       return "mma";
     case DecodeKernels::kSimt:
       return "simt";
+    case DecodeKernels::kNarrow:
+      return "narrow";
   }
   return "?";
 }
@@ -890,7 +902,9 @@ cudaError_t LaunchDecode(const DecodeParams& p, DecodeKernels kernels, int num_s
     partials.ml = partials.o + items * kHeadDim;
   }
   cudaError_t error;
-  if (kernels == DecodeKernels::kWgmma) {
+  if (kernels == DecodeKernels::kNarrow && p.padded_heads <= kNarrowMaxHeads) {
+    error = LaunchDecodeNarrow(p, plan.splits, plan.split_entries, partials.o, partials.ml, stream);
+  } else if (kernels == DecodeKernels::kWgmma || kernels == DecodeKernels::kNarrow) {
     error = LaunchDecodeWgmma(p, plan.groups, plan.splits, plan.split_entries, partials.o,
                               partials.ml, stream);
   } else if (kernels == DecodeKernels::kMma) {

@@ -22,10 +22,11 @@ TEST(DecodeChoiceTest, NamesTheKernelsOfEachValue) {
   EXPECT_EQ(cuda::DecodeKernelsFor("wgmma"), cuda::DecodeKernels::kWgmma);
   EXPECT_EQ(cuda::DecodeKernelsFor("mma"), cuda::DecodeKernels::kMma);
   EXPECT_EQ(cuda::DecodeKernelsFor("simt"), cuda::DecodeKernels::kSimt);
+  EXPECT_EQ(cuda::DecodeKernelsFor("narrow"), cuda::DecodeKernels::kNarrow);
   EXPECT_EQ(cuda::DecodeKernelsFor("WGMMA"), std::nullopt);
   EXPECT_EQ(cuda::DecodeKernelsFor("fastest"), std::nullopt);
-  for (cuda::DecodeKernels kernels :
-       {cuda::DecodeKernels::kWgmma, cuda::DecodeKernels::kMma, cuda::DecodeKernels::kSimt}) {
+  for (cuda::DecodeKernels kernels : {cuda::DecodeKernels::kWgmma, cuda::DecodeKernels::kMma,
+                                      cuda::DecodeKernels::kSimt, cuda::DecodeKernels::kNarrow}) {
     EXPECT_EQ(cuda::DecodeKernelsFor(cuda::DecodeKernelsName(kernels)), kernels);
   }
 }

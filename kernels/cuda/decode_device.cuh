@@ -1,6 +1,7 @@
-// Device helpers shared by the decode kernels (decode.cu, decode_wgmma.cu):
-// the e4m3 -> bf16 conversions, key-list lengths, sinks, the final scaling of
-// an output pair and the split partials. Included by .cu files only.
+// Device helpers shared by the decode kernels (decode.cu, decode_wgmma.cu,
+// decode_narrow.cu): the e4m3 -> bf16 conversions, key-list lengths, sinks,
+// the final scaling of an output pair and the split partials. Included by .cu
+// files only.
 #ifndef MLA_OFFLOAD_KERNELS_CUDA_DECODE_DEVICE_CUH_
 #define MLA_OFFLOAD_KERNELS_CUDA_DECODE_DEVICE_CUH_
 

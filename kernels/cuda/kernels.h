@@ -28,10 +28,16 @@ cudaError_t LaunchDecode(const DecodeParams& params, DecodeKernels kernels, int 
 // queries); called by LaunchDecode, which plans the splits
 // (partial_o/partial_ml as there).
 inline constexpr int kWgmmaHeads = 64;
-inline constexpr int kWgmmaChunk = 64;  // keys a chunk
+inline constexpr int kWgmmaChunk = 64;  // keys a chunk (also the narrow kernel's)
+inline constexpr int kNarrowMaxHeads = 32;
 cudaError_t LaunchDecodeWgmma(const DecodeParams& params, int groups, int splits,
                               int split_entries, float* partial_o, float* partial_ml,
                               cudaStream_t stream);
+
+// The narrow decode kernel (decode_narrow.cu) for Hp = 8, 16 or 32: one CTA
+// per token and split; called by LaunchDecode as LaunchDecodeWgmma.
+cudaError_t LaunchDecodeNarrow(const DecodeParams& params, int splits, int split_entries,
+                               float* partial_o, float* partial_ml, cudaStream_t stream);
 
 // Runs a self-check of the fp8 conversion on the device (a negative value
 // rounding to zero must give 0x80); false when the hardware disagrees.

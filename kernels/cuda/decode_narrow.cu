@@ -1,0 +1,471 @@
+// Sparse MLA decode (spec section 5) for Hp <= 32 heads with warpgroup MMA,
+// the heads as the MMA's N instead of padded to its 64 rows:
+//   S^T = K Q^T      M = the chunk's 64 keys, N = Hp, K = 512 dims;
+//   O^T += V^T P^T   M = 64 dims (8 tiles), N = Hp, K = the chunk's keys.
+// decode_wgmma.cu's kernel pads such Hp to 64 MMA rows, so its consumers do
+// the work of 64 heads a chunk whatever Hp is and set the chunk's period
+// (RESULTS.md); here S^T and O^T cost Hp / 64 of that and one warpgroup holds
+// all of O^T (4 Hp registers a thread).
+// MLA_CUDA_DECODE=narrow (decode_kernels.h) selects it for Hp <= 32; it is
+// not the default: it was written without a GPU at hand and has not run yet.
+//
+// One CTA per token (and split of its keys), three warpgroups:
+//   WG0, the consumer: Q into shared memory at the start; per 64-key chunk
+//     S^T from the key tile and Q, the online softmax of each head over the
+//     chunk's keys (maxima across the four warps through shared memory), P^T
+//     (bf16) into shared memory, O^T = O^T * alpha + V^T P^T with V^T the
+//     key tile read MN-major; at the end the output, staged in shared memory
+//     and written by a rolled loop.
+//   WG1 and WG2, the producers of decode_wgmma.cu's kernel (Produce in
+//     wgmma_device.cuh), into the same two key tiles.
+// WG0's warps meet at named barrier 1 (only WG0 uses it). Numbers are those
+// of the other kernels: fp32 scores, the softmax in fp32 with the running sum
+// of unrounded probabilities, P rounded to bf16 for the product only.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda/decode_device.cuh"
+#include "kernels/cuda/kernels.h"
+#include "kernels/cuda/wgmma_device.cuh"
+#include "kernels/geometry.h"
+
+namespace mla {
+namespace cuda {
+namespace {
+
+constexpr int kNarrowThreads = 384;  // WG0 the consumer, WG1 and WG2 the producers
+constexpr int kBarConsumer = 1;      // named barrier of WG0's 128 threads
+
+// Byte offset of element (row, col) of an N-row bf16 tile of 8 x 8 core
+// matrices, K-major with the columns as K: the 8 columns 8c .. 8c + 7 of a
+// row are 16 contiguous bytes, the N rows of column group c follow each other
+// (N x 16 bytes), then the next column group. Q (rows = heads, columns =
+// dims) and P^T (rows = heads, columns = keys) as the B operand.
+template <int N>
+__device__ __forceinline__ uint32_t NarrowOffset(int row, int col) {
+  return static_cast<uint32_t>((col >> 3) * (N * 16) + row * 16 + (col & 7) * 2);
+}
+// Its descriptor: core matrices N x 16 bytes apart along K, 128 bytes apart
+// along N; k-step `step` (16 columns) is Advance(d, NarrowStepBytes<N>(step)).
+template <int N>
+__device__ __forceinline__ uint64_t NarrowTile(uint32_t tile) {
+  return MatrixDescriptor(tile, N * 16, 128);
+}
+template <int N>
+__host__ __device__ constexpr uint32_t NarrowStepBytes(int step) {
+  return step * 2 * (N * 16);
+}
+
+// Shared memory, in bytes from the start.
+template <int N>
+struct NarrowLayout {
+  static constexpr uint32_t kKeys = 0;                              // two 64 keys x 512 bf16
+  static constexpr uint32_t kQ = kKeys + 2 * kTileBytes;            // N heads x 512 bf16
+  static constexpr uint32_t kP = kQ + N * kHeadDim * 2;             // P^T: N heads x 64 keys bf16
+  static constexpr uint32_t kMax = kP + N * kTileRows * 2;          // [4 warps][N] fp32
+  static constexpr uint32_t kSum = kMax + 4 * N * 4;                // [4 warps][N] fp32, at the end
+  static constexpr uint32_t kRowMax = kSum + 4 * N * 4;             // [N] fp32, at the end
+  static constexpr uint32_t kRowSum = kRowMax + N * 4;              // [N] fp32, at the end
+  static constexpr uint32_t kFactor = kRowSum + N * 4;              // [N] fp32, at the end
+  static constexpr uint32_t kValid = kFactor + N * 4;               // [2][64] int
+  static constexpr uint32_t kFull = kValid + 2 * kTileRows * 4;     // two mbarriers
+  static constexpr uint32_t kEmpty = kFull + 16;                    // two mbarriers
+  static constexpr uint32_t kBytes = kEmpty + 16;
+};
+static_assert(NarrowLayout<32>::kBytes <= 227 * 1024, "shared memory of the narrow CTA");
+
+// At the end O^T is staged over the key tiles as N head rows of 512 fp32,
+// padded by 16 bytes so that a warp's stores (8 dims x 4 head pairs) fall in
+// 32 distinct banks.
+constexpr uint32_t kNarrowStagedRowBytes = kHeadDim * 4 + 16;
+static_assert(32 * kNarrowStagedRowBytes <= 2 * kTileBytes, "staged output over the key tiles");
+
+// D[64 x N] (+)= A B: A 64 x 16 from shared memory (K-major, or MN-major with
+// kTransA), B 16 x N from shared memory (K-major). Accumulator element i of a
+// thread (warp w, lane l) is row 16w + l / 4 + 8 ((i >> 1) & 1), column
+// 8 (i >> 2) + 2 (l % 4) + (i & 1).
+template <int N, int kTransA>
+struct NarrowMma;
+template <int kTransA>
+struct NarrowMma<8, kTransA> {
+  __device__ __forceinline__ static void Run(float (&d)[4], uint64_t a, uint64_t b,
+                                             int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3}, %4, %5, p, 1, 1, %7, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "l"(a), "l"(b), "r"(accumulate), "n"(kTransA));
+  }
+};
+template <int kTransA>
+struct NarrowMma<16, kTransA> {
+  __device__ __forceinline__ static void Run(float (&d)[8], uint64_t a, uint64_t b,
+                                             int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %11, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7])
+        : "l"(a), "l"(b), "r"(accumulate), "n"(kTransA));
+  }
+};
+template <int kTransA>
+struct NarrowMma<32, kTransA> {
+  __device__ __forceinline__ static void Run(float (&d)[16], uint64_t a, uint64_t b,
+                                             int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, "
+        "1, 1, %19, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
+          "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(a), "l"(b), "r"(accumulate), "n"(kTransA));
+  }
+};
+
+__device__ __forceinline__ void ConsumerSync() {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(kBarConsumer), "n"(128) : "memory");
+}
+
+// Q [N heads][512] into its tile: thread wt copies 16-byte pieces wt,
+// wt + 128, ... (piece k: head k / 64, dims 8 (k % 64) ..), all loads in
+// flight before the first store.
+template <int N>
+__device__ __forceinline__ void StoreNarrowQ(const DecodeParams& p, const WgTask& task,
+                                             unsigned char* smem, int wt) {
+  constexpr int kPieces = N * kHeadDim / 8 / 128;  // a thread's
+  const uint4* q = reinterpret_cast<const uint4*>(p.q + task.t * p.padded_heads * kHeadDim);
+  uint4 pieces[kPieces];
+#pragma unroll
+  for (int k = 0; k < kPieces; ++k) pieces[k] = __ldg(q + wt + 128 * k);
+#pragma unroll
+  for (int k = 0; k < kPieces; ++k) {
+    const int piece = wt + 128 * k;
+    *reinterpret_cast<uint4*>(smem + NarrowLayout<N>::kQ +
+                              NarrowOffset<N>(piece / (kHeadDim / 8), 8 * (piece % (kHeadDim / 8)))) =
+        pieces[k];
+  }
+}
+
+// WG0: everything but the gathers. Thread (warp w, lane l), g = l / 4,
+// tig = l % 4, holds of S^T the keys 16w + g and + 8 and the heads
+// 8j + 2 tig and + 1 (j < N / 8); of O^T (8 dim tiles) the dims
+// 64 mt + 16w + g and + 8 of the same heads. Per head it keeps the running
+// maximum (every thread holding the head computes the same) and its own
+// keys' share of the running sum.
+template <int N>
+__device__ void Consume(const DecodeParams& p, const WgTask& task, int splits,
+                        const Partials& partials, unsigned char* smem, int wt) {
+  using L = NarrowLayout<N>;
+  constexpr int kAcc = N / 2;  // accumulator registers of an m64nN tile
+  constexpr int kHeadsHeld = N / 4;
+  const uint32_t base = SharedAddress(smem);
+  const int w = wt >> 5;
+  const int lane = wt & 31;
+  const int g = lane >> 2;
+  const int tig = lane & 3;
+  // Head of accumulator element i, and its index among the thread's heads
+  // (elements i and i + 2 are the same head, the other key); held head k is
+  // that of element element_of(k).
+  auto head_of = [&](int i) { return 8 * (i >> 2) + 2 * tig + (i & 1); };
+  auto held = [](int i) { return 2 * (i >> 2) + (i & 1); };
+  auto element_of = [](int k) { return 4 * (k >> 1) + (k & 1); };
+
+  StoreNarrowQ<N>(p, task, smem, wt);
+  FenceForWgmma();
+  ConsumerSync();
+
+  float o[8][kAcc];
+#pragma unroll
+  for (int mt = 0; mt < 8; ++mt) {
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) o[mt][i] = 0.0f;
+  }
+  // In log2 units (scores scaled by log2 e), as decode_wgmma.cu.
+  const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
+  float row_max[kHeadsHeld];
+  float row_sum[kHeadsHeld];  // this thread's keys only until the end
+#pragma unroll
+  for (int k = 0; k < kHeadsHeld; ++k) {
+    row_max[k] = -INFINITY;
+    row_sum[k] = 0.0f;
+  }
+  const uint64_t q_tile = NarrowTile<N>(base + L::kQ);
+  const uint64_t p_tile = NarrowTile<N>(base + L::kP);
+  float* maxima = reinterpret_cast<float*>(smem + L::kMax);
+  for (int chunk = 0; chunk < task.num_chunks; ++chunk) {
+    const int buffer = chunk & 1;
+    const uint32_t keys = base + L::kKeys + buffer * kTileBytes;
+    MbarrierWait(base + L::kFull + 8 * buffer, (chunk >> 1) & 1);
+
+    // S^T = K Q^T (the first step does not read s).
+    float s[kAcc];
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) s[i] = 0.0f;
+    WgmmaFence();
+    const uint64_t key_tile = KMajorTile(keys);
+#pragma unroll
+    for (int step = 0; step < kHeadDim / 16; ++step) {
+      NarrowMma<N, 0>::Run(s, Advance(key_tile, KStepBytes(step)),
+                           Advance(q_tile, NarrowStepBytes<N>(step)), step > 0);
+    }
+    WgmmaCommit();
+    WgmmaWaitAll();
+    PinRegisters(s);
+
+    // The chunk's maximum of each head: the thread's two keys, the warp's
+    // eight lanes of a column (lanes 4 apart), then the four warps.
+    const int* valid = reinterpret_cast<const int*>(smem + L::kValid) + buffer * kTileRows;
+    const bool key_valid[2] = {valid[16 * w + g] != 0, valid[16 * w + g + 8] != 0};
+    float chunk_max[kHeadsHeld];
+#pragma unroll
+    for (int k = 0; k < kHeadsHeld; ++k) chunk_max[k] = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) {
+      s[i] = key_valid[(i >> 1) & 1] ? scale_log2 * s[i] : -INFINITY;
+      chunk_max[held(i)] = fmaxf(chunk_max[held(i)], s[i]);
+    }
+#pragma unroll
+    for (int k = 0; k < kHeadsHeld; ++k) {
+      chunk_max[k] = fmaxf(chunk_max[k], __shfl_xor_sync(0xffffffffu, chunk_max[k], 4));
+      chunk_max[k] = fmaxf(chunk_max[k], __shfl_xor_sync(0xffffffffu, chunk_max[k], 8));
+      chunk_max[k] = fmaxf(chunk_max[k], __shfl_xor_sync(0xffffffffu, chunk_max[k], 16));
+    }
+    // One set of slots: every thread reads this chunk's before the barrier
+    // after P^T, and the next chunk's are written after it.
+    float* chunk_maxima = maxima;
+    if (g == 0) {
+#pragma unroll
+      for (int k = 0; k < kHeadsHeld; ++k) chunk_maxima[w * N + head_of(element_of(k))] = chunk_max[k];
+    }
+    ConsumerSync();  // also: every warp is past the previous chunk's O^T MMAs
+    float alpha[kHeadsHeld];
+    float subtract[kHeadsHeld];
+#pragma unroll
+    for (int k = 0; k < kHeadsHeld; ++k) {
+      const int h = head_of(element_of(k));
+      const float m = fmaxf(fmaxf(chunk_maxima[h], chunk_maxima[N + h]),
+                            fmaxf(chunk_maxima[2 * N + h], chunk_maxima[3 * N + h]));
+      const float new_max = fmaxf(row_max[k], m);
+      alpha[k] = new_max == -INFINITY ? 1.0f : Exp2(row_max[k] - new_max);
+      row_max[k] = new_max;
+      row_sum[k] *= alpha[k];
+      // A head with no key yet subtracts 0: its scores are all -inf.
+      subtract[k] = new_max == -INFINITY ? 0.0f : new_max;
+    }
+    // P^T (bf16) into its tile, as the B operand: row = head, column = key.
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) {
+      const float prob = Exp2(s[i] - subtract[held(i)]);
+      row_sum[held(i)] += prob;
+      const int key = 16 * w + g + 8 * ((i >> 1) & 1);
+      *reinterpret_cast<uint16_t*>(smem + L::kP + NarrowOffset<N>(head_of(i), key)) =
+          static_cast<uint16_t>(PackBf16(prob, 0.0f) & 0xffffu);
+    }
+    FenceForWgmma();
+    ConsumerSync();  // all of P^T stored
+
+    // O^T = O^T * alpha + V^T P^T; once the maxima settle most chunks move
+    // none of a warp's heads, and the warp skips the multiplications.
+    bool moved = false;
+#pragma unroll
+    for (int k = 0; k < kHeadsHeld; ++k) moved |= alpha[k] != 1.0f;
+    if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+      for (int mt = 0; mt < 8; ++mt) {
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) o[mt][i] *= alpha[held(i)];
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < 8; ++mt) PinRegisters(o[mt]);
+    WgmmaFence();
+    const uint64_t value_tile = ValueTile(keys);
+#pragma unroll
+    for (int step = 0; step < kTileRows / 16; ++step) {
+#pragma unroll
+      for (int mt = 0; mt < 8; ++mt) {
+        NarrowMma<N, 1>::Run(o[mt], Advance(value_tile, ValueStepBytes(64 * mt, step)),
+                             Advance(p_tile, NarrowStepBytes<N>(step)), 1);
+      }
+    }
+    WgmmaCommit();
+    WgmmaWaitAll();
+#pragma unroll
+    for (int mt = 0; mt < 8; ++mt) PinRegisters(o[mt]);
+    MbarrierArrive(base + L::kEmpty + 8 * buffer);
+  }
+
+  // The rows' final state: sums over the thread's lanes of a column and the
+  // four warps, maxima in natural units; lanes 0..3 of warp 0 hold every head.
+  float* sums = reinterpret_cast<float*>(smem + L::kSum);
+#pragma unroll
+  for (int k = 0; k < kHeadsHeld; ++k) {
+    row_sum[k] += __shfl_xor_sync(0xffffffffu, row_sum[k], 4);
+    row_sum[k] += __shfl_xor_sync(0xffffffffu, row_sum[k], 8);
+    row_sum[k] += __shfl_xor_sync(0xffffffffu, row_sum[k], 16);
+  }
+  if (g == 0) {
+#pragma unroll
+    for (int k = 0; k < kHeadsHeld; ++k) sums[w * N + head_of(element_of(k))] = row_sum[k];
+  }
+  ConsumerSync();
+  float* final_max = reinterpret_cast<float*>(smem + L::kRowMax);
+  float* final_sum = reinterpret_cast<float*>(smem + L::kRowSum);
+  if (w == 0 && g == 0) {
+#pragma unroll
+    for (int k = 0; k < kHeadsHeld; ++k) {
+      const int h = head_of(element_of(k));
+      final_max[h] = row_max[k] * 0.6931471805599453f;  // ln 2; -inf stays -inf
+      final_sum[h] = sums[h] + sums[N + h] + sums[2 * N + h] + sums[3 * N + h];
+    }
+  }
+  ConsumerSync();
+  // Thread h < N finishes head h: the factor and lse, or a split's state.
+  float* factors = reinterpret_cast<float*>(smem + L::kFactor);
+  if (wt < N) {
+    if (splits == 1) {
+      if (wt < p.num_heads) {
+        const RowEnd end = EndOfRow(p, task.t, wt, final_max[wt], final_sum[wt]);
+        factors[wt] = end.factor;
+        StoreLse(p, task.t, wt, end.lse);
+      }
+    } else {
+      partials.StoreState(Partials::Item(p, task.t, wt, splits, task.split), final_max[wt],
+                          final_sum[wt]);
+    }
+  }
+  // O^T staged as [head][dim] fp32 over the key tiles (every producer store
+  // into them was waited for; every warp is past its last MMA).
+  unsigned char* staged = smem + L::kKeys;
+#pragma unroll
+  for (int mt = 0; mt < 8; ++mt) {
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) {
+      const int dim = 64 * mt + 16 * w + g + 8 * ((i >> 1) & 1);
+      *reinterpret_cast<float*>(staged + head_of(i) * kNarrowStagedRowBytes + dim * 4) = o[mt][i];
+    }
+  }
+  ConsumerSync();
+
+  // The rows leave 4 dims a thread a step: finished (scaled, sink, de-rotated,
+  // bf16) or, for a split of the keys, the unnormalised partial.
+  constexpr int kQuads = kHeadDim / 4;
+  if (splits == 1) {
+    const float* cos_sin = DerotationOf(p, task.t);
+    uint32_t* out = reinterpret_cast<uint32_t*>(p.out + task.t * p.num_heads * kHeadDim);
+    const bool aligned = (reinterpret_cast<uintptr_t>(p.out) & 7) == 0;
+    for (int k = wt; k < p.num_heads * kQuads; k += 128) {
+      const int h = k / kQuads;
+      const int c = k % kQuads;
+      const float4 v = *reinterpret_cast<const float4*>(staged + h * kNarrowStagedRowBytes + c * 16);
+      const uint32_t lo = FinishedPair(2 * c, factors[h], cos_sin, v.x, v.y);
+      const uint32_t hi = FinishedPair(2 * c + 1, factors[h], cos_sin, v.z, v.w);
+      uint32_t* pair = out + h * (kHeadDim / 2) + 2 * c;
+      if (aligned) {
+        *reinterpret_cast<uint2*>(pair) = make_uint2(lo, hi);
+      } else {  // an output view that is only 4-byte aligned
+        pair[0] = lo;
+        pair[1] = hi;
+      }
+    }
+    return;
+  }
+  for (int k = wt; k < N * kQuads; k += 128) {
+    const int h = k / kQuads;
+    const int c = k % kQuads;
+    const float4 v = *reinterpret_cast<const float4*>(staged + h * kNarrowStagedRowBytes + c * 16);
+    const int64_t item = Partials::Item(p, task.t, h, splits, task.split);
+    partials.Store(item, 2 * c, v.x, v.y);
+    partials.Store(item, 2 * c + 1, v.z, v.w);
+  }
+}
+
+// setmaxnreg: together at most what the launch gave (3 x 168, the cap of
+// __launch_bounds__(384, 1)): WG0 holds O^T (4N), S^T (N / 2) and the heads'
+// softmax state; a producer a quarter row of loads.
+constexpr int kNarrowLaunchRegisters = 168;
+constexpr int kConsumerRegisters = 240;
+constexpr int kNarrowProducerRegisters = 128;
+static_assert(kConsumerRegisters + 2 * kNarrowProducerRegisters <= 3 * kNarrowLaunchRegisters,
+              "setmaxnreg.inc would wait forever for registers");
+
+template <int N>
+__global__ void __launch_bounds__(kNarrowThreads, 1)
+    DecodeNarrowKernel(const DecodeParams p, int splits, int split_entries, Partials partials) {
+  using L = NarrowLayout<N>;
+  extern __shared__ __align__(1024) unsigned char smem[];
+  WgTask task;
+  task.t = blockIdx.x;
+  task.h0 = 0;
+  task.heads_here = N;
+  task.split = blockIdx.y;
+  task.main_len = ListLength(p.main, task.t);
+  const int total = task.main_len + ListLength(p.extra, task.t);
+  task.begin = task.split * split_entries;
+  task.end = min(total, task.begin + split_entries);
+  task.num_chunks = task.begin < task.end ? (task.end - task.begin + kTileRows - 1) / kTileRows : 0;
+
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    const uint32_t base = SharedAddress(smem);
+    for (int b = 0; b < 2; ++b) {
+      MbarrierInit(base + L::kFull + 8 * b, 256);   // the producers' threads
+      MbarrierInit(base + L::kEmpty + 8 * b, 128);  // WG0's
+    }
+  }
+  __syncthreads();
+  if (tid < 128) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
+    Consume<N>(p, task, splits, partials, smem, tid);
+  } else {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kNarrowProducerRegisters));
+    Produce<L>(p, task, smem, tid - 128);
+  }
+}
+
+template <int N>
+cudaError_t LaunchNarrow(const DecodeParams& p, int splits, int split_entries, float* partial_o,
+                         float* partial_ml, cudaStream_t stream) {
+  // As decode_wgmma.cu: too few registers at launch would leave WG0's
+  // setmaxnreg.inc waiting forever.
+  static const int registers = [] {
+    cudaFuncAttributes attributes;
+    return cudaFuncGetAttributes(&attributes, DecodeNarrowKernel<N>) == cudaSuccess
+               ? attributes.numRegs
+               : -1;
+  }();
+  if (registers != kNarrowLaunchRegisters) return cudaErrorInvalidKernelImage;
+  cudaError_t error = cudaFuncSetAttribute(
+      DecodeNarrowKernel<N>, cudaFuncAttributeMaxDynamicSharedMemorySize, NarrowLayout<N>::kBytes);
+  if (error != cudaSuccess) return error;
+  const dim3 grid(static_cast<unsigned>(p.num_tokens), splits);
+  DecodeNarrowKernel<N><<<grid, kNarrowThreads, NarrowLayout<N>::kBytes, stream>>>(
+      p, splits, split_entries, Partials{partial_o, partial_ml});
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LaunchDecodeNarrow(const DecodeParams& p, int splits, int split_entries,
+                               float* partial_o, float* partial_ml, cudaStream_t stream) {
+  switch (p.padded_heads) {
+    case 8:
+      return LaunchNarrow<8>(p, splits, split_entries, partial_o, partial_ml, stream);
+    case 16:
+      return LaunchNarrow<16>(p, splits, split_entries, partial_o, partial_ml, stream);
+    case 32:
+      return LaunchNarrow<32>(p, splits, split_entries, partial_o, partial_ml, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace cuda
+}  // namespace mla

@@ -1,0 +1,270 @@
+// Device pieces of the warpgroup-MMA decode kernels (decode_wgmma.cu,
+// decode_narrow.cu): the bf16 tile layout of 8 x 8 core matrices and its
+// wgmma descriptors, the wgmma and mbarrier instructions, and the producer
+// warpgroups that gather a chunk's FP8 rows and dequantise them into a key
+// tile. Included by .cu files only.
+#ifndef MLA_OFFLOAD_KERNELS_CUDA_WGMMA_DEVICE_CUH_
+#define MLA_OFFLOAD_KERNELS_CUDA_WGMMA_DEVICE_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/backend.h"
+#include "kernels/cuda/decode_device.cuh"
+#include "kernels/geometry.h"
+
+namespace mla {
+namespace cuda {
+namespace {
+
+constexpr int kTileRows = 64;  // keys of a chunk; heads of a 64-head CTA
+constexpr uint32_t kTileBytes = kTileRows * kHeadDim * 2;
+
+// Byte offset of element (row, col) of a 64-row bf16 tile made of 8 x 8 core
+// matrices: the 8 columns 8c .. 8c + 7 of a row are 16 contiguous bytes, the
+// 64 rows of column group c follow each other (1 KiB), and the column
+// groups follow each other. K-major for rows = heads (Q, P) or keys (K);
+// read with rows = keys as the reduction dimension, MN-major (V).
+__device__ __forceinline__ uint32_t TileOffset(int row, int col) {
+  return static_cast<uint32_t>((col >> 3) * (kTileRows * 16) + row * 16 + (col & 7) * 2);
+}
+
+// A wgmma shared-memory matrix descriptor without swizzling: start address,
+// leading-dimension byte offset (between core matrices along the reduction
+// dimension for K-major operands; along it also for MN-major ones) and
+// stride-dimension byte offset (between core matrices along M or N).
+__device__ __forceinline__ uint64_t MatrixDescriptor(uint32_t address, uint32_t leading,
+                                                     uint32_t stride) {
+  return static_cast<uint64_t>((address & 0x3ffffu) >> 4) |
+         static_cast<uint64_t>(leading >> 4) << 16 | static_cast<uint64_t>(stride >> 4) << 32;
+}
+
+// A descriptor moved by `bytes` (a multiple of 16): its start address is the
+// low 14 bits in 16-byte units, and no shared address (below 228 KiB) carries
+// out of them, so the other fields stay as they are. Computing a tile's
+// descriptor once and moving it by constants keeps the address arithmetic
+// off the MMAs' issue path.
+__device__ __forceinline__ uint64_t Advance(uint64_t descriptor, uint32_t bytes) {
+  return descriptor + (bytes >> 4);
+}
+
+// A K-major tile (core matrices 1 KiB apart along the columns, 128 bytes
+// apart along the rows); k-step `step` (16 columns) is Advance(d, KStepBytes(step)).
+__device__ __forceinline__ uint64_t KMajorTile(uint32_t tile) {
+  return MatrixDescriptor(tile, kTileRows * 16, 128);
+}
+__host__ __device__ constexpr uint32_t KStepBytes(int step) { return step * 2 * (kTileRows * 16); }
+
+// A key tile as V, an MN-major operand: along the keys (the reduction) core
+// matrices are 128 bytes apart, along the dims 1 KiB. Keys 16 step .. + 15
+// and dims dim0 .. dim0 + 63 are Advance(d, ValueStepBytes(dim0, step)).
+__device__ __forceinline__ uint64_t ValueTile(uint32_t tile) {
+  return MatrixDescriptor(tile, 128, kTileRows * 16);
+}
+__host__ __device__ constexpr uint32_t ValueStepBytes(int dim0, int step) {
+  return (dim0 >> 3) * (kTileRows * 16) + step * 16 * 16;
+}
+
+__device__ __forceinline__ uint32_t SharedAddress(const void* pointer) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void WgmmaCommit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaWaitAll() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+
+// Keeps the compiler from moving reads or writes of the accumulators across
+// the asynchronous wgmma (their values change only at the wait).
+template <int N>
+__device__ __forceinline__ void PinRegisters(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void PinRegisters(uint32_t (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
+
+// D[64 x 64] (+)= A B, A a 64 x 16 tile from shared memory (K-major), B 16 x
+// 64 from shared memory (K-major, or MN-major with kTransB).
+template <int kTransB>
+__device__ __forceinline__ void WgmmaSmemA(float (&d)[32], uint64_t a, uint64_t b,
+                                           int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
+      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, "
+      "%35;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b), "r"(accumulate), "n"(kTransB));
+}
+
+// D[64 x 64] += A B, A a 64 x 16 bf16 tile in registers (the layout of
+// mma.m16n8k16's A, warp w holding rows 16w .. 16w + 15), B MN-major.
+__device__ __forceinline__ void WgmmaRegisterA(float (&d)[32], const uint32_t (&a)[4],
+                                               uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
+      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, "
+      "%36, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
+__device__ __forceinline__ void MbarrierInit(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void MbarrierArrive(uint32_t bar) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar)
+               : "memory");
+}
+// Waits for the completion of the barrier's phase of parity `parity`.
+__device__ __forceinline__ void MbarrierWait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nmbarrier_wait:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra mbarrier_wait;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// Makes this thread's shared-memory stores visible to wgmma's reads.
+__device__ __forceinline__ void FenceForWgmma() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// Two floats as bf16 (round to nearest even), `lo` in the low half.
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  uint32_t packed;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(packed) : "f"(hi), "f"(lo));
+  return packed;
+}
+
+// 2^x (ex2.approx, subnormal results flushed to zero; 2^-inf = 0).
+__device__ __forceinline__ float Exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+struct WgTask {
+  int64_t t;
+  int h0;
+  int heads_here;  // rows of q this CTA reads (below 64 when Hp < 64; Hp in the narrow kernel)
+  int split;
+  int main_len;
+  int begin;
+  int end;
+  int num_chunks;
+};
+
+// The producers, two warpgroups of a CTA (wt = 0..255) that fill the two key
+// tiles (Layout::kKeys) of 64-key chunks and their valid flags
+// (Layout::kValid [2][64] int), full and free through the mbarriers
+// Layout::kFull (256 arrivals a phase: all of them) and Layout::kEmpty (the
+// consumers'). Thread (warp w of the two warpgroups, lane l) handles row
+// r = 8w + l % 8 of each chunk, and of it the 16-byte pieces l / 8 + 4k: FP8
+// pieces k = 0..6 (dims 16 (l / 8 + 4k) .., scale byte k) and RoPE pieces
+// k = 0, 1. Eight lanes store one core-matrix column: 128 contiguous bytes.
+// The loads of a chunk's row go out as soon as the previous chunk's copy of
+// that row is stored and its tile announced, so they have the consumers'
+// time on a whole chunk to arrive; the slots come two chunks ahead.
+struct RowPieces {
+  uint4 pieces[9];  // FP8 pieces 0..6, RoPE pieces 7, 8
+  uint2 scales;
+};
+
+__device__ __forceinline__ void LoadRow(const DecodeParams& p, const WgTask& task, int chunk,
+                                        int r, int32_t slot, int part, RowPieces& row) {
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+#pragma unroll
+  for (int q = 0; q < 9; ++q) row.pieces[q] = zero;
+  // A skipped row: zero codes with a scale the bf16x2 path takes (+0s).
+  row.scales = make_uint2(0x7f7f7f7fu, 0x7f7f7f7fu);
+  if (slot == -1) return;
+  const int e = task.begin + chunk * kTileRows + r;
+  const uint8_t* pool = e < task.main_len ? p.main.pool.base : p.extra.pool.base;
+  const uint8_t* block = pool + static_cast<int64_t>(slot / kBlockTokens) * kBlockBytes;
+  const int offset = slot % kBlockTokens;
+  const uint4* data = reinterpret_cast<const uint4*>(block + offset * kTokenDataBytes);
+#pragma unroll
+  for (int q = 0; q < 7; ++q) row.pieces[q] = __ldg(data + part + 4 * q);
+  row.pieces[7] = __ldg(data + 28 + part);
+  row.pieces[8] = __ldg(data + 32 + part);
+  row.scales = __ldg(reinterpret_cast<const uint2*>(block + kBlockTokens * kTokenDataBytes +
+                                                   offset * kTokenScaleBytes));
+}
+
+__device__ __forceinline__ void StoreRow(const RowPieces& row, int r, int part,
+                                         unsigned char* tile) {
+#pragma unroll
+  for (int q = 0; q < 7; ++q) {
+    const uint32_t scale_word = q < 4 ? row.scales.x : row.scales.y;
+    const uint32_t scale_byte = (scale_word >> (8 * (q & 3))) & 0xffu;
+    uint32_t out[8];
+    DequantisePiece(row.pieces[q], scale_byte, out);
+    const int dim = 16 * (part + 4 * q);
+    *reinterpret_cast<uint4*>(tile + TileOffset(r, dim)) =
+        make_uint4(out[0], out[1], out[2], out[3]);
+    *reinterpret_cast<uint4*>(tile + TileOffset(r, dim + 8)) =
+        make_uint4(out[4], out[5], out[6], out[7]);
+  }
+  *reinterpret_cast<uint4*>(tile + TileOffset(r, kNopeDim + 8 * part)) = row.pieces[7];
+  *reinterpret_cast<uint4*>(tile + TileOffset(r, kNopeDim + 8 * (part + 4))) = row.pieces[8];
+}
+
+template <typename Layout>
+__device__ void Produce(const DecodeParams& p, const WgTask& task, unsigned char* smem, int wt) {
+  const int part = (wt & 31) >> 3;
+  const int r = (wt >> 5) * 8 + (wt & 7);
+  const uint32_t base = SharedAddress(smem);
+  auto slot_of = [&](int chunk) -> int32_t {
+    const int e = task.begin + chunk * kTileRows + r;
+    if (chunk >= task.num_chunks || e >= task.end) return -1;
+    return e < task.main_len ? __ldg(p.main.indices + task.t * p.main.width + e)
+                             : __ldg(p.extra.indices + task.t * p.extra.width + (e - task.main_len));
+  };
+  int32_t slot = slot_of(0);
+  int32_t next = slot_of(1);
+  RowPieces row;
+  LoadRow(p, task, 0, r, slot, part, row);
+  for (int chunk = 0; chunk < task.num_chunks; ++chunk) {
+    const int buffer = chunk & 1;
+    const int32_t after = slot_of(chunk + 2);
+    // The consumers are done with this buffer's previous chunk (none before
+    // chunk 2: the wait on the phase before the first returns at once).
+    MbarrierWait(base + Layout::kEmpty + 8 * buffer, ((chunk >> 1) & 1) ^ 1);
+    unsigned char* tile = smem + Layout::kKeys + buffer * kTileBytes;
+    StoreRow(row, r, part, tile);
+    if (part == 0) reinterpret_cast<int*>(smem + Layout::kValid)[buffer * kTileRows + r] = slot != -1;
+    FenceForWgmma();
+    MbarrierArrive(base + Layout::kFull + 8 * buffer);
+    // The tile is announced before the next chunk's loads go out: a fence
+    // or release after them may wait for them (RESULTS.md).
+    if (chunk + 1 < task.num_chunks) LoadRow(p, task, chunk + 1, r, next, part, row);
+    slot = next;
+    next = after;
+  }
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace mla
+
+#endif  // MLA_OFFLOAD_KERNELS_CUDA_WGMMA_DEVICE_CUH_
