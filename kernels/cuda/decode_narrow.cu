@@ -401,16 +401,7 @@ __global__ void __launch_bounds__(kNarrowThreads, 1)
     DecodeNarrowKernel(const DecodeParams p, int splits, int split_entries, Partials partials) {
   using L = NarrowLayout<N>;
   extern __shared__ __align__(1024) unsigned char smem[];
-  WgTask task;
-  task.t = blockIdx.x;
-  task.h0 = 0;
-  task.heads_here = N;
-  task.split = blockIdx.y;
-  task.main_len = ListLength(p.main, task.t);
-  const int total = task.main_len + ListLength(p.extra, task.t);
-  task.begin = task.split * split_entries;
-  task.end = min(total, task.begin + split_entries);
-  task.num_chunks = task.begin < task.end ? (task.end - task.begin + kTileRows - 1) / kTileRows : 0;
+  const WgTask task = MakeTask(p, blockIdx.x, 0, N, blockIdx.y, split_entries);
 
   const int tid = threadIdx.x;
   if (tid == 0) {

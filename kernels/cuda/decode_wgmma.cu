@@ -410,16 +410,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   // blockIdx.x: token-major, the head groups of a token adjacent (the second
   // group's row reads find the first's in L2); x has room for any batch.
   const int groups = (p.padded_heads + kTileRows - 1) / kTileRows;
-  WgTask task;
-  task.t = blockIdx.x / groups;
-  task.h0 = static_cast<int>(blockIdx.x % groups) * kTileRows;
-  task.heads_here = min(kTileRows, p.padded_heads - task.h0);
-  task.split = blockIdx.y;
-  task.main_len = ListLength(p.main, task.t);
-  const int total = task.main_len + ListLength(p.extra, task.t);
-  task.begin = task.split * split_entries;
-  task.end = min(total, task.begin + split_entries);
-  task.num_chunks = task.begin < task.end ? (task.end - task.begin + kTileRows - 1) / kTileRows : 0;
+  const int h0 = static_cast<int>(blockIdx.x % groups) * kTileRows;
+  const WgTask task = MakeTask(p, blockIdx.x / groups, h0, min(kTileRows, p.padded_heads - h0),
+                               blockIdx.y, split_entries);
 
   const int tid = threadIdx.x;
   if (tid == 0) {

@@ -174,6 +174,24 @@ struct WgTask {
   int num_chunks;
 };
 
+// The task of a CTA: token t, heads h0 .. h0 + heads_here - 1, entries
+// split * split_entries .. (+ split_entries) of the token's key list in
+// 64-key chunks.
+__device__ __forceinline__ WgTask MakeTask(const DecodeParams& p, int64_t t, int h0,
+                                           int heads_here, int split, int split_entries) {
+  WgTask task;
+  task.t = t;
+  task.h0 = h0;
+  task.heads_here = heads_here;
+  task.split = split;
+  task.main_len = ListLength(p.main, t);
+  const int total = task.main_len + ListLength(p.extra, t);
+  task.begin = split * split_entries;
+  task.end = min(total, task.begin + split_entries);
+  task.num_chunks = task.begin < task.end ? (task.end - task.begin + kTileRows - 1) / kTileRows : 0;
+  return task;
+}
+
 // The producers, two warpgroups of a CTA (wt = 0..255) that fill the two key
 // tiles (Layout::kKeys) of 64-key chunks and their valid flags
 // (Layout::kValid [2][64] int), full and free through the mbarriers
