@@ -239,10 +239,9 @@ __device__ void Consume(const DecodeParams& p, const WgTask& task, int splits,
     }
     // One set of slots: every thread reads this chunk's before the barrier
     // after P^T, and the next chunk's are written after it.
-    float* chunk_maxima = maxima;
     if (g == 0) {
 #pragma unroll
-      for (int k = 0; k < kHeadsHeld; ++k) chunk_maxima[w * N + head_of(element_of(k))] = chunk_max[k];
+      for (int k = 0; k < kHeadsHeld; ++k) maxima[w * N + head_of(element_of(k))] = chunk_max[k];
     }
     ConsumerSync();  // also: every warp is past the previous chunk's O^T MMAs
     float alpha[kHeadsHeld];
@@ -250,8 +249,8 @@ __device__ void Consume(const DecodeParams& p, const WgTask& task, int splits,
 #pragma unroll
     for (int k = 0; k < kHeadsHeld; ++k) {
       const int h = head_of(element_of(k));
-      const float m = fmaxf(fmaxf(chunk_maxima[h], chunk_maxima[N + h]),
-                            fmaxf(chunk_maxima[2 * N + h], chunk_maxima[3 * N + h]));
+      const float m = fmaxf(fmaxf(maxima[h], maxima[N + h]),
+                            fmaxf(maxima[2 * N + h], maxima[3 * N + h]));
       const float new_max = fmaxf(row_max[k], m);
       alpha[k] = new_max == -INFINITY ? 1.0f : Exp2(row_max[k] - new_max);
       row_max[k] = new_max;
