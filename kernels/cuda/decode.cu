@@ -796,15 +796,9 @@ void SplitKeys(const DecodeParams& p, int64_t wanted, int kc, Plan& plan) {
 Plan MakePlan(const DecodeParams& p, DecodeKernels kernels, int num_sms) {
   Plan plan;
   plan.hg = p.padded_heads >= 16 ? 16 : 8;  // the CUDA-core kernel's; the others set their own
-  if (kernels == DecodeKernels::kNarrow && p.padded_heads <= kNarrowMaxHeads) {
-    // One CTA a token and an SM (its shared memory), 64-key chunks.
-    plan.groups = 1;
-    SplitKeys(p, p.num_tokens > 0 && p.num_tokens < num_sms ? num_sms / p.num_tokens : 1,
-              kWgmmaChunk, plan);
-    return plan;
-  }
   if (kernels == DecodeKernels::kWgmma || kernels == DecodeKernels::kNarrow) {
-    // One CTA an SM (its shared memory), 64-key chunks.
+    // One CTA an SM (its shared memory), 64-key chunks; the narrow kernel's
+    // Hp <= 32 is one group of 64.
     plan.hg = kWgmmaHeads;
     plan.groups = (p.padded_heads + kWgmmaHeads - 1) / kWgmmaHeads;
     const int64_t ctas = p.num_tokens * plan.groups;

@@ -423,17 +423,8 @@ __global__ void __launch_bounds__(kNarrowThreads, 1)
 template <int N>
 cudaError_t LaunchNarrow(const DecodeParams& p, int splits, int split_entries, float* partial_o,
                          float* partial_ml, cudaStream_t stream) {
-  // As decode_wgmma.cu: too few registers at launch would leave WG0's
-  // setmaxnreg.inc waiting forever.
-  static const int registers = [] {
-    cudaFuncAttributes attributes;
-    return cudaFuncGetAttributes(&attributes, DecodeNarrowKernel<N>) == cudaSuccess
-               ? attributes.numRegs
-               : -1;
-  }();
-  if (registers != kNarrowLaunchRegisters) return cudaErrorInvalidKernelImage;
-  cudaError_t error = cudaFuncSetAttribute(
-      DecodeNarrowKernel<N>, cudaFuncAttributeMaxDynamicSharedMemorySize, NarrowLayout<N>::kBytes);
+  const cudaError_t error =
+      PrepareWarpSpecialised<DecodeNarrowKernel<N>, kNarrowLaunchRegisters>(NarrowLayout<N>::kBytes);
   if (error != cudaSuccess) return error;
   const dim3 grid(static_cast<unsigned>(p.num_tokens), splits);
   DecodeNarrowKernel<N><<<grid, kNarrowThreads, NarrowLayout<N>::kBytes, stream>>>(

@@ -445,17 +445,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 
 cudaError_t LaunchDecodeWgmma(const DecodeParams& p, int groups, int splits, int split_entries,
                               float* partial_o, float* partial_ml, cudaStream_t stream) {
-  // Compiled with fewer registers than kLaunchRegisters, the launch would
-  // leave too few for WG0's setmaxnreg.inc, which would then never return.
-  static const int registers = [] {
-    cudaFuncAttributes attributes;
-    return cudaFuncGetAttributes(&attributes, DecodeWgmmaKernel) == cudaSuccess
-               ? attributes.numRegs
-               : -1;
-  }();
-  if (registers != kLaunchRegisters) return cudaErrorInvalidKernelImage;
-  cudaError_t error = cudaFuncSetAttribute(
-      DecodeWgmmaKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WgLayout::kBytes);
+  const cudaError_t error =
+      PrepareWarpSpecialised<DecodeWgmmaKernel, kLaunchRegisters>(WgLayout::kBytes);
   if (error != cudaSuccess) return error;
   const dim3 grid(static_cast<unsigned>(p.num_tokens * groups), splits);
   DecodeWgmmaKernel<<<grid, kWgThreads, WgLayout::kBytes, stream>>>(

@@ -174,6 +174,22 @@ struct WgTask {
   int num_chunks;
 };
 
+// Readies a warp-specialised kernel for a launch on the current device: its
+// dynamic shared memory, and a refusal (cudaErrorInvalidKernelImage) when it
+// was compiled with other than kLaunchRegisters a thread, since fewer at
+// launch would leave a setmaxnreg.inc waiting forever. The register count is
+// read once per kernel.
+template <auto kKernel, int kLaunchRegisters>
+cudaError_t PrepareWarpSpecialised(uint32_t shared_bytes) {
+  static const int registers = [] {
+    cudaFuncAttributes attributes;
+    return cudaFuncGetAttributes(&attributes, kKernel) == cudaSuccess ? attributes.numRegs : -1;
+  }();
+  if (registers != kLaunchRegisters) return cudaErrorInvalidKernelImage;
+  return cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(shared_bytes));
+}
+
 // The task of a CTA: token t, heads h0 .. h0 + heads_here - 1, entries
 // split * split_entries .. (+ split_entries) of the token's key list in
 // 64-key chunks.
