@@ -28,7 +28,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   if (!kernels.has_value()) {
     init_status_ = absl::InvalidArgumentError(
         absl::StrCat("MLA_CUDA_DECODE=", decode,
-                     " names no decode kernels: use wgmma (the default), mma, simt or narrow"));
+                     " names no decode kernels: use wgmma (the default), padded, mma or simt"));
     return;
   }
   decode_kernels_ = *kernels;

@@ -203,7 +203,8 @@ INSTANTIATE_TEST_SUITE_P(AllLayerKinds, LayerStepTest, ::testing::ValuesIn(Layer
 // Every decode kernel puts the tokens in the grid's x. Token t attends one
 // row, the one at slot t % 4096 of random rows, with no sink, so the softmax
 // is over that one key and its output is the row exactly, in every head
-// (lse 0). Also run with MLA_CUDA_DECODE=mma and =simt by run_on_device.sh.
+// (lse 0). Also run with MLA_CUDA_DECODE=padded, =mma and =simt by
+// run_on_device.sh.
 // With 8 heads every kernel has one head group a token: the head part of
 // the grid's x is covered by the 64- and 128-head cases above.
 TEST(DecodeGridTest, EveryTokenOfABatchPastTheGridYLimit) {

@@ -1,9 +1,9 @@
 // Sparse MLA decode with attention sink (spec section 5).
 //
-// Implementations of the same algorithm: in decode_wgmma.cu,
-// DecodeWgmmaKernel (warpgroup MMA, 64 heads a CTA; the default), in
-// decode_narrow.cu DecodeNarrowKernel (Hp <= 32 as the MMA's N;
-// MLA_CUDA_DECODE=narrow, not yet run on a GPU), and here
+// Implementations of the same algorithm: the default, warpgroup MMA, is
+// decode_narrow.cu's DecodeNarrowKernel for Hp <= 32 (the heads as the
+// MMA's N) and decode_wgmma.cu's DecodeWgmmaKernel (64 heads a CTA) for
+// Hp >= 64, or at every Hp with MLA_CUDA_DECODE=padded; here
 // DecodeMmaKernel (tensor cores, mma.sync bf16 -> fp32, 16 or 32 heads a
 // CTA; MLA_CUDA_DECODE=mma, described further down) and DecodeKernel (CUDA
 // cores, fp32 throughout; MLA_CUDA_DECODE=simt, kept as a cross-check).
@@ -796,7 +796,7 @@ void SplitKeys(const DecodeParams& p, int64_t wanted, int kc, Plan& plan) {
 Plan MakePlan(const DecodeParams& p, DecodeKernels kernels, int num_sms) {
   Plan plan;
   plan.hg = p.padded_heads >= 16 ? 16 : 8;  // the CUDA-core kernel's; the others set their own
-  if (kernels == DecodeKernels::kWgmma || kernels == DecodeKernels::kNarrow) {
+  if (kernels == DecodeKernels::kWgmma || kernels == DecodeKernels::kPadded) {
     // One CTA an SM (its shared memory), 64-key chunks; the narrow kernel's
     // Hp <= 32 is one group of 64.
     plan.hg = kWgmmaHeads;
@@ -857,8 +857,8 @@ cudaError_t LaunchMma(const DecodeParams& p, const Plan& plan, Partials partials
 
 std::optional<DecodeKernels> DecodeKernelsFor(const char* value) {
   if (value == nullptr || value[0] == '\0') return DecodeKernels::kWgmma;
-  for (DecodeKernels kernels : {DecodeKernels::kWgmma, DecodeKernels::kMma, DecodeKernels::kSimt,
-                                 DecodeKernels::kNarrow}) {
+  for (DecodeKernels kernels : {DecodeKernels::kWgmma, DecodeKernels::kPadded, DecodeKernels::kMma,
+                                 DecodeKernels::kSimt}) {
     if (std::strcmp(value, DecodeKernelsName(kernels)) == 0) return kernels;
   }
   return std::nullopt;
@@ -872,8 +872,8 @@ const char* DecodeKernelsName(DecodeKernels kernels) {
       return "mma";
     case DecodeKernels::kSimt:
       return "simt";
-    case DecodeKernels::kNarrow:
-      return "narrow";
+    case DecodeKernels::kPadded:
+      return "padded";
   }
   return "?";
 }
@@ -896,9 +896,9 @@ cudaError_t LaunchDecode(const DecodeParams& p, DecodeKernels kernels, int num_s
     partials.ml = partials.o + items * kHeadDim;
   }
   cudaError_t error;
-  if (kernels == DecodeKernels::kNarrow && p.padded_heads <= kNarrowMaxHeads) {
+  if (kernels == DecodeKernels::kWgmma && p.padded_heads <= kNarrowMaxHeads) {
     error = LaunchDecodeNarrow(p, plan.splits, plan.split_entries, partials.o, partials.ml, stream);
-  } else if (kernels == DecodeKernels::kWgmma || kernels == DecodeKernels::kNarrow) {
+  } else if (kernels == DecodeKernels::kWgmma || kernels == DecodeKernels::kPadded) {
     error = LaunchDecodeWgmma(p, plan.groups, plan.splits, plan.split_entries, partials.o,
                               partials.ml, stream);
   } else if (kernels == DecodeKernels::kMma) {

@@ -22,11 +22,13 @@ TEST(DecodeChoiceTest, NamesTheKernelsOfEachValue) {
   EXPECT_EQ(cuda::DecodeKernelsFor("wgmma"), cuda::DecodeKernels::kWgmma);
   EXPECT_EQ(cuda::DecodeKernelsFor("mma"), cuda::DecodeKernels::kMma);
   EXPECT_EQ(cuda::DecodeKernelsFor("simt"), cuda::DecodeKernels::kSimt);
-  EXPECT_EQ(cuda::DecodeKernelsFor("narrow"), cuda::DecodeKernels::kNarrow);
+  EXPECT_EQ(cuda::DecodeKernelsFor("padded"), cuda::DecodeKernels::kPadded);
+  // The name the narrow kernel had before it became the default's Hp <= 32.
+  EXPECT_EQ(cuda::DecodeKernelsFor("narrow"), std::nullopt);
   EXPECT_EQ(cuda::DecodeKernelsFor("WGMMA"), std::nullopt);
   EXPECT_EQ(cuda::DecodeKernelsFor("fastest"), std::nullopt);
-  for (cuda::DecodeKernels kernels : {cuda::DecodeKernels::kWgmma, cuda::DecodeKernels::kMma,
-                                      cuda::DecodeKernels::kSimt, cuda::DecodeKernels::kNarrow}) {
+  for (cuda::DecodeKernels kernels : {cuda::DecodeKernels::kWgmma, cuda::DecodeKernels::kPadded,
+                                      cuda::DecodeKernels::kMma, cuda::DecodeKernels::kSimt}) {
     EXPECT_EQ(cuda::DecodeKernelsFor(cuda::DecodeKernelsName(kernels)), kernels);
   }
 }
@@ -51,6 +53,7 @@ TEST(DecodeChoiceTest, BackendKeepsTheChoiceItWasMadeWith) {
   const std::unique_ptr<CudaBackend> backend = BackendWith("simt");
   EXPECT_EQ(backend->decode_kernels(), cuda::DecodeKernels::kSimt);
   EXPECT_EQ(BackendWith("mma")->decode_kernels(), cuda::DecodeKernels::kMma);
+  EXPECT_EQ(BackendWith("padded")->decode_kernels(), cuda::DecodeKernels::kPadded);
   EXPECT_EQ(BackendWith("")->decode_kernels(), cuda::DecodeKernels::kWgmma);
   EXPECT_EQ(backend->decode_kernels(), cuda::DecodeKernels::kSimt);
 }

@@ -10,19 +10,20 @@ namespace mla {
 namespace cuda {
 
 enum class DecodeKernels {
-  kWgmma,   // warpgroup MMA, 64 heads a CTA (decode_wgmma.cu): the default
+  kWgmma,   // the default, warpgroup MMA: Hp <= 32 with the heads as the MMA's
+            // N (decode_narrow.cu), Hp >= 64 64 heads a CTA (decode_wgmma.cu)
+  kPadded,  // decode_wgmma.cu at every Hp, a smaller one padded to 64 MMA
+            // rows (the default before decode_narrow.cu): a cross-check
   kMma,     // tensor-core mma.sync, 16 or 32 heads a CTA (decode.cu): a cross-check
   kSimt,    // CUDA cores, fp32 throughout (decode.cu): a cross-check
-  kNarrow,  // Hp <= 32: warpgroup MMA with the heads as N (decode_narrow.cu),
-            // Hp >= 64: as kWgmma. Written, not yet run on a GPU.
 };
 
 // The kernels a value of MLA_CUDA_DECODE selects: unset, empty or "wgmma"
-// the default, "mma", "simt", "narrow"; nullopt for any other value
+// the default, "padded", "mma", "simt"; nullopt for any other value
 // (CudaBackend refuses it).
 std::optional<DecodeKernels> DecodeKernelsFor(const char* value);
 
-// "wgmma", "mma", "simt" or "narrow".
+// "wgmma", "padded", "mma" or "simt".
 const char* DecodeKernelsName(DecodeKernels kernels);
 
 }  // namespace cuda

@@ -6,18 +6,23 @@
 // the work of 64 heads a chunk whatever Hp is and set the chunk's period
 // (RESULTS.md); here S^T and O^T cost Hp / 64 of that and one warpgroup holds
 // all of O^T (4 Hp registers a thread).
-// MLA_CUDA_DECODE=narrow (decode_kernels.h) selects it for Hp <= 32; it is
-// not the default: it was written without a GPU at hand and has not run yet.
+// The default decode kernel for Hp <= 32 (decode_kernels.h); faster than
+// decode_wgmma.cu's padded one at every such shape of the benchmark
+// (kernels/bench/RESULTS.md).
 //
-// One CTA per token (and split of its keys), three warpgroups:
+// One CTA per token (and split of its keys), five warpgroups (three at N = 32):
 //   WG0, the consumer: Q into shared memory at the start; per 64-key chunk
 //     S^T from the key tile and Q, the online softmax of each head over the
 //     chunk's keys (maxima across the four warps through shared memory), P^T
 //     (bf16) into shared memory, O^T = O^T * alpha + V^T P^T with V^T the
 //     key tile read MN-major; at the end the output, staged in shared memory
 //     and written by a rolled loop.
-//   WG1 and WG2, the producers of decode_wgmma.cu's kernel (Produce in
-//     wgmma_device.cuh), into the same two key tiles.
+//   WG1..WG4, two groups of the producers of decode_wgmma.cu's kernel
+//     (Produce in wgmma_device.cuh): WG1 and WG2 fill the even chunks into
+//     the first key tile, WG3 and WG4 the odd ones into the second, so that
+//     two chunks' loads are in flight (eight more warps issuing them than in
+//     decode_wgmma.cu: what the gather sweep of RESULTS.md says pays). At
+//     N = 32 WG1 and WG2 fill both tiles (NarrowShape).
 // WG0's warps meet at named barrier 1 (only WG0 uses it). Numbers are those
 // of the other kernels: fp32 scores, the softmax in fp32 with the running sum
 // of unrounded probabilities, P rounded to bf16 for the product only.
@@ -35,7 +40,6 @@ namespace mla {
 namespace cuda {
 namespace {
 
-constexpr int kNarrowThreads = 384;  // WG0 the consumer, WG1 and WG2 the producers
 constexpr int kBarConsumer = 1;      // named barrier of WG0's 128 threads
 
 // Byte offset of element (row, col) of an N-row bf16 tile of 8 x 8 core
@@ -386,17 +390,29 @@ __device__ void Consume(const DecodeParams& p, const WgTask& task, int splits,
   }
 }
 
-// setmaxnreg: together at most what the launch gave (3 x 168, the cap of
-// __launch_bounds__(384, 1)): WG0 holds O^T (4N), S^T (N / 2) and the heads'
-// softmax state; a producer a quarter row of loads.
-constexpr int kNarrowLaunchRegisters = 168;
-constexpr int kConsumerRegisters = 240;
-constexpr int kNarrowProducerRegisters = 128;
-static_assert(kConsumerRegisters + 2 * kNarrowProducerRegisters <= 3 * kNarrowLaunchRegisters,
-              "setmaxnreg.inc would wait forever for registers");
+// The CTA's shape: WG0 the consumer and one or two groups of two producer
+// warpgroups. At N = 32 the consumer's chunk takes longer than its loads
+// and a second group made it slower (63.5 against 62.5 us, RESULTS.md), so
+// N = 32 keeps one group and the consumer's registers.
+// setmaxnreg: together at most what the launch gave (the cap of
+// __launch_bounds__: 3 x 168 or 5 x 96): WG0 holds O^T (4N), S^T (N / 2) and
+// the heads' softmax state; a producer a quarter row of loads and its
+// addresses (with two groups 64 spill a few bytes, 72 do not; the consumer
+// at 192 does not spill at N = 16).
+template <int N>
+struct NarrowShape {
+  static constexpr int kGroups = N <= 16 ? 2 : 1;
+  static constexpr int kThreads = 128 + 256 * kGroups;
+  static constexpr int kLaunchRegisters = kGroups == 2 ? 96 : 168;
+  static constexpr int kConsumerRegisters = kGroups == 2 ? 192 : 240;
+  static constexpr int kProducerRegisters = kGroups == 2 ? 72 : 128;
+  static_assert(kConsumerRegisters + 2 * kGroups * kProducerRegisters <=
+                    (1 + 2 * kGroups) * kLaunchRegisters,
+                "setmaxnreg.inc would wait forever for registers");
+};
 
 template <int N>
-__global__ void __launch_bounds__(kNarrowThreads, 1)
+__global__ void __launch_bounds__(NarrowShape<N>::kThreads, 1)
     DecodeNarrowKernel(const DecodeParams p, int splits, int split_entries, Partials partials) {
   using L = NarrowLayout<N>;
   extern __shared__ __align__(1024) unsigned char smem[];
@@ -406,17 +422,17 @@ __global__ void __launch_bounds__(kNarrowThreads, 1)
   if (tid == 0) {
     const uint32_t base = SharedAddress(smem);
     for (int b = 0; b < 2; ++b) {
-      MbarrierInit(base + L::kFull + 8 * b, 256);   // the producers' threads
+      MbarrierInit(base + L::kFull + 8 * b, 256);   // the threads of a producer group
       MbarrierInit(base + L::kEmpty + 8 * b, 128);  // WG0's
     }
   }
   __syncthreads();
   if (tid < 128) {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(NarrowShape<N>::kConsumerRegisters));
     Consume<N>(p, task, splits, partials, smem, tid);
   } else {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kNarrowProducerRegisters));
-    Produce<L>(p, task, smem, tid - 128);
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(NarrowShape<N>::kProducerRegisters));
+    Produce<L, NarrowShape<N>::kGroups>(p, task, smem, (tid - 128) & 255, (tid - 128) >> 8);
   }
 }
 
@@ -424,10 +440,11 @@ template <int N>
 cudaError_t LaunchNarrow(const DecodeParams& p, int splits, int split_entries, float* partial_o,
                          float* partial_ml, cudaStream_t stream) {
   const cudaError_t error =
-      PrepareWarpSpecialised<DecodeNarrowKernel<N>, kNarrowLaunchRegisters>(NarrowLayout<N>::kBytes);
+      PrepareWarpSpecialised<DecodeNarrowKernel<N>, NarrowShape<N>::kLaunchRegisters>(
+          NarrowLayout<N>::kBytes);
   if (error != cudaSuccess) return error;
   const dim3 grid(static_cast<unsigned>(p.num_tokens), splits);
-  DecodeNarrowKernel<N><<<grid, kNarrowThreads, NarrowLayout<N>::kBytes, stream>>>(
+  DecodeNarrowKernel<N><<<grid, NarrowShape<N>::kThreads, NarrowLayout<N>::kBytes, stream>>>(
       p, splits, split_entries, Partials{partial_o, partial_ml});
   return cudaGetLastError();
 }

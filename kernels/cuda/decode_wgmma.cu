@@ -1,10 +1,10 @@
 // Sparse MLA decode (spec section 5) with Hopper's warpgroup MMA (wgmma):
 // one CTA per 64 heads of a token (and per split of its keys), keys in
-// chunks of 64. Made for Hp = 64 and 128; a smaller Hp fills the MMA's 64
-// rows with zero queries whose results are dropped (decode_narrow.cu is
-// written for those shapes, not yet run). The default decode kernel
-// (MLA_CUDA_DECODE, see decode_kernels.h); kernels/bench/RESULTS.md has its
-// figures and limits.
+// chunks of 64. Made for Hp = 64 and 128, where it is the default decode
+// kernel; a smaller Hp fills the MMA's 64 rows with zero queries whose
+// results are dropped, which only MLA_CUDA_DECODE=padded asks for (the
+// default runs decode_narrow.cu for those; see decode_kernels.h).
+// kernels/bench/RESULTS.md has its figures and limits.
 //
 // A CTA is four warpgroups with their own jobs, linked through shared memory:
 //   WG0, scores: S = Q K^T for the chunk (Q and the key tile both in shared

@@ -3,10 +3,10 @@
 # kernels/cuda/prepare_device.sh filled .device/ here): the CUDA backend's
 # tests, compute-sanitizer memcheck and racecheck on a smaller case set, then
 # the benchmark. Logs go to $OUT as logs_STEPS.tar.gz, results*.json beside.
-#   run_on_device.sh [test|mma|simt|narrow|sanitize|tool|bench|e2e|transport|all]...   (default: all)
+#   run_on_device.sh [test|padded|mma|simt|sanitize|tool|bench|e2e|transport|all]...   (default: all)
 # test, sanitize, tool, bench and e2e use the decode kernels MLA_CUDA_DECODE
-# selects (unset: the default, warpgroup MMA); mma, simt and narrow run the
-# decode cases with those kernels (MLA_CUDA_DECODE=mma, =simt, =narrow).
+# selects (unset: the default, warpgroup MMA); padded, mma and simt run the
+# decode cases with those kernels (MLA_CUDA_DECODE=padded, =mma, =simt).
 # For the sanitizers or the benchmark with other kernels, set
 # MLA_CUDA_DECODE for the whole call.
 # e2e: the server's end-to-end tests with --backend=cuda; transport: the
@@ -47,7 +47,7 @@ if [[ $steps == *all* || $steps == *test* ]]; then
 fi
 # The decode cases with the other decode kernels (bounded: a kernel that
 # deadlocks must not take the call's whole time).
-for kernels in mma simt narrow; do
+for kernels in padded mma simt; do
   if [[ $steps == *all* || $steps == *$kernels* ]]; then
     echo "== cuda_backend_test, decode cases, MLA_CUDA_DECODE=$kernels"
     MLA_CUDA_DECODE=$kernels timeout 120 ./cuda_backend_test --gtest_filter='*Decode*:*LayerStep*' 2>&1 |

@@ -219,6 +219,9 @@ __device__ __forceinline__ WgTask MakeTask(const DecodeParams& p, int64_t t, int
 // The loads of a chunk's row go out as soon as the previous chunk's copy of
 // that row is stored and its tile announced, so they have the consumers'
 // time on a whole chunk to arrive; the slots come two chunks ahead.
+// With kGroups = 2 two such sets of producers (group 0 and 1, 512 threads)
+// take the even and the odd chunks, each into its own tile, so that two
+// chunks' loads are in flight (decode_narrow.cu).
 struct RowPieces {
   uint4 pieces[9];  // FP8 pieces 0..6, RoPE pieces 7, 8
   uint2 scales;
@@ -263,8 +266,10 @@ __device__ __forceinline__ void StoreRow(const RowPieces& row, int r, int part,
   *reinterpret_cast<uint4*>(tile + TileOffset(r, kNopeDim + 8 * (part + 4))) = row.pieces[8];
 }
 
-template <typename Layout>
-__device__ void Produce(const DecodeParams& p, const WgTask& task, unsigned char* smem, int wt) {
+template <typename Layout, int kGroups = 1>
+__device__ void Produce(const DecodeParams& p, const WgTask& task, unsigned char* smem, int wt,
+                        int group = 0) {
+  static_assert(kGroups == 1 || kGroups == 2, "two tiles: one or two producer groups");
   const int part = (wt & 31) >> 3;
   const int r = (wt >> 5) * 8 + (wt & 7);
   const uint32_t base = SharedAddress(smem);
@@ -274,13 +279,14 @@ __device__ void Produce(const DecodeParams& p, const WgTask& task, unsigned char
     return e < task.main_len ? __ldg(p.main.indices + task.t * p.main.width + e)
                              : __ldg(p.extra.indices + task.t * p.extra.width + (e - task.main_len));
   };
-  int32_t slot = slot_of(0);
-  int32_t next = slot_of(1);
+  if (group >= task.num_chunks) return;
+  int32_t slot = slot_of(group);
+  int32_t next = slot_of(group + kGroups);
   RowPieces row;
-  LoadRow(p, task, 0, r, slot, part, row);
-  for (int chunk = 0; chunk < task.num_chunks; ++chunk) {
+  LoadRow(p, task, group, r, slot, part, row);
+  for (int chunk = group; chunk < task.num_chunks; chunk += kGroups) {
     const int buffer = chunk & 1;
-    const int32_t after = slot_of(chunk + 2);
+    const int32_t after = slot_of(chunk + 2 * kGroups);
     // The consumers are done with this buffer's previous chunk (none before
     // chunk 2: the wait on the phase before the first returns at once).
     MbarrierWait(base + Layout::kEmpty + 8 * buffer, ((chunk >> 1) & 1) ^ 1);
@@ -291,7 +297,9 @@ __device__ void Produce(const DecodeParams& p, const WgTask& task, unsigned char
     MbarrierArrive(base + Layout::kFull + 8 * buffer);
     // The tile is announced before the next chunk's loads go out: a fence
     // or release after them may wait for them (RESULTS.md).
-    if (chunk + 1 < task.num_chunks) LoadRow(p, task, chunk + 1, r, next, part, row);
+    if (chunk + kGroups < task.num_chunks) {
+      LoadRow(p, task, chunk + kGroups, r, next, part, row);
+    }
     slot = next;
     next = after;
   }
