@@ -315,10 +315,8 @@ __device__ void Score(const DecodeParams& p, const WgTask& task, int splits,
     const uint64_t value_tile = ValueTile(keys);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-#pragma unroll
-      for (int n = 0; n < 4; ++n) {
-        WgmmaRegisterA(o[n], pa[j], Advance(value_tile, ValueStepBytes(64 * n, j)));
-      }
+      WgmmaRegisterA128<0>(o, pa[j], Advance(value_tile, ValueStepBytes(0, j)));
+      WgmmaRegisterA128<1>(o, pa[j], Advance(value_tile, ValueStepBytes(128, j)));
     }
     WgmmaCommit();
     WgmmaWaitAll();
@@ -372,11 +370,10 @@ __device__ void Value(const DecodeParams& p, const WgTask& task, int splits,
     RescaleForMma(o, alpha);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-#pragma unroll
-      for (int n = 0; n < 4; ++n) {
-        WgmmaSmemA<1>(o[n], Advance(p_tile, KStepBytes(j)),
-                      Advance(value_tile, ValueStepBytes(kHeadDim / 2 + 64 * n, j)), 1);
-      }
+      WgmmaSmemA128<0>(o, Advance(p_tile, KStepBytes(j)),
+                       Advance(value_tile, ValueStepBytes(kHeadDim / 2, j)));
+      WgmmaSmemA128<1>(o, Advance(p_tile, KStepBytes(j)),
+                       Advance(value_tile, ValueStepBytes(kHeadDim / 2 + 128, j)));
     }
     WgmmaCommit();
     WgmmaWaitAll();

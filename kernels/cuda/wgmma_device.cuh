@@ -128,6 +128,119 @@ __device__ __forceinline__ void WgmmaRegisterA(float (&d)[32], const uint32_t (&
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
+// D[64 x 128] += A B for the columns 128 kHalf .. + 127 of four 64 x 64
+// accumulators (d[n] is columns 64n .. 64n + 63, laid out as WgmmaSmemA's
+// d): one m64n128k16 instead of two m64n64k16, so A is read half as often.
+// A a 64 x 16 tile from shared memory (K-major) or from registers
+// (mma.m16n8k16's A layout), B 16 x 128 MN-major (V). (m64n256k16 would
+// read it once, but ptxas asks 158 registers of every thread for it, more
+// than a 512-thread CTA has.)
+template <int kHalf>
+__device__ __forceinline__ void WgmmaSmemA128(float (&d)[4][32], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, 1;\n}\n"
+      : "+f"(d[2 * kHalf + 0][0]), "+f"(d[2 * kHalf + 0][1]), "+f"(d[2 * kHalf + 0][2]), "+f"(d[2 * kHalf + 0][3]),
+        "+f"(d[2 * kHalf + 0][4]), "+f"(d[2 * kHalf + 0][5]), "+f"(d[2 * kHalf + 0][6]), "+f"(d[2 * kHalf + 0][7]),
+        "+f"(d[2 * kHalf + 0][8]), "+f"(d[2 * kHalf + 0][9]), "+f"(d[2 * kHalf + 0][10]), "+f"(d[2 * kHalf + 0][11]),
+        "+f"(d[2 * kHalf + 0][12]), "+f"(d[2 * kHalf + 0][13]), "+f"(d[2 * kHalf + 0][14]), "+f"(d[2 * kHalf + 0][15]),
+        "+f"(d[2 * kHalf + 0][16]), "+f"(d[2 * kHalf + 0][17]), "+f"(d[2 * kHalf + 0][18]), "+f"(d[2 * kHalf + 0][19]),
+        "+f"(d[2 * kHalf + 0][20]), "+f"(d[2 * kHalf + 0][21]), "+f"(d[2 * kHalf + 0][22]), "+f"(d[2 * kHalf + 0][23]),
+        "+f"(d[2 * kHalf + 0][24]), "+f"(d[2 * kHalf + 0][25]), "+f"(d[2 * kHalf + 0][26]), "+f"(d[2 * kHalf + 0][27]),
+        "+f"(d[2 * kHalf + 0][28]), "+f"(d[2 * kHalf + 0][29]), "+f"(d[2 * kHalf + 0][30]), "+f"(d[2 * kHalf + 0][31]),
+        "+f"(d[2 * kHalf + 1][0]), "+f"(d[2 * kHalf + 1][1]), "+f"(d[2 * kHalf + 1][2]), "+f"(d[2 * kHalf + 1][3]),
+        "+f"(d[2 * kHalf + 1][4]), "+f"(d[2 * kHalf + 1][5]), "+f"(d[2 * kHalf + 1][6]), "+f"(d[2 * kHalf + 1][7]),
+        "+f"(d[2 * kHalf + 1][8]), "+f"(d[2 * kHalf + 1][9]), "+f"(d[2 * kHalf + 1][10]), "+f"(d[2 * kHalf + 1][11]),
+        "+f"(d[2 * kHalf + 1][12]), "+f"(d[2 * kHalf + 1][13]), "+f"(d[2 * kHalf + 1][14]), "+f"(d[2 * kHalf + 1][15]),
+        "+f"(d[2 * kHalf + 1][16]), "+f"(d[2 * kHalf + 1][17]), "+f"(d[2 * kHalf + 1][18]), "+f"(d[2 * kHalf + 1][19]),
+        "+f"(d[2 * kHalf + 1][20]), "+f"(d[2 * kHalf + 1][21]), "+f"(d[2 * kHalf + 1][22]), "+f"(d[2 * kHalf + 1][23]),
+        "+f"(d[2 * kHalf + 1][24]), "+f"(d[2 * kHalf + 1][25]), "+f"(d[2 * kHalf + 1][26]), "+f"(d[2 * kHalf + 1][27]),
+        "+f"(d[2 * kHalf + 1][28]), "+f"(d[2 * kHalf + 1][29]), "+f"(d[2 * kHalf + 1][30]), "+f"(d[2 * kHalf + 1][31])
+      : "l"(a), "l"(b));
+}
+template <int kHalf>
+__device__ __forceinline__ void WgmmaRegisterA128(float (&d)[4][32], const uint32_t (&a)[4],
+                                                  uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[2 * kHalf + 0][0]), "+f"(d[2 * kHalf + 0][1]), "+f"(d[2 * kHalf + 0][2]), "+f"(d[2 * kHalf + 0][3]),
+        "+f"(d[2 * kHalf + 0][4]), "+f"(d[2 * kHalf + 0][5]), "+f"(d[2 * kHalf + 0][6]), "+f"(d[2 * kHalf + 0][7]),
+        "+f"(d[2 * kHalf + 0][8]), "+f"(d[2 * kHalf + 0][9]), "+f"(d[2 * kHalf + 0][10]), "+f"(d[2 * kHalf + 0][11]),
+        "+f"(d[2 * kHalf + 0][12]), "+f"(d[2 * kHalf + 0][13]), "+f"(d[2 * kHalf + 0][14]), "+f"(d[2 * kHalf + 0][15]),
+        "+f"(d[2 * kHalf + 0][16]), "+f"(d[2 * kHalf + 0][17]), "+f"(d[2 * kHalf + 0][18]), "+f"(d[2 * kHalf + 0][19]),
+        "+f"(d[2 * kHalf + 0][20]), "+f"(d[2 * kHalf + 0][21]), "+f"(d[2 * kHalf + 0][22]), "+f"(d[2 * kHalf + 0][23]),
+        "+f"(d[2 * kHalf + 0][24]), "+f"(d[2 * kHalf + 0][25]), "+f"(d[2 * kHalf + 0][26]), "+f"(d[2 * kHalf + 0][27]),
+        "+f"(d[2 * kHalf + 0][28]), "+f"(d[2 * kHalf + 0][29]), "+f"(d[2 * kHalf + 0][30]), "+f"(d[2 * kHalf + 0][31]),
+        "+f"(d[2 * kHalf + 1][0]), "+f"(d[2 * kHalf + 1][1]), "+f"(d[2 * kHalf + 1][2]), "+f"(d[2 * kHalf + 1][3]),
+        "+f"(d[2 * kHalf + 1][4]), "+f"(d[2 * kHalf + 1][5]), "+f"(d[2 * kHalf + 1][6]), "+f"(d[2 * kHalf + 1][7]),
+        "+f"(d[2 * kHalf + 1][8]), "+f"(d[2 * kHalf + 1][9]), "+f"(d[2 * kHalf + 1][10]), "+f"(d[2 * kHalf + 1][11]),
+        "+f"(d[2 * kHalf + 1][12]), "+f"(d[2 * kHalf + 1][13]), "+f"(d[2 * kHalf + 1][14]), "+f"(d[2 * kHalf + 1][15]),
+        "+f"(d[2 * kHalf + 1][16]), "+f"(d[2 * kHalf + 1][17]), "+f"(d[2 * kHalf + 1][18]), "+f"(d[2 * kHalf + 1][19]),
+        "+f"(d[2 * kHalf + 1][20]), "+f"(d[2 * kHalf + 1][21]), "+f"(d[2 * kHalf + 1][22]), "+f"(d[2 * kHalf + 1][23]),
+        "+f"(d[2 * kHalf + 1][24]), "+f"(d[2 * kHalf + 1][25]), "+f"(d[2 * kHalf + 1][26]), "+f"(d[2 * kHalf + 1][27]),
+        "+f"(d[2 * kHalf + 1][28]), "+f"(d[2 * kHalf + 1][29]), "+f"(d[2 * kHalf + 1][30]), "+f"(d[2 * kHalf + 1][31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
+// D[64 x N] (+)= A B for N = 8, 16, 32: A 64 x 16 from shared memory
+// (K-major, or MN-major with kTransA), B 16 x N from shared memory
+// (K-major): decode_narrow.cu's MMAs and decode_wgmma.cu's S of half a
+// chunk. Accumulator element i of a thread (warp w, lane l) is row
+// 16w + l / 4 + 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 (l % 4) + (i & 1).
+template <int N, int kTransA>
+struct WgmmaNarrow;
+template <int kTransA>
+struct WgmmaNarrow<8, kTransA> {
+  __device__ __forceinline__ static void Run(float (&d)[4], uint64_t a, uint64_t b,
+                                             int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3}, %4, %5, p, 1, 1, %7, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "l"(a), "l"(b), "r"(accumulate), "n"(kTransA));
+  }
+};
+template <int kTransA>
+struct WgmmaNarrow<16, kTransA> {
+  __device__ __forceinline__ static void Run(float (&d)[8], uint64_t a, uint64_t b,
+                                             int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %11, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7])
+        : "l"(a), "l"(b), "r"(accumulate), "n"(kTransA));
+  }
+};
+template <int kTransA>
+struct WgmmaNarrow<32, kTransA> {
+  __device__ __forceinline__ static void Run(float (&d)[16], uint64_t a, uint64_t b,
+                                             int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, "
+        "1, 1, %19, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
+          "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(a), "l"(b), "r"(accumulate), "n"(kTransA));
+  }
+};
+
 __device__ __forceinline__ void MbarrierInit(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
