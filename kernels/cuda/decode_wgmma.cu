@@ -402,11 +402,12 @@ static_assert(kScoreRegisters + kValueRegisters + 2 * kProducerRegisters <= 4 * 
               "setmaxnreg.inc would wait forever for registers");
 
 __global__ void __launch_bounds__(kWgThreads, 1)
-    DecodeWgmmaKernel(const DecodeParams p, int splits, int split_entries, Partials partials) {
+    DecodeWgmmaKernel(const DecodeParams p, int groups, int splits, int split_entries,
+                      Partials partials) {
   extern __shared__ __align__(1024) unsigned char smem[];
-  // blockIdx.x: token-major, the head groups of a token adjacent (the second
-  // group's row reads find the first's in L2); x has room for any batch.
-  const int groups = (p.padded_heads + kTileRows - 1) / kTileRows;
+  // blockIdx.x: token-major, the `groups` 64-head groups of a token (the
+  // plan's) adjacent (the second group's row reads find the first's in L2);
+  // x has room for any batch.
   const int h0 = static_cast<int>(blockIdx.x % groups) * kTileRows;
   const WgTask task = MakeTask(p, blockIdx.x / groups, h0, min(kTileRows, p.padded_heads - h0),
                                blockIdx.y, split_entries);
@@ -447,7 +448,7 @@ cudaError_t LaunchDecodeWgmma(const DecodeParams& p, int groups, int splits, int
   if (error != cudaSuccess) return error;
   const dim3 grid(static_cast<unsigned>(p.num_tokens * groups), splits);
   DecodeWgmmaKernel<<<grid, kWgThreads, WgLayout::kBytes, stream>>>(
-      p, splits, split_entries, Partials{partial_o, partial_ml});
+      p, groups, splits, split_entries, Partials{partial_o, partial_ml});
   return cudaGetLastError();
 }
 
