@@ -134,6 +134,7 @@ __device__ void Consume(const DecodeParams& p, const WgTask& task, int splits,
   auto held = [](int i) { return 2 * (i >> 2) + (i & 1); };
   auto element_of = [](int k) { return 4 * (k >> 1) + (k & 1); };
 
+  WaitForPreviousGrid();  // q is the prologue's
   StoreNarrowQ<N>(p, task, smem, wt);
   FenceForWgmma();
   ConsumerSync();
@@ -371,6 +372,7 @@ __global__ void __launch_bounds__(NarrowShape<N>::kThreads, 1)
   extern __shared__ __align__(1024) unsigned char smem[];
   const WgTask task = MakeTask(p, blockIdx.x, 0, N, blockIdx.y, split_entries);
 
+  AllowNextGrid();
   const int tid = threadIdx.x;
   if (tid == 0) {
     const uint32_t base = SharedAddress(smem);
@@ -397,9 +399,9 @@ cudaError_t LaunchNarrow(const DecodeParams& p, int splits, int split_entries, f
           NarrowLayout<N>::kBytes);
   if (error != cudaSuccess) return error;
   const dim3 grid(static_cast<unsigned>(p.num_tokens), splits);
-  DecodeNarrowKernel<N><<<grid, NarrowShape<N>::kThreads, NarrowLayout<N>::kBytes, stream>>>(
-      p, splits, split_entries, Partials{partial_o, partial_ml});
-  return cudaGetLastError();
+  return LaunchOverlapped(DecodeNarrowKernel<N>, grid, NarrowShape<N>::kThreads,
+                          NarrowLayout<N>::kBytes, stream, p, splits, split_entries,
+                          Partials{partial_o, partial_ml});
 }
 
 }  // namespace

@@ -208,6 +208,7 @@ __device__ void Score(const DecodeParams& p, const WgTask& task, int splits,
   const int tig = lane & 3;
   const int row0 = (wt >> 5) * 16 + g;  // this thread's heads: row0 and row0 + 8
 
+  WaitForPreviousGrid();  // q is the prologue's
   StoreQ(p, task, smem, wt);
   MbarrierWait(base + WgLayout::kQReady, 0);
 
@@ -350,6 +351,7 @@ __device__ void Score(const DecodeParams& p, const WgTask& task, int splits,
 __device__ void Value(const DecodeParams& p, const WgTask& task, int splits,
                       const Partials& partials, unsigned char* smem, int wt) {
   const uint32_t base = SharedAddress(smem);
+  WaitForPreviousGrid();
   StoreQ(p, task, smem, 128 + wt);
   const int row0 = (wt >> 5) * 16 + ((wt & 31) >> 2);
   const float* alphas = reinterpret_cast<const float*>(smem + WgLayout::kAlpha);
@@ -412,6 +414,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const WgTask task = MakeTask(p, blockIdx.x / groups, h0, min(kTileRows, p.padded_heads - h0),
                                blockIdx.y, split_entries);
 
+  AllowNextGrid();
   const int tid = threadIdx.x;
   if (tid == 0) {
     const uint32_t base = SharedAddress(smem);
@@ -447,9 +450,8 @@ cudaError_t LaunchDecodeWgmma(const DecodeParams& p, int groups, int splits, int
       PrepareWarpSpecialised<DecodeWgmmaKernel, kLaunchRegisters>(WgLayout::kBytes);
   if (error != cudaSuccess) return error;
   const dim3 grid(static_cast<unsigned>(p.num_tokens * groups), splits);
-  DecodeWgmmaKernel<<<grid, kWgThreads, WgLayout::kBytes, stream>>>(
-      p, groups, splits, split_entries, Partials{partial_o, partial_ml});
-  return cudaGetLastError();
+  return LaunchOverlapped(DecodeWgmmaKernel, grid, kWgThreads, WgLayout::kBytes, stream, p, groups,
+                          splits, split_entries, Partials{partial_o, partial_ml});
 }
 
 }  // namespace cuda

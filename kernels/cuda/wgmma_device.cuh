@@ -276,6 +276,37 @@ __device__ __forceinline__ float Exp2(float x) {
   return y;
 }
 
+// Programmatic dependent launch (PDL). The warp-specialised decode kernels
+// are launched with LaunchOverlapped, so that their CTAs may start while the
+// kernel before them in the stream (the prologue that wrote q and the cache
+// rows, or the previous decode) is still finishing; each CTA allows the
+// next such launch as soon as it starts. Before WaitForPreviousGrid a
+// kernel reads only what no kernel writes (the token's list lengths and
+// index lists, copied from the host) and writes nothing; after it, the
+// previous kernel is complete and its writes are visible. Launched without
+// the attribute, the wait returns at once.
+__device__ __forceinline__ void WaitForPreviousGrid() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+__device__ __forceinline__ void AllowNextGrid() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+template <typename... Params, typename... Args>
+cudaError_t LaunchOverlapped(void (*kernel)(Params...), dim3 grid, int threads,
+                             uint32_t shared_bytes, cudaStream_t stream, Args... args) {
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, args...);
+}
+
 struct WgTask {
   int64_t t;
   int h0;
@@ -396,6 +427,7 @@ __device__ void Produce(const DecodeParams& p, const WgTask& task, unsigned char
   int32_t slot = slot_of(group);
   int32_t next = slot_of(group + kGroups);
   RowPieces row;
+  WaitForPreviousGrid();  // the cache rows may be the previous kernel's
   LoadRow(p, task, group, r, slot, part, row);
   for (int chunk = group; chunk < task.num_chunks; chunk += kGroups) {
     const int buffer = chunk & 1;
