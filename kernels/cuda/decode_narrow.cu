@@ -40,7 +40,7 @@ namespace mla {
 namespace cuda {
 namespace {
 
-constexpr int kBarConsumer = 1;      // named barrier of WG0's 128 threads
+constexpr int kBarConsumer = 1;  // named barrier of WG0's 128 threads
 
 // Byte offset of element (row, col) of an N-row bf16 tile of 8 x 8 core
 // matrices, K-major with the columns as K: the 8 columns 8c .. 8c + 7 of a
@@ -85,6 +85,53 @@ static_assert(NarrowLayout<32>::kBytes <= 227 * 1024, "shared memory of the narr
 // 32 distinct banks.
 constexpr uint32_t kNarrowStagedRowBytes = kHeadDim * 4 + 16;
 static_assert(32 * kNarrowStagedRowBytes <= 2 * kTileBytes, "staged output over the key tiles");
+
+// D[64 x N] (+)= A B for N = 8, 16, 32: A 64 x 16 from shared memory
+// (K-major, or MN-major with kTransA), B 16 x N from shared memory
+// (K-major). Accumulator element i of a thread (warp w, lane l) is row
+// 16w + l / 4 + 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 (l % 4) + (i & 1).
+template <int N, int kTransA>
+struct WgmmaNarrow;
+template <int kTransA>
+struct WgmmaNarrow<8, kTransA> {
+  __device__ __forceinline__ static void Run(float (&d)[4], uint64_t a, uint64_t b,
+                                             int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3}, %4, %5, p, 1, 1, %7, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "l"(a), "l"(b), "r"(accumulate), "n"(kTransA));
+  }
+};
+template <int kTransA>
+struct WgmmaNarrow<16, kTransA> {
+  __device__ __forceinline__ static void Run(float (&d)[8], uint64_t a, uint64_t b,
+                                             int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %11, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7])
+        : "l"(a), "l"(b), "r"(accumulate), "n"(kTransA));
+  }
+};
+template <int kTransA>
+struct WgmmaNarrow<32, kTransA> {
+  __device__ __forceinline__ static void Run(float (&d)[16], uint64_t a, uint64_t b,
+                                             int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, "
+        "1, 1, %19, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
+          "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(a), "l"(b), "r"(accumulate), "n"(kTransA));
+  }
+};
 
 __device__ __forceinline__ void ConsumerSync() {
   asm volatile("bar.sync %0, %1;\n" ::"n"(kBarConsumer), "n"(128) : "memory");
@@ -171,7 +218,7 @@ __device__ void Consume(const DecodeParams& p, const WgTask& task, int splits,
 #pragma unroll
     for (int step = 0; step < kHeadDim / 16; ++step) {
       WgmmaNarrow<N, 0>::Run(s, Advance(key_tile, KStepBytes(step)),
-                           Advance(q_tile, NarrowStepBytes<N>(step)), step > 0);
+                             Advance(q_tile, NarrowStepBytes<N>(step)), step > 0);
     }
     WgmmaCommit();
     WgmmaWaitAll();
@@ -249,7 +296,7 @@ __device__ void Consume(const DecodeParams& p, const WgTask& task, int splits,
 #pragma unroll
       for (int mt = 0; mt < 8; ++mt) {
         WgmmaNarrow<N, 1>::Run(o[mt], Advance(value_tile, ValueStepBytes(64 * mt, step)),
-                             Advance(p_tile, NarrowStepBytes<N>(step)), 1);
+                               Advance(p_tile, NarrowStepBytes<N>(step)), 1);
       }
     }
     WgmmaCommit();
@@ -387,7 +434,7 @@ __global__ void __launch_bounds__(NarrowShape<N>::kThreads, 1)
     Consume<N>(p, task, splits, partials, smem, tid);
   } else {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(NarrowShape<N>::kProducerRegisters));
-    Produce<L, NarrowShape<N>::kGroups>(p, task, smem, (tid - 128) & 255, (tid - 128) >> 8);
+    Produce<L, NarrowShape<N>::kGroups>(p, task, smem, tid - 128);
   }
 }
 

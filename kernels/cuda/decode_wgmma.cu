@@ -238,7 +238,7 @@ __device__ void Score(const DecodeParams& p, const WgTask& task, int splits,
     const uint64_t key_tile = KMajorTile(keys);
 #pragma unroll
     for (int step = 0; step < kHeadDim / 16; ++step) {
-      WgmmaSmemA<0>(s, Advance(q_tile, KStepBytes(step)), Advance(key_tile, KStepBytes(step)),
+      WgmmaSmemA(s, Advance(q_tile, KStepBytes(step)), Advance(key_tile, KStepBytes(step)),
                     step > 0);
     }
     WgmmaCommit();
@@ -351,7 +351,7 @@ __device__ void Score(const DecodeParams& p, const WgTask& task, int splits,
 __device__ void Value(const DecodeParams& p, const WgTask& task, int splits,
                       const Partials& partials, unsigned char* smem, int wt) {
   const uint32_t base = SharedAddress(smem);
-  WaitForPreviousGrid();
+  WaitForPreviousGrid();  // q is the prologue's
   StoreQ(p, task, smem, 128 + wt);
   const int row0 = (wt >> 5) * 16 + ((wt & 31) >> 2);
   const float* alphas = reinterpret_cast<const float*>(smem + WgLayout::kAlpha);

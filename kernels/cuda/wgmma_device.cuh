@@ -1,8 +1,9 @@
-// Device pieces of the warpgroup-MMA decode kernels (decode_wgmma.cu,
+// Pieces of the warpgroup-MMA decode kernels (decode_wgmma.cu,
 // decode_narrow.cu): the bf16 tile layout of 8 x 8 core matrices and its
-// wgmma descriptors, the wgmma and mbarrier instructions, and the producer
-// warpgroups that gather a chunk's FP8 rows and dequantise them into a key
-// tile. Included by .cu files only.
+// wgmma descriptors, the wgmma and mbarrier instructions, programmatic
+// dependent launch (the device side and the host's LaunchOverlapped), and
+// the producer warpgroups that gather a chunk's FP8 rows and dequantise
+// them into a key tile. Included by .cu files only.
 #ifndef MLA_OFFLOAD_KERNELS_CUDA_WGMMA_DEVICE_CUH_
 #define MLA_OFFLOAD_KERNELS_CUDA_WGMMA_DEVICE_CUH_
 
@@ -58,7 +59,8 @@ __host__ __device__ constexpr uint32_t KStepBytes(int step) { return step * 2 * 
 
 // A key tile as V, an MN-major operand: along the keys (the reduction) core
 // matrices are 128 bytes apart, along the dims 1 KiB. Keys 16 step .. + 15
-// and dims dim0 .. dim0 + 63 are Advance(d, ValueStepBytes(dim0, step)).
+// and dims from dim0 on (the MMA's N of them: 64 or 128) are
+// Advance(d, ValueStepBytes(dim0, step)).
 __device__ __forceinline__ uint64_t ValueTile(uint32_t tile) {
   return MatrixDescriptor(tile, 128, kTileRows * 16);
 }
@@ -91,155 +93,80 @@ __device__ __forceinline__ void PinRegisters(uint32_t (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(d[i])::"memory");
 }
 
-// D[64 x 64] (+)= A B, A a 64 x 16 tile from shared memory (K-major), B 16 x
-// 64 from shared memory (K-major, or MN-major with kTransB).
-template <int kTransB>
-__device__ __forceinline__ void WgmmaSmemA(float (&d)[32], uint64_t a, uint64_t b,
-                                           int accumulate) {
+// D[64 x 64] (+)= A B, A a 64 x 16 tile and B a 16 x 64 tile, both K-major
+// in shared memory (S = Q K^T).
+__device__ __forceinline__ void WgmmaSmemA(float (&d)[32], uint64_t a, uint64_t b, int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
       "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, "
-      "%35;\n}\n"
+      "0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
         "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
         "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
         "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
         "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(a), "l"(b), "r"(accumulate), "n"(kTransB));
-}
-
-// D[64 x 64] += A B, A a 64 x 16 bf16 tile in registers (the layout of
-// mma.m16n8k16's A, warp w holding rows 16w .. 16w + 15), B MN-major.
-__device__ __forceinline__ void WgmmaRegisterA(float (&d)[32], const uint32_t (&a)[4],
-                                               uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
-      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, "
-      "%36, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+      : "l"(a), "l"(b), "r"(accumulate));
 }
 
 // D[64 x 128] += A B for the columns 128 kHalf .. + 127 of four 64 x 64
 // accumulators (d[n] is columns 64n .. 64n + 63, laid out as WgmmaSmemA's
 // d): one m64n128k16 instead of two m64n64k16, so A is read half as often.
 // A a 64 x 16 tile from shared memory (K-major) or from registers
-// (mma.m16n8k16's A layout), B 16 x 128 MN-major (V). (m64n256k16 would
-// read it once, but ptxas asks 158 registers of every thread for it, more
-// than a 512-thread CTA has.)
+// (mma.m16n8k16's A layout, warp w holding rows 16w .. 16w + 15), B 16 x 128
+// MN-major (V). (m64n256k16 would read it once, but ptxas asks 158
+// registers of every thread for it, more than a 512-thread CTA has.)
+// The accumulator operands %0 .. %63 of both, as "+f" outputs:
+#define MLA_WGMMA_N128_ACCUMULATORS(d, h) \
+  "+f"(d[2 * h][0]), "+f"(d[2 * h][1]), "+f"(d[2 * h][2]), "+f"(d[2 * h][3]), "+f"(d[2 * h][4]), \
+  "+f"(d[2 * h][5]), "+f"(d[2 * h][6]), "+f"(d[2 * h][7]), "+f"(d[2 * h][8]), "+f"(d[2 * h][9]), \
+  "+f"(d[2 * h][10]), "+f"(d[2 * h][11]), "+f"(d[2 * h][12]), "+f"(d[2 * h][13]), \
+  "+f"(d[2 * h][14]), "+f"(d[2 * h][15]), "+f"(d[2 * h][16]), "+f"(d[2 * h][17]), \
+  "+f"(d[2 * h][18]), "+f"(d[2 * h][19]), "+f"(d[2 * h][20]), "+f"(d[2 * h][21]), \
+  "+f"(d[2 * h][22]), "+f"(d[2 * h][23]), "+f"(d[2 * h][24]), "+f"(d[2 * h][25]), \
+  "+f"(d[2 * h][26]), "+f"(d[2 * h][27]), "+f"(d[2 * h][28]), "+f"(d[2 * h][29]), \
+  "+f"(d[2 * h][30]), "+f"(d[2 * h][31]), "+f"(d[2 * h + 1][0]), "+f"(d[2 * h + 1][1]), \
+  "+f"(d[2 * h + 1][2]), "+f"(d[2 * h + 1][3]), "+f"(d[2 * h + 1][4]), "+f"(d[2 * h + 1][5]), \
+  "+f"(d[2 * h + 1][6]), "+f"(d[2 * h + 1][7]), "+f"(d[2 * h + 1][8]), "+f"(d[2 * h + 1][9]), \
+  "+f"(d[2 * h + 1][10]), "+f"(d[2 * h + 1][11]), "+f"(d[2 * h + 1][12]), \
+  "+f"(d[2 * h + 1][13]), "+f"(d[2 * h + 1][14]), "+f"(d[2 * h + 1][15]), \
+  "+f"(d[2 * h + 1][16]), "+f"(d[2 * h + 1][17]), "+f"(d[2 * h + 1][18]), \
+  "+f"(d[2 * h + 1][19]), "+f"(d[2 * h + 1][20]), "+f"(d[2 * h + 1][21]), \
+  "+f"(d[2 * h + 1][22]), "+f"(d[2 * h + 1][23]), "+f"(d[2 * h + 1][24]), \
+  "+f"(d[2 * h + 1][25]), "+f"(d[2 * h + 1][26]), "+f"(d[2 * h + 1][27]), \
+  "+f"(d[2 * h + 1][28]), "+f"(d[2 * h + 1][29]), "+f"(d[2 * h + 1][30]), \
+  "+f"(d[2 * h + 1][31])
 template <int kHalf>
 __device__ __forceinline__ void WgmmaSmemA128(float (&d)[4][32], uint64_t a, uint64_t b) {
+  constexpr int h = kHalf;
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
+      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "
+      "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, "
+      "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
       "%64, %65, p, 1, 1, 0, 1;\n}\n"
-      : "+f"(d[2 * kHalf + 0][0]), "+f"(d[2 * kHalf + 0][1]), "+f"(d[2 * kHalf + 0][2]), "+f"(d[2 * kHalf + 0][3]),
-        "+f"(d[2 * kHalf + 0][4]), "+f"(d[2 * kHalf + 0][5]), "+f"(d[2 * kHalf + 0][6]), "+f"(d[2 * kHalf + 0][7]),
-        "+f"(d[2 * kHalf + 0][8]), "+f"(d[2 * kHalf + 0][9]), "+f"(d[2 * kHalf + 0][10]), "+f"(d[2 * kHalf + 0][11]),
-        "+f"(d[2 * kHalf + 0][12]), "+f"(d[2 * kHalf + 0][13]), "+f"(d[2 * kHalf + 0][14]), "+f"(d[2 * kHalf + 0][15]),
-        "+f"(d[2 * kHalf + 0][16]), "+f"(d[2 * kHalf + 0][17]), "+f"(d[2 * kHalf + 0][18]), "+f"(d[2 * kHalf + 0][19]),
-        "+f"(d[2 * kHalf + 0][20]), "+f"(d[2 * kHalf + 0][21]), "+f"(d[2 * kHalf + 0][22]), "+f"(d[2 * kHalf + 0][23]),
-        "+f"(d[2 * kHalf + 0][24]), "+f"(d[2 * kHalf + 0][25]), "+f"(d[2 * kHalf + 0][26]), "+f"(d[2 * kHalf + 0][27]),
-        "+f"(d[2 * kHalf + 0][28]), "+f"(d[2 * kHalf + 0][29]), "+f"(d[2 * kHalf + 0][30]), "+f"(d[2 * kHalf + 0][31]),
-        "+f"(d[2 * kHalf + 1][0]), "+f"(d[2 * kHalf + 1][1]), "+f"(d[2 * kHalf + 1][2]), "+f"(d[2 * kHalf + 1][3]),
-        "+f"(d[2 * kHalf + 1][4]), "+f"(d[2 * kHalf + 1][5]), "+f"(d[2 * kHalf + 1][6]), "+f"(d[2 * kHalf + 1][7]),
-        "+f"(d[2 * kHalf + 1][8]), "+f"(d[2 * kHalf + 1][9]), "+f"(d[2 * kHalf + 1][10]), "+f"(d[2 * kHalf + 1][11]),
-        "+f"(d[2 * kHalf + 1][12]), "+f"(d[2 * kHalf + 1][13]), "+f"(d[2 * kHalf + 1][14]), "+f"(d[2 * kHalf + 1][15]),
-        "+f"(d[2 * kHalf + 1][16]), "+f"(d[2 * kHalf + 1][17]), "+f"(d[2 * kHalf + 1][18]), "+f"(d[2 * kHalf + 1][19]),
-        "+f"(d[2 * kHalf + 1][20]), "+f"(d[2 * kHalf + 1][21]), "+f"(d[2 * kHalf + 1][22]), "+f"(d[2 * kHalf + 1][23]),
-        "+f"(d[2 * kHalf + 1][24]), "+f"(d[2 * kHalf + 1][25]), "+f"(d[2 * kHalf + 1][26]), "+f"(d[2 * kHalf + 1][27]),
-        "+f"(d[2 * kHalf + 1][28]), "+f"(d[2 * kHalf + 1][29]), "+f"(d[2 * kHalf + 1][30]), "+f"(d[2 * kHalf + 1][31])
+      : MLA_WGMMA_N128_ACCUMULATORS(d, h)
       : "l"(a), "l"(b));
 }
 template <int kHalf>
 __device__ __forceinline__ void WgmmaRegisterA128(float (&d)[4][32], const uint32_t (&a)[4],
                                                   uint64_t b) {
+  constexpr int h = kHalf;
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
+      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "
+      "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, "
+      "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
       "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-      : "+f"(d[2 * kHalf + 0][0]), "+f"(d[2 * kHalf + 0][1]), "+f"(d[2 * kHalf + 0][2]), "+f"(d[2 * kHalf + 0][3]),
-        "+f"(d[2 * kHalf + 0][4]), "+f"(d[2 * kHalf + 0][5]), "+f"(d[2 * kHalf + 0][6]), "+f"(d[2 * kHalf + 0][7]),
-        "+f"(d[2 * kHalf + 0][8]), "+f"(d[2 * kHalf + 0][9]), "+f"(d[2 * kHalf + 0][10]), "+f"(d[2 * kHalf + 0][11]),
-        "+f"(d[2 * kHalf + 0][12]), "+f"(d[2 * kHalf + 0][13]), "+f"(d[2 * kHalf + 0][14]), "+f"(d[2 * kHalf + 0][15]),
-        "+f"(d[2 * kHalf + 0][16]), "+f"(d[2 * kHalf + 0][17]), "+f"(d[2 * kHalf + 0][18]), "+f"(d[2 * kHalf + 0][19]),
-        "+f"(d[2 * kHalf + 0][20]), "+f"(d[2 * kHalf + 0][21]), "+f"(d[2 * kHalf + 0][22]), "+f"(d[2 * kHalf + 0][23]),
-        "+f"(d[2 * kHalf + 0][24]), "+f"(d[2 * kHalf + 0][25]), "+f"(d[2 * kHalf + 0][26]), "+f"(d[2 * kHalf + 0][27]),
-        "+f"(d[2 * kHalf + 0][28]), "+f"(d[2 * kHalf + 0][29]), "+f"(d[2 * kHalf + 0][30]), "+f"(d[2 * kHalf + 0][31]),
-        "+f"(d[2 * kHalf + 1][0]), "+f"(d[2 * kHalf + 1][1]), "+f"(d[2 * kHalf + 1][2]), "+f"(d[2 * kHalf + 1][3]),
-        "+f"(d[2 * kHalf + 1][4]), "+f"(d[2 * kHalf + 1][5]), "+f"(d[2 * kHalf + 1][6]), "+f"(d[2 * kHalf + 1][7]),
-        "+f"(d[2 * kHalf + 1][8]), "+f"(d[2 * kHalf + 1][9]), "+f"(d[2 * kHalf + 1][10]), "+f"(d[2 * kHalf + 1][11]),
-        "+f"(d[2 * kHalf + 1][12]), "+f"(d[2 * kHalf + 1][13]), "+f"(d[2 * kHalf + 1][14]), "+f"(d[2 * kHalf + 1][15]),
-        "+f"(d[2 * kHalf + 1][16]), "+f"(d[2 * kHalf + 1][17]), "+f"(d[2 * kHalf + 1][18]), "+f"(d[2 * kHalf + 1][19]),
-        "+f"(d[2 * kHalf + 1][20]), "+f"(d[2 * kHalf + 1][21]), "+f"(d[2 * kHalf + 1][22]), "+f"(d[2 * kHalf + 1][23]),
-        "+f"(d[2 * kHalf + 1][24]), "+f"(d[2 * kHalf + 1][25]), "+f"(d[2 * kHalf + 1][26]), "+f"(d[2 * kHalf + 1][27]),
-        "+f"(d[2 * kHalf + 1][28]), "+f"(d[2 * kHalf + 1][29]), "+f"(d[2 * kHalf + 1][30]), "+f"(d[2 * kHalf + 1][31])
+      : MLA_WGMMA_N128_ACCUMULATORS(d, h)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
-
-// D[64 x N] (+)= A B for N = 8, 16, 32: A 64 x 16 from shared memory
-// (K-major, or MN-major with kTransA), B 16 x N from shared memory
-// (K-major): decode_narrow.cu's MMAs and decode_wgmma.cu's S of half a
-// chunk. Accumulator element i of a thread (warp w, lane l) is row
-// 16w + l / 4 + 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 (l % 4) + (i & 1).
-template <int N, int kTransA>
-struct WgmmaNarrow;
-template <int kTransA>
-struct WgmmaNarrow<8, kTransA> {
-  __device__ __forceinline__ static void Run(float (&d)[4], uint64_t a, uint64_t b,
-                                             int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3}, %4, %5, p, 1, 1, %7, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "l"(a), "l"(b), "r"(accumulate), "n"(kTransA));
-  }
-};
-template <int kTransA>
-struct WgmmaNarrow<16, kTransA> {
-  __device__ __forceinline__ static void Run(float (&d)[8], uint64_t a, uint64_t b,
-                                             int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %11, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-          "+f"(d[7])
-        : "l"(a), "l"(b), "r"(accumulate), "n"(kTransA));
-  }
-};
-template <int kTransA>
-struct WgmmaNarrow<32, kTransA> {
-  __device__ __forceinline__ static void Run(float (&d)[16], uint64_t a, uint64_t b,
-                                             int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, "
-        "1, 1, %19, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
-          "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "l"(a), "l"(b), "r"(accumulate), "n"(kTransA));
-  }
-};
+#undef MLA_WGMMA_N128_ACCUMULATORS
 
 __device__ __forceinline__ void MbarrierInit(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
@@ -279,7 +206,7 @@ __device__ __forceinline__ float Exp2(float x) {
 // Programmatic dependent launch (PDL). The warp-specialised decode kernels
 // are launched with LaunchOverlapped, so that their CTAs may start while the
 // kernel before them in the stream (the prologue that wrote q and the cache
-// rows, or the previous decode) is still finishing; each CTA allows the
+// rows, or the previous decode's kernels) is still finishing; each CTA allows the
 // next such launch as soon as it starts. Before WaitForPreviousGrid a
 // kernel reads only what no kernel writes (the token's list lengths and
 // index lists, copied from the host) and writes nothing; after it, the
@@ -294,7 +221,7 @@ __device__ __forceinline__ void AllowNextGrid() {
 template <typename... Params, typename... Args>
 cudaError_t LaunchOverlapped(void (*kernel)(Params...), dim3 grid, int threads,
                              uint32_t shared_bytes, cudaStream_t stream, Args... args) {
-  cudaLaunchAttribute attribute;
+  cudaLaunchAttribute attribute = {};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config = {};
@@ -352,20 +279,21 @@ __device__ __forceinline__ WgTask MakeTask(const DecodeParams& p, int64_t t, int
   return task;
 }
 
-// The producers, two warpgroups of a CTA (wt = 0..255) that fill the two key
-// tiles (Layout::kKeys) of 64-key chunks and their valid flags
-// (Layout::kValid [2][64] int), full and free through the mbarriers
-// Layout::kFull (256 arrivals a phase: all of them) and Layout::kEmpty (the
-// consumers'). Thread (warp w of the two warpgroups, lane l) handles row
-// r = 8w + l % 8 of each chunk, and of it the 16-byte pieces l / 8 + 4k: FP8
-// pieces k = 0..6 (dims 16 (l / 8 + 4k) .., scale byte k) and RoPE pieces
-// k = 0, 1. Eight lanes store one core-matrix column: 128 contiguous bytes.
-// The loads of a chunk's row go out as soon as the previous chunk's copy of
-// that row is stored and its tile announced, so they have the consumers'
-// time on a whole chunk to arrive; the slots come two chunks ahead.
-// With kGroups = 2 two such sets of producers (group 0 and 1, 512 threads)
-// take the even and the odd chunks, each into its own tile, so that two
-// chunks' loads are in flight (decode_narrow.cu).
+// The producers: kGroups groups of two warpgroups (u = 0 .. 256 kGroups - 1;
+// group u / 256) that fill the two key tiles (Layout::kKeys) of 64-key
+// chunks and their valid flags (Layout::kValid [2][64] int), full and free
+// through the mbarriers Layout::kFull (256 arrivals a phase: the threads of
+// the group that fills that tile) and Layout::kEmpty (the consumers'). With
+// one group it fills every chunk; with two (decode_narrow.cu) group g takes
+// chunks g, g + 2, ..., each group its own tile, so that two chunks' loads
+// are in flight. Thread (warp w of its group's two warpgroups, lane l)
+// handles row r = 8w + l % 8 of each of its chunks, and of it the 16-byte
+// pieces l / 8 + 4k: FP8 pieces k = 0..6 (dims 16 (l / 8 + 4k) .., scale
+// byte k) and RoPE pieces k = 0, 1. Eight lanes store one core-matrix
+// column: 128 contiguous bytes. The loads of a chunk's row go out as soon
+// as the group's previous chunk's copy of that row is stored and its tile
+// announced, so they have the consumers' time on a chunk to arrive; the
+// slots come two of the group's chunks ahead.
 struct RowPieces {
   uint4 pieces[9];  // FP8 pieces 0..6, RoPE pieces 7, 8
   uint2 scales;
@@ -411,9 +339,10 @@ __device__ __forceinline__ void StoreRow(const RowPieces& row, int r, int part,
 }
 
 template <typename Layout, int kGroups = 1>
-__device__ void Produce(const DecodeParams& p, const WgTask& task, unsigned char* smem, int wt,
-                        int group = 0) {
+__device__ void Produce(const DecodeParams& p, const WgTask& task, unsigned char* smem, int u) {
   static_assert(kGroups == 1 || kGroups == 2, "two tiles: one or two producer groups");
+  const int group = kGroups == 1 ? 0 : u >> 8;
+  const int wt = kGroups == 1 ? u : u & 255;
   const int part = (wt & 31) >> 3;
   const int r = (wt >> 5) * 8 + (wt & 7);
   const uint32_t base = SharedAddress(smem);
