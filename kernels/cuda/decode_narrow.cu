@@ -434,7 +434,7 @@ __global__ void __launch_bounds__(NarrowShape<N>::kThreads, 1)
     Consume<N>(p, task, splits, partials, smem, tid);
   } else {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(NarrowShape<N>::kProducerRegisters));
-    Produce<L, NarrowShape<N>::kGroups>(p, task, smem, tid - 128);
+    Produce<L, NarrowShape<N>::kGroups>(p, task, smem, (tid - 128) & 255, (tid - 128) >> 8);
   }
 }
 

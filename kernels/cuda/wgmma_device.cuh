@@ -279,9 +279,10 @@ __device__ __forceinline__ WgTask MakeTask(const DecodeParams& p, int64_t t, int
   return task;
 }
 
-// The producers: kGroups groups of two warpgroups (u = 0 .. 256 kGroups - 1;
-// group u / 256) that fill the two key tiles (Layout::kKeys) of 64-key
-// chunks and their valid flags (Layout::kValid [2][64] int), full and free
+// The producers: kGroups groups of two warpgroups (thread u = 0 ..
+// 256 kGroups - 1 of them; group u / 256) that fill the two key tiles
+// (Layout::kKeys) of 64-key chunks and their valid flags
+// (Layout::kValid [2][64] int), full and free
 // through the mbarriers Layout::kFull (256 arrivals a phase: the threads of
 // the group that fills that tile) and Layout::kEmpty (the consumers'). With
 // one group it fills every chunk; with two (decode_narrow.cu) group g takes
@@ -338,11 +339,11 @@ __device__ __forceinline__ void StoreRow(const RowPieces& row, int r, int part,
   *reinterpret_cast<uint4*>(tile + TileOffset(r, kNopeDim + 8 * (part + 4))) = row.pieces[8];
 }
 
+// The caller passes wt = u % 256 and group = u / 256 (< kGroups).
 template <typename Layout, int kGroups = 1>
-__device__ void Produce(const DecodeParams& p, const WgTask& task, unsigned char* smem, int u) {
+__device__ void Produce(const DecodeParams& p, const WgTask& task, unsigned char* smem, int wt,
+                        int group = 0) {
   static_assert(kGroups == 1 || kGroups == 2, "two tiles: one or two producer groups");
-  const int group = kGroups == 1 ? 0 : u >> 8;
-  const int wt = kGroups == 1 ? u : u & 255;
   const int part = (wt & 31) >> 3;
   const int r = (wt >> 5) * 8 + (wt & 7);
   const uint32_t base = SharedAddress(smem);
