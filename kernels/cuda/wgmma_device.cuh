@@ -137,16 +137,19 @@ __device__ __forceinline__ void WgmmaSmemA(float (&d)[32], uint64_t a, uint64_t 
   "+f"(d[2 * h + 1][25]), "+f"(d[2 * h + 1][26]), "+f"(d[2 * h + 1][27]), \
   "+f"(d[2 * h + 1][28]), "+f"(d[2 * h + 1][29]), "+f"(d[2 * h + 1][30]), \
   "+f"(d[2 * h + 1][31])
+// ... and the instruction up to them:
+#define MLA_WGMMA_N128_START                                                                  \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                                  \
+  "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"                                   \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "     \
+  "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "     \
+  "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, "     \
+  "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
 template <int kHalf>
 __device__ __forceinline__ void WgmmaSmemA128(float (&d)[4][32], uint64_t a, uint64_t b) {
   constexpr int h = kHalf;
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
-      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "
-      "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, "
-      "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      MLA_WGMMA_N128_START
       "%64, %65, p, 1, 1, 0, 1;\n}\n"
       : MLA_WGMMA_N128_ACCUMULATORS(d, h)
       : "l"(a), "l"(b));
@@ -156,16 +159,12 @@ __device__ __forceinline__ void WgmmaRegisterA128(float (&d)[4][32], const uint3
                                                   uint64_t b) {
   constexpr int h = kHalf;
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
-      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "
-      "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, "
-      "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      MLA_WGMMA_N128_START
       "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
       : MLA_WGMMA_N128_ACCUMULATORS(d, h)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
+#undef MLA_WGMMA_N128_START
 #undef MLA_WGMMA_N128_ACCUMULATORS
 
 __device__ __forceinline__ void MbarrierInit(uint32_t bar, uint32_t count) {
