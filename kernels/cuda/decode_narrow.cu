@@ -392,9 +392,9 @@ __device__ void Consume(const DecodeParams& p, const WgTask& task, int splits,
 }
 
 // The CTA's shape: WG0 the consumer and one or two groups of two producer
-// warpgroups. At N = 32 the consumer's chunk takes longer than its loads
-// and a second group made it slower (63.5 against 62.5 us, RESULTS.md), so
-// N = 32 keeps one group and the consumer's registers.
+// warpgroups. At N = 32 a second group made it slower (63.5 against
+// 62.5 us), and so did a second consumer in its place (RESULTS.md), so
+// N = 32 keeps one group and the consumer's 240 registers.
 // setmaxnreg: together at most what the launch gave (the cap of
 // __launch_bounds__: 3 x 168 or 5 x 96): WG0 holds O^T (4N), S^T (N / 2) and
 // the heads' softmax state; a producer a quarter row of loads and its

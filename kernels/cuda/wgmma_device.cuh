@@ -278,22 +278,21 @@ __device__ __forceinline__ WgTask MakeTask(const DecodeParams& p, int64_t t, int
   return task;
 }
 
-// The producers: kGroups groups of two warpgroups (thread u = 0 ..
-// 256 kGroups - 1 of them; group u / 256) that fill the two key tiles
-// (Layout::kKeys) of 64-key chunks and their valid flags
-// (Layout::kValid [2][64] int), full and free
-// through the mbarriers Layout::kFull (256 arrivals a phase: the threads of
-// the group that fills that tile) and Layout::kEmpty (the consumers'). With
-// one group it fills every chunk; with two (decode_narrow.cu) group g takes
-// chunks g, g + 2, ..., each group its own tile, so that two chunks' loads
-// are in flight. Thread (warp w of its group's two warpgroups, lane l)
-// handles row r = 8w + l % 8 of each of its chunks, and of it the 16-byte
-// pieces l / 8 + 4k: FP8 pieces k = 0..6 (dims 16 (l / 8 + 4k) .., scale
-// byte k) and RoPE pieces k = 0, 1. Eight lanes store one core-matrix
-// column: 128 contiguous bytes. The loads of a chunk's row go out as soon
-// as the group's previous chunk's copy of that row is stored and its tile
-// announced, so they have the consumers' time on a chunk to arrive; the
-// slots come two of the group's chunks ahead.
+// The producers: kGroups groups of two warpgroups (thread u = 0 .. 256
+// kGroups - 1 of them; group u / 256) that fill the two key tiles
+// (Layout::kKeys) of 64-key chunks and their valid flags (Layout::kValid
+// [2][64] int), full and free through the mbarriers Layout::kFull (256
+// arrivals a phase: the threads of the group that fills that tile) and
+// Layout::kEmpty (the consumers'). With one group it fills every chunk; with
+// two (decode_narrow.cu) group g takes chunks g, g + 2, ..., each group its
+// own tile, so that two chunks' loads are in flight. Thread (warp w of its
+// group's two warpgroups, lane l) handles row r = 8w + l % 8 of each of its
+// chunks, and of it the 16-byte pieces l / 8 + 4k: FP8 pieces k = 0..6 (dims
+// 16 (l / 8 + 4k) .., scale byte k) and RoPE pieces k = 0, 1. Eight lanes
+// store one core-matrix column: 128 contiguous bytes. The loads of a chunk's
+// row go out as soon as the group's previous chunk's copy of that row is
+// stored and its tile announced, so they have the consumers' time on a chunk
+// to arrive; the slots come two of the group's chunks ahead.
 struct RowPieces {
   uint4 pieces[9];  // FP8 pieces 0..6, RoPE pieces 7, 8
   uint2 scales;
