@@ -1,0 +1,114 @@
+#!/usr/bin/python3
+"""Tests of plot_results.py: the chart of the checked-in results.json, and a
+clear error (exit 2, nothing written) for each kind of bad input. Writes one
+JUnit <testcase> per test to $XML_OUTPUT_FILE (tools/test_summary.py counts
+them)."""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+import xml.etree.ElementTree as ET
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "plot_results.py")
+RESULTS = os.path.join(HERE, "results.json")
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def run(*args, env=None):
+    return subprocess.run(["/usr/bin/python3", "-B", SCRIPT, *args], capture_output=True,
+                          text=True, env=env)
+
+
+class PlotResultsTest(unittest.TestCase):
+    def setUp(self):
+        self.work = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+
+    def write_results(self, content):
+        path = os.path.join(self.work, "results.json")
+        with open(path, "w") as f:
+            f.write(content if isinstance(content, str) else json.dumps(content))
+        return path
+
+    def test_draws_every_shape_of_the_checked_in_results(self):
+        out = os.path.join(self.work, "chart.png")
+        result = run("--results", RESULTS, "--b", "128", "--out", out)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        with open(RESULTS) as f:
+            shapes = sum(1 for r in json.load(f) if r["op"] == "decode" and r["b"] == 128)
+        self.assertGreater(shapes, 0)
+        self.assertIn(f"({shapes} shapes at b = 128)", result.stdout)
+        with open(out, "rb") as f:
+            self.assertEqual(f.read(8), PNG_SIGNATURE)
+
+    def test_writes_beside_the_results_by_default(self):
+        with open(RESULTS) as f:
+            path = self.write_results(f.read())
+        result = run("--results", path, "--b", "64")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertTrue(os.path.exists(os.path.join(self.work, "results_b64.png")))
+
+    def assertRefused(self, result, *phrases):
+        self.assertEqual(result.returncode, 2, result.stdout + result.stderr)
+        for phrase in phrases:
+            self.assertIn(phrase, result.stderr)
+        self.assertEqual([f for f in os.listdir(self.work) if f.endswith(".png")], [])
+
+    def test_refuses_a_batch_size_the_results_lack(self):
+        self.assertRefused(run("--results", RESULTS, "--b", "7",
+                               "--out", os.path.join(self.work, "x.png")),
+                           "no decode shape at b = 7", "it has b = 64, 128, 512")
+
+    def test_refuses_a_file_that_is_not_json(self):
+        path = self.write_results("{ not json")
+        self.assertRefused(run("--results", path), "is not JSON",
+                           "give the results.json that cuda_bench --out wrote")
+
+    def test_refuses_json_that_is_not_a_list_of_shapes(self):
+        path = self.write_results({"model": "V4-Flash"})
+        self.assertRefused(run("--results", path), "holds no list of shapes")
+
+    def test_refuses_a_shape_without_its_figures(self):
+        path = self.write_results([{"model": "V4-Flash", "op": "decode", "H": 8, "b": 128,
+                                    "time_us": 30.0}])
+        self.assertRefused(run("--results", path), "V4-Flash H=8 b=128 lacks",
+                           "gbps, copy_gbps_ceiling, gather_gbps_ceiling")
+
+    def test_refuses_a_missing_file(self):
+        self.assertRefused(run("--results", os.path.join(self.work, "none.json")),
+                           "cannot read", "No such file")
+
+    def test_says_how_to_install_gnuplot_when_it_is_missing(self):
+        env = dict(os.environ, PATH=self.work)
+        self.assertRefused(run("--results", RESULTS, "--out",
+                               os.path.join(self.work, "x.png"), env=env),
+                           "gnuplot is not installed", "apt-get install gnuplot-nox")
+
+
+def main():
+    suite = unittest.defaultTestLoader.loadTestsFromTestCase(PlotResultsTest)
+    report = ET.Element("testsuites")
+    xml_suite = ET.SubElement(report, "testsuite", name="PlotResultsTest")
+    failed = 0
+    for test in suite:
+        result = unittest.TestResult()
+        test.run(result)
+        case = ET.SubElement(xml_suite, "testcase", classname="PlotResultsTest",
+                             name=test._testMethodName)
+        problems = result.failures + result.errors
+        for _, trace in problems:
+            ET.SubElement(case, "failure", message="failed").text = trace
+        failed += bool(problems)
+        print(f"[{'FAILED' if problems else '    OK'}] {test._testMethodName}")
+        for _, trace in problems:
+            print(trace)
+    if os.environ.get("XML_OUTPUT_FILE"):
+        ET.ElementTree(report).write(os.environ["XML_OUTPUT_FILE"], encoding="unicode")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
