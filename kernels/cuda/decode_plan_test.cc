@@ -1,0 +1,93 @@
+// The decode's key-split plan, seen through DecodeScratchBytes (the bytes of
+// split partial results the backend allocates: tokens x Hp x splits rows of
+// 512 + 2 floats, or 0 without a split). Host code only, so these tests need
+// no GPU and run in CI.
+#include <cstddef>
+#include <cstdint>
+#include <random>
+
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/decode_kernels.h"
+#include "kernels/cuda/kernels.h"
+
+namespace mla {
+namespace {
+
+constexpr int kSms = 132;  // an H200
+constexpr size_t kPartialBytes = (512 + 2) * sizeof(float);
+
+DecodeParams Shape(int64_t tokens, int padded_heads, int main_width, int extra_width) {
+  DecodeParams p;
+  p.num_tokens = tokens;
+  p.num_heads = padded_heads;
+  p.padded_heads = padded_heads;
+  p.main.width = main_width;
+  p.extra.width = extra_width;
+  return p;
+}
+
+// The number of key splits a plan chose (0: none).
+int64_t Splits(const DecodeParams& p, cuda::DecodeKernels kernels) {
+  const size_t bytes = cuda::DecodeScratchBytes(p, kernels, kSms);
+  const size_t per_split = static_cast<size_t>(p.num_tokens) * p.padded_heads * kPartialBytes;
+  EXPECT_EQ(bytes % per_split, 0u) << "scratch of a whole number of splits";
+  return static_cast<int64_t>(bytes / per_split);
+}
+
+TEST(DecodePlanTest, ABatchThatFillsTheGpuIsNotSplit) {
+  for (int heads : {8, 16, 32, 64, 128}) {
+    EXPECT_EQ(Splits(Shape(128, heads, 128, 512), cuda::DecodeKernels::kWgmma), 0) << heads;
+    EXPECT_EQ(Splits(Shape(512, heads, 128, 1024), cuda::DecodeKernels::kWgmma), 0) << heads;
+  }
+}
+
+TEST(DecodePlanTest, ASmallBatchSplitsItsKeysIntoOneWave) {
+  // 64 tokens, one CTA each: two splits of five 64-key chunks (132 / 64).
+  EXPECT_EQ(Splits(Shape(64, 16, 128, 512), cuda::DecodeKernels::kWgmma), 2);
+  // 64 tokens of 128 heads are 128 CTAs already.
+  EXPECT_EQ(Splits(Shape(64, 128, 128, 1024), cuda::DecodeKernels::kWgmma), 0);
+  // One token: as many splits as leave two chunks each (640 keys: 5,
+  // 1152 keys: 9).
+  EXPECT_EQ(Splits(Shape(1, 8, 128, 512), cuda::DecodeKernels::kWgmma), 5);
+  EXPECT_EQ(Splits(Shape(1, 8, 128, 1024), cuda::DecodeKernels::kWgmma), 9);
+}
+
+TEST(DecodePlanTest, ShortListsAreNotSplit) {
+  EXPECT_EQ(Splits(Shape(1, 16, 0, 0), cuda::DecodeKernels::kWgmma), 0);
+  EXPECT_EQ(Splits(Shape(1, 16, 128, 0), cuda::DecodeKernels::kWgmma), 0);  // two chunks
+  EXPECT_EQ(Splits(Shape(1, 16, 64, 65), cuda::DecodeKernels::kWgmma), 2);  // three chunks
+}
+
+TEST(DecodePlanTest, TheNarrowKernelKeepsThe64RowKernelsPlan) {
+  // At Hp <= 32 the default runs decode_narrow.cu and MLA_CUDA_DECODE=padded
+  // decode_wgmma.cu: one CTA a token (and split) in both.
+  for (int heads : {8, 16, 32}) {
+    for (int64_t tokens : {1, 7, 64, 100, 131, 132, 1000}) {
+      const DecodeParams p = Shape(tokens, heads, 128, 1024);
+      EXPECT_EQ(cuda::DecodeScratchBytes(p, cuda::DecodeKernels::kWgmma, kSms),
+                cuda::DecodeScratchBytes(p, cuda::DecodeKernels::kPadded, kSms))
+          << heads << " heads, " << tokens << " tokens";
+    }
+  }
+}
+
+TEST(DecodePlanTest, SplitsStayWithinOneWaveAndTheLimit) {
+  std::mt19937 rng(4);
+  for (int i = 0; i < 2000; ++i) {
+    const int heads = 8 << (rng() % 5);
+    const int64_t tokens = 1 + rng() % 300;
+    const DecodeParams p = Shape(tokens, heads, rng() % 257, rng() % 2049);
+    const int64_t ctas = tokens * ((heads + 63) / 64);
+    const int64_t splits = Splits(p, cuda::DecodeKernels::kWgmma);
+    const int64_t chunks = (p.main.width + p.extra.width + 63) / 64;
+    if (splits == 0) continue;
+    EXPECT_GE(splits, 2);
+    EXPECT_LE(splits, 32) << "kMaxSplits";
+    EXPECT_LE(ctas * splits, kSms) << "a split that fills more than one wave";
+    EXPECT_GE(chunks, 2 * splits - 1) << "about two chunks a split at least";
+  }
+}
+
+}  // namespace
+}  // namespace mla
