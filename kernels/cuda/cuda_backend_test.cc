@@ -26,6 +26,7 @@
 #include "kernels/bf16.h"
 #include "kernels/cache_format.h"
 #include "kernels/cpu_backend.h"
+#include "kernels/cuda/test_kernels.h"
 #include "kernels/geometry.h"
 #include "kernels/head_padding.h"
 #include "kernels/reference/backend_test_support.h"
@@ -199,88 +200,143 @@ INSTANTIATE_TEST_SUITE_P(AllLayerKinds, LayerStepTest, ::testing::ValuesIn(Layer
                            return info.param.Name();
                          });
 
-// ---- A batch past the 65,535 CTAs that a grid's y and z allow.
+// ---- Decodes whose answer is known exactly: every token attends one row.
 
-// Every decode kernel puts the tokens in the grid's x. Token t attends one
-// row, the one at slot t % 4096 of random rows, with no sink, so the softmax
-// is over that one key and its output is the row exactly, in every head
-// (lse 0). Also run with MLA_CUDA_DECODE=padded, =mma and =simt by
-// run_on_device.sh.
-// With 8 heads every kernel has one head group a token: the head part of
-// the grid's x is covered by the 64- and 128-head cases above.
-TEST(DecodeGridTest, EveryTokenOfABatchPastTheGridYLimit) {
-  MAKE_CUDA_BACKEND(backend);
-  constexpr int64_t kTokens = 70000;
-  constexpr int kHeads = 8;
-  constexpr int64_t kSlots = 4096;
-  std::vector<uint8_t> pool(kSlots / kBlockTokens * kBlockBytes, 0);
-  std::vector<uint16_t> expected(kSlots * kHeadDim);
-  std::mt19937 rng(2121);
+// Random cache rows at slots 0 .. slots - 1, and each row as a decode
+// outputs it when it is a token's only key with no sink (the row itself,
+// dequantised, in bf16; lse 0).
+struct OneKeyRows {
+  std::vector<uint8_t> pool;
+  std::vector<uint16_t> expected;  // [slots][512]
+};
+OneKeyRows MakeOneKeyRows(int64_t slots, uint32_t seed) {
+  OneKeyRows rows{std::vector<uint8_t>(slots / kBlockTokens * kBlockBytes, 0),
+                  std::vector<uint16_t>(slots * kHeadDim)};
+  std::mt19937 rng(seed);
   std::uniform_real_distribution<float> value(-3.0f, 3.0f);
   std::vector<float> row(kHeadDim);
-  for (int64_t slot = 0; slot < kSlots; ++slot) {
+  for (int64_t slot = 0; slot < slots; ++slot) {
     for (float& x : row) x = RoundToBf16(value(rng));
-    QuantizeRow(row.data(), pool.data() + SlotDataOffset(slot), pool.data() + SlotScaleOffset(slot));
-    DequantizeRow(pool.data() + SlotDataOffset(slot), pool.data() + SlotScaleOffset(slot),
-                  row.data());
-    for (int d = 0; d < kHeadDim; ++d) expected[slot * kHeadDim + d] = FloatToBf16(row[d]);
+    uint8_t* data = rows.pool.data() + SlotDataOffset(slot);
+    uint8_t* scales = rows.pool.data() + SlotScaleOffset(slot);
+    QuantizeRow(row.data(), data, scales);
+    DequantizeRow(data, scales, row.data());
+    for (int d = 0; d < kHeadDim; ++d) rows.expected[slot * kHeadDim + d] = FloatToBf16(row[d]);
   }
-  std::vector<int32_t> indices(kTokens);
-  for (int64_t t = 0; t < kTokens; ++t) indices[t] = static_cast<int32_t>(t % kSlots);
-  const int64_t out_elements = kTokens * kHeads * kHeadDim;
-  // A zero-filled device buffer of `bytes`, holding `data` when given.
-  auto upload = [&](const void* data, int64_t bytes) -> absl::StatusOr<DeviceBuffer> {
-    absl::StatusOr<DeviceBuffer> buffer = backend.Allocate(bytes);
-    if (!buffer.ok() || data == nullptr) return buffer;
-    if (absl::Status status = backend.CopyToDevice(buffer->data(), data, bytes); !status.ok()) {
-      return status;
-    }
-    return buffer;
-  };
+  return rows;
+}
+
+// A device buffer of `bytes`, zero-filled, holding `data` when given.
+absl::StatusOr<DeviceBuffer> UploadBytes(CudaBackend& backend, const void* data, int64_t bytes) {
+  absl::StatusOr<DeviceBuffer> buffer = backend.Allocate(bytes);
+  if (!buffer.ok() || data == nullptr) return buffer;
+  if (absl::Status status = backend.CopyToDevice(buffer->data(), data, bytes); !status.ok()) {
+    return status;
+  }
+  return buffer;
+}
+
+// The device buffers of a decode of `tokens` tokens, each attending the
+// row at slot t % slots of `pool` (zero q, no sink), out and lse poisoned.
+struct OneKeyDecode {
+  absl::StatusOr<DeviceBuffer> pool, indices, q, out, lse;
+  DecodeParams params;
+};
+void PrepareOneKeyDecode(CudaBackend& backend, const std::vector<uint8_t>& pool, int64_t slots,
+                         int64_t tokens, int heads, OneKeyDecode& d) {
+  std::vector<int32_t> indices(tokens);
+  for (int64_t t = 0; t < tokens; ++t) indices[t] = static_cast<int32_t>(t % slots);
+  const int64_t out_elements = tokens * heads * kHeadDim;
   const std::vector<uint16_t> poison(out_elements, 0xffff);
-  const std::vector<float> lse_poison(kTokens * kHeads, -1.0f);
-  absl::StatusOr<DeviceBuffer> d_pool = upload(pool.data(), static_cast<int64_t>(pool.size()));
-  absl::StatusOr<DeviceBuffer> d_indices = upload(indices.data(), kTokens * 4);
-  absl::StatusOr<DeviceBuffer> d_q = upload(nullptr, kTokens * kHeads * kHeadDim * 2);  // zeros
-  absl::StatusOr<DeviceBuffer> d_out = upload(poison.data(), out_elements * 2);
-  absl::StatusOr<DeviceBuffer> d_lse = upload(lse_poison.data(), kTokens * kHeads * 4);
-  for (const absl::StatusOr<DeviceBuffer>* buffer : {&d_pool, &d_indices, &d_q, &d_out, &d_lse}) {
+  const std::vector<float> lse_poison(tokens * heads, -1.0f);
+  d.pool = UploadBytes(backend, pool.data(), static_cast<int64_t>(pool.size()));
+  d.indices = UploadBytes(backend, indices.data(), tokens * 4);
+  d.q = UploadBytes(backend, nullptr, out_elements * 2);  // zeros
+  d.out = UploadBytes(backend, poison.data(), out_elements * 2);
+  d.lse = UploadBytes(backend, lse_poison.data(), tokens * heads * 4);
+  for (const absl::StatusOr<DeviceBuffer>* buffer : {&d.pool, &d.indices, &d.q, &d.out, &d.lse}) {
     ASSERT_TRUE(buffer->ok()) << buffer->status();
   }
+  d.params.num_tokens = tokens;
+  d.params.num_heads = heads;
+  d.params.padded_heads = heads;
+  d.params.q = d.q->as<uint16_t>();
+  d.params.softmax_scale = 0.04419417382415922f;  // 512^-0.5 (q is zero: any scale)
+  d.params.main.width = 1;
+  d.params.main.indices = d.indices->as<int32_t>();
+  d.params.main.pool = CachePoolView{d.pool->as<uint8_t>(), slots / kBlockTokens};
+  d.params.out = d.out->as<uint16_t>();
+  d.params.lse = d.lse->as<float>();
+}
 
-  DecodeParams params;
-  params.num_tokens = kTokens;
-  params.num_heads = kHeads;
-  params.padded_heads = kHeads;
-  params.q = d_q->as<uint16_t>();
-  params.softmax_scale = 0.04419417382415922f;  // 512^-0.5 (q is zero: any scale)
-  params.main.width = 1;
-  params.main.indices = d_indices->as<int32_t>();
-  params.main.pool = CachePoolView{d_pool->as<uint8_t>(), kSlots / kBlockTokens};
-  params.out = d_out->as<uint16_t>();
-  params.lse = d_lse->as<float>();
-  ASSERT_TRUE(backend.Decode(params).ok());
-  ASSERT_TRUE(backend.Synchronize().ok());
+// Checks the outputs of a finished OneKeyDecode against `expected`.
+void ExpectOneKeyRows(CudaBackend& backend, const OneKeyDecode& d,
+                      const std::vector<uint16_t>& expected, int64_t slots) {
+  const int64_t tokens = d.params.num_tokens;
+  const int heads = d.params.num_heads;
+  const int64_t out_elements = tokens * heads * kHeadDim;
   std::vector<uint16_t> out(out_elements);
-  std::vector<float> lse(kTokens * kHeads);
-  ASSERT_TRUE(backend.CopyToHost(out.data(), d_out->data(), out_elements * 2).ok());
-  ASSERT_TRUE(backend.CopyToHost(lse.data(), d_lse->data(), kTokens * kHeads * 4).ok());
+  std::vector<float> lse(tokens * heads);
+  ASSERT_TRUE(backend.CopyToHost(out.data(), d.out->data(), out_elements * 2).ok());
+  ASSERT_TRUE(backend.CopyToHost(lse.data(), d.lse->data(), tokens * heads * 4).ok());
   int64_t wrong = 0, first = -1;
-  for (int64_t t = 0; t < kTokens; ++t) {
-    const uint16_t* want = expected.data() + (t % kSlots) * kHeadDim;
-    for (int h = 0; h < kHeads; ++h) {
-      const uint16_t* got = out.data() + (t * kHeads + h) * kHeadDim;
+  for (int64_t t = 0; t < tokens; ++t) {
+    const uint16_t* want = expected.data() + (t % slots) * kHeadDim;
+    for (int h = 0; h < heads; ++h) {
+      const uint16_t* got = out.data() + (t * heads + h) * kHeadDim;
       // As numbers: a -0 row value may come out +0 (the key tile's other,
       // empty rows add +0 times a zero probability).
       const bool same = std::equal(got, got + kHeadDim, want, [](uint16_t a, uint16_t b) {
         return Bf16ToFloat(a) == Bf16ToFloat(b);
       });
-      if (!same || lse[t * kHeads + h] != 0.0f) {
+      if (!same || lse[t * heads + h] != 0.0f) {
         if (wrong++ == 0) first = t;
       }
     }
   }
-  EXPECT_EQ(wrong, 0) << wrong << " (token, head) rows wrong, the first of token " << first;
+  EXPECT_EQ(wrong, 0) << wrong << " (token, head) rows wrong of " << tokens * heads
+                      << ", the first of token " << first << " (" << heads << " heads)";
+}
+
+// A batch past the 65,535 CTAs that a grid's y and z allow: every decode
+// kernel puts the tokens in the grid's x. Also run with
+// MLA_CUDA_DECODE=padded, =mma and =simt by run_on_device.sh. With 8 heads
+// every kernel has one head group a token: the head part of the grid's x is
+// covered by the 64- and 128-head cases above.
+TEST(DecodeGridTest, EveryTokenOfABatchPastTheGridYLimit) {
+  MAKE_CUDA_BACKEND(backend);
+  constexpr int64_t kSlots = 4096;
+  const OneKeyRows rows = MakeOneKeyRows(kSlots, 2121);
+  OneKeyDecode decode;
+  ASSERT_NO_FATAL_FAILURE(PrepareOneKeyDecode(backend, rows.pool, kSlots, 70000, 8, decode));
+  ASSERT_TRUE(backend.Decode(decode.params).ok());
+  ASSERT_TRUE(backend.Synchronize().ok());
+  ExpectOneKeyRows(backend, decode, rows.expected, kSlots);
+}
+
+// Programmatic dependent launch: the default decode kernels may start while
+// the kernel before them finishes, and read cache rows only after it
+// (WaitForPreviousGrid). Here that kernel allows the decode's launch at
+// once and writes the rows the decode needs only 200 us later; until then
+// the pool holds other rows, which a decode that did not wait would read.
+TEST(DecodeLaunchTest, ReadsTheRowsOnlyOnceTheKernelBeforeItHasFinished) {
+  MAKE_CUDA_BACKEND(backend);
+  constexpr int64_t kSlots = 4096;
+  const OneKeyRows stale = MakeOneKeyRows(kSlots, 2122);
+  const OneKeyRows fresh = MakeOneKeyRows(kSlots, 2123);
+  for (int heads : {8, 16, 32, 64, 128}) {
+    OneKeyDecode decode;
+    ASSERT_NO_FATAL_FAILURE(PrepareOneKeyDecode(backend, stale.pool, kSlots, 128, heads, decode));
+    const int64_t bytes = static_cast<int64_t>(fresh.pool.size());
+    absl::StatusOr<DeviceBuffer> source = UploadBytes(backend, fresh.pool.data(), bytes);
+    ASSERT_TRUE(source.ok()) << source.status();
+    ASSERT_EQ(cuda::LaunchLateCopy(decode.pool->data(), source->data(), bytes, 200000,
+                                   static_cast<cudaStream_t>(backend.native_stream())),
+              cudaSuccess);
+    ASSERT_TRUE(backend.Decode(decode.params).ok());
+    ASSERT_TRUE(backend.Synchronize().ok());
+    ExpectOneKeyRows(backend, decode, fresh.expected, kSlots);
+  }
 }
 
 // ---- Bad parameters: InvalidArgument, nothing written.
