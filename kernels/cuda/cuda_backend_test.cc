@@ -226,59 +226,35 @@ OneKeyRows MakeOneKeyRows(int64_t slots, uint32_t seed) {
   return rows;
 }
 
-// A device buffer of `bytes`, zero-filled, holding `data` when given.
-absl::StatusOr<DeviceBuffer> UploadBytes(CudaBackend& backend, const void* data, int64_t bytes) {
-  absl::StatusOr<DeviceBuffer> buffer = backend.Allocate(bytes);
-  if (!buffer.ok() || data == nullptr) return buffer;
-  if (absl::Status status = backend.CopyToDevice(buffer->data(), data, bytes); !status.ok()) {
-    return status;
-  }
-  return buffer;
-}
-
-// The device buffers of a decode of `tokens` tokens, each attending the
-// row at slot t % slots of `pool` (zero q, no sink), out and lse poisoned.
-struct OneKeyDecode {
-  absl::StatusOr<DeviceBuffer> pool, indices, q, out, lse;
-  DecodeParams params;
-};
-void PrepareOneKeyDecode(CudaBackend& backend, const std::vector<uint8_t>& pool, int64_t slots,
-                         int64_t tokens, int heads, OneKeyDecode& d) {
+// A decode of `tokens` tokens of `heads` heads, each attending the row at
+// slot t % slots of the device pool `pool` (zero q, no sink), with its
+// indices, q, out and lse in `arena` (out and lse poisoned).
+DecodeParams PutOneKeyDecode(DeviceArena& arena, uint8_t* pool, int64_t slots, int64_t tokens,
+                             int heads) {
   std::vector<int32_t> indices(tokens);
   for (int64_t t = 0; t < tokens; ++t) indices[t] = static_cast<int32_t>(t % slots);
   const int64_t out_elements = tokens * heads * kHeadDim;
-  const std::vector<uint16_t> poison(out_elements, 0xffff);
-  const std::vector<float> lse_poison(tokens * heads, -1.0f);
-  d.pool = UploadBytes(backend, pool.data(), static_cast<int64_t>(pool.size()));
-  d.indices = UploadBytes(backend, indices.data(), tokens * 4);
-  d.q = UploadBytes(backend, nullptr, out_elements * 2);  // zeros
-  d.out = UploadBytes(backend, poison.data(), out_elements * 2);
-  d.lse = UploadBytes(backend, lse_poison.data(), tokens * heads * 4);
-  for (const absl::StatusOr<DeviceBuffer>* buffer : {&d.pool, &d.indices, &d.q, &d.out, &d.lse}) {
-    ASSERT_TRUE(buffer->ok()) << buffer->status();
-  }
-  d.params.num_tokens = tokens;
-  d.params.num_heads = heads;
-  d.params.padded_heads = heads;
-  d.params.q = d.q->as<uint16_t>();
-  d.params.softmax_scale = 0.04419417382415922f;  // 512^-0.5 (q is zero: any scale)
-  d.params.main.width = 1;
-  d.params.main.indices = d.indices->as<int32_t>();
-  d.params.main.pool = CachePoolView{d.pool->as<uint8_t>(), slots / kBlockTokens};
-  d.params.out = d.out->as<uint16_t>();
-  d.params.lse = d.lse->as<float>();
+  DecodeParams params;
+  params.num_tokens = tokens;
+  params.num_heads = heads;
+  params.padded_heads = heads;
+  params.q = arena.Zeros<uint16_t>(out_elements);
+  params.softmax_scale = 0.04419417382415922f;  // 512^-0.5 (q is zero: any scale)
+  params.main.width = 1;
+  params.main.indices = arena.Put(indices);
+  params.main.pool = CachePoolView{pool, slots / kBlockTokens};
+  params.out = arena.Put(std::vector<uint16_t>(out_elements, 0xffff));
+  params.lse = arena.Put(std::vector<float>(tokens * heads, -1.0f));
+  return params;
 }
 
-// Checks the outputs of a finished OneKeyDecode against `expected`.
-void ExpectOneKeyRows(CudaBackend& backend, const OneKeyDecode& d,
+// Checks the outputs of a finished PutOneKeyDecode against `expected`.
+void ExpectOneKeyRows(DeviceArena& arena, const DecodeParams& params,
                       const std::vector<uint16_t>& expected, int64_t slots) {
-  const int64_t tokens = d.params.num_tokens;
-  const int heads = d.params.num_heads;
-  const int64_t out_elements = tokens * heads * kHeadDim;
-  std::vector<uint16_t> out(out_elements);
-  std::vector<float> lse(tokens * heads);
-  ASSERT_TRUE(backend.CopyToHost(out.data(), d.out->data(), out_elements * 2).ok());
-  ASSERT_TRUE(backend.CopyToHost(lse.data(), d.lse->data(), tokens * heads * 4).ok());
+  const int64_t tokens = params.num_tokens;
+  const int heads = params.num_heads;
+  const std::vector<uint16_t> out = arena.Get(params.out, tokens * heads * kHeadDim);
+  const std::vector<float> lse = arena.Get(params.lse, tokens * heads);
   int64_t wrong = 0, first = -1;
   for (int64_t t = 0; t < tokens; ++t) {
     const uint16_t* want = expected.data() + (t % slots) * kHeadDim;
@@ -307,11 +283,11 @@ TEST(DecodeGridTest, EveryTokenOfABatchPastTheGridYLimit) {
   MAKE_CUDA_BACKEND(backend);
   constexpr int64_t kSlots = 4096;
   const OneKeyRows rows = MakeOneKeyRows(kSlots, 2121);
-  OneKeyDecode decode;
-  ASSERT_NO_FATAL_FAILURE(PrepareOneKeyDecode(backend, rows.pool, kSlots, 70000, 8, decode));
-  ASSERT_TRUE(backend.Decode(decode.params).ok());
+  DeviceArena arena(backend);
+  const DecodeParams params = PutOneKeyDecode(arena, arena.Put(rows.pool), kSlots, 70000, 8);
+  ASSERT_TRUE(backend.Decode(params).ok());
   ASSERT_TRUE(backend.Synchronize().ok());
-  ExpectOneKeyRows(backend, decode, rows.expected, kSlots);
+  ExpectOneKeyRows(arena, params, rows.expected, kSlots);
 }
 
 // Programmatic dependent launch: the default decode kernels may start while
@@ -325,17 +301,16 @@ TEST(DecodeLaunchTest, ReadsTheRowsOnlyOnceTheKernelBeforeItHasFinished) {
   const OneKeyRows stale = MakeOneKeyRows(kSlots, 2122);
   const OneKeyRows fresh = MakeOneKeyRows(kSlots, 2123);
   for (int heads : {8, 16, 32, 64, 128}) {
-    OneKeyDecode decode;
-    ASSERT_NO_FATAL_FAILURE(PrepareOneKeyDecode(backend, stale.pool, kSlots, 128, heads, decode));
-    const int64_t bytes = static_cast<int64_t>(fresh.pool.size());
-    absl::StatusOr<DeviceBuffer> source = UploadBytes(backend, fresh.pool.data(), bytes);
-    ASSERT_TRUE(source.ok()) << source.status();
-    ASSERT_EQ(cuda::LaunchLateCopy(decode.pool->data(), source->data(), bytes, 200000,
+    DeviceArena arena(backend);
+    uint8_t* pool = arena.Put(stale.pool);
+    const uint8_t* source = arena.Put(fresh.pool);
+    const DecodeParams params = PutOneKeyDecode(arena, pool, kSlots, 128, heads);
+    ASSERT_EQ(cuda::LaunchLateCopy(pool, source, static_cast<int64_t>(fresh.pool.size()), 200000,
                                    static_cast<cudaStream_t>(backend.native_stream())),
               cudaSuccess);
-    ASSERT_TRUE(backend.Decode(decode.params).ok());
+    ASSERT_TRUE(backend.Decode(params).ok());
     ASSERT_TRUE(backend.Synchronize().ok());
-    ExpectOneKeyRows(backend, decode, fresh.expected, kSlots);
+    ExpectOneKeyRows(arena, params, fresh.expected, kSlots);
   }
 }
 

@@ -855,25 +855,26 @@ cudaError_t LaunchMma(const DecodeParams& p, const Plan& plan, Partials partials
 
 }  // namespace
 
+// Every choice and its MLA_CUDA_DECODE value.
+constexpr struct {
+  DecodeKernels kernels;
+  const char* name;
+} kDecodeKernelsNames[] = {{DecodeKernels::kWgmma, "wgmma"},
+                           {DecodeKernels::kPadded, "padded"},
+                           {DecodeKernels::kMma, "mma"},
+                           {DecodeKernels::kSimt, "simt"}};
+
 std::optional<DecodeKernels> DecodeKernelsFor(const char* value) {
   if (value == nullptr || value[0] == '\0') return DecodeKernels::kWgmma;
-  for (DecodeKernels kernels : {DecodeKernels::kWgmma, DecodeKernels::kPadded, DecodeKernels::kMma,
-                                 DecodeKernels::kSimt}) {
-    if (std::strcmp(value, DecodeKernelsName(kernels)) == 0) return kernels;
+  for (const auto& known : kDecodeKernelsNames) {
+    if (std::strcmp(value, known.name) == 0) return known.kernels;
   }
   return std::nullopt;
 }
 
 const char* DecodeKernelsName(DecodeKernels kernels) {
-  switch (kernels) {
-    case DecodeKernels::kWgmma:
-      return "wgmma";
-    case DecodeKernels::kMma:
-      return "mma";
-    case DecodeKernels::kSimt:
-      return "simt";
-    case DecodeKernels::kPadded:
-      return "padded";
+  for (const auto& known : kDecodeKernelsNames) {
+    if (known.kernels == kernels) return known.name;
   }
   return "?";
 }

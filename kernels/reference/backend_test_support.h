@@ -129,6 +129,17 @@ class DeviceArena {
     return device;
   }
 
+  // `count` zero elements (Allocate's memory is zero-filled).
+  template <typename T>
+  T* Zeros(size_t count) {
+    absl::StatusOr<DeviceBuffer> buffer = backend_.Allocate(static_cast<int64_t>(count * sizeof(T)));
+    EXPECT_TRUE(buffer.ok()) << buffer.status();
+    if (!buffer.ok()) return nullptr;
+    T* device = buffer->as<T>();
+    buffers_.push_back(std::move(*buffer));
+    return device;
+  }
+
   template <typename T>
   std::vector<T> Get(const T* device, size_t count) {
     std::vector<T> host(count);
