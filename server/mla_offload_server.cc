@@ -158,6 +158,10 @@ int Main() {
       return Fail(absl::Status(status.code(), absl::StrCat("--metrics_port: ", status.message())));
     }
   }
+  // Before the line that says the server is up: a SIGTERM that follows it at
+  // once (a test, an orchestrator) drains instead of killing the process.
+  std::signal(SIGTERM, OnSignal);
+  std::signal(SIGINT, OnSignal);
   std::printf("mla_offload_server: serving on %s:%d (backend %s, models %s, KV cache %lld blocks = %.2f GB)",
               listen.substr(0, listen.rfind(':')).c_str(), port, backend_text.c_str(),
               absl::GetFlag(FLAGS_model).c_str(), static_cast<long long>(kv_blocks),
@@ -166,8 +170,6 @@ int Main() {
   std::printf("\n");
   std::fflush(stdout);
 
-  std::signal(SIGTERM, OnSignal);
-  std::signal(SIGINT, OnSignal);
   while (g_signal == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
 
   const int drain_seconds = absl::GetFlag(FLAGS_drain_seconds);
