@@ -22,7 +22,8 @@
 //     the first key tile, WG3 and WG4 the odd ones into the second, so that
 //     two chunks' loads are in flight (eight more warps issuing them than in
 //     decode_wgmma.cu: what the gather sweep of RESULTS.md says pays). At
-//     N = 32 WG1 and WG2 fill both tiles (NarrowShape).
+//     N = 32 WG1 and WG2 fill both tiles (NarrowShape). Their row loads
+//     skip L1 (RowCaching::kNoL1), which that kernel's do not.
 // WG0's warps meet at named barrier 1 (only WG0 uses it). Numbers are those
 // of the other kernels: fp32 scores, the softmax in fp32 with the running sum
 // of unrounded probabilities, P rounded to bf16 for the product only.
@@ -434,7 +435,8 @@ __global__ void __launch_bounds__(NarrowShape<N>::kThreads, 1)
     Consume<N>(p, task, splits, partials, smem, tid);
   } else {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(NarrowShape<N>::kProducerRegisters));
-    Produce<L, NarrowShape<N>::kGroups>(p, task, smem, (tid - 128) & 255, (tid - 128) >> 8);
+    Produce<L, NarrowShape<N>::kGroups, RowCaching::kNoL1>(p, task, smem, (tid - 128) & 255,
+                                                           (tid - 128) >> 8);
   }
 }
 

@@ -298,6 +298,23 @@ struct RowPieces {
   uint2 scales;
 };
 
+// Whether a row's 16-byte pieces are kept in L1 on their way (ld.global.nc)
+// or not (L1::no_allocate). Nothing reads them twice from one SM's L1, and
+// in the narrow kernel skipping L1 is 5% faster (RESULTS.md); in the 64-row
+// kernel it is slower at Hp = 128.
+enum class RowCaching { kL1, kNoL1 };
+
+template <RowCaching kCaching>
+__device__ __forceinline__ uint4 LoadRowPiece(const uint4* source) {
+  if (kCaching == RowCaching::kL1) return __ldg(source);
+  uint4 piece;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(piece.x), "=r"(piece.y), "=r"(piece.z), "=r"(piece.w)
+               : "l"(source));
+  return piece;
+}
+
+template <RowCaching kCaching>
 __device__ __forceinline__ void LoadRow(const DecodeParams& p, const WgTask& task, int chunk,
                                         int r, int32_t slot, int part, RowPieces& row) {
   const uint4 zero = make_uint4(0, 0, 0, 0);
@@ -312,9 +329,9 @@ __device__ __forceinline__ void LoadRow(const DecodeParams& p, const WgTask& tas
   const int offset = slot % kBlockTokens;
   const uint4* data = reinterpret_cast<const uint4*>(block + offset * kTokenDataBytes);
 #pragma unroll
-  for (int q = 0; q < 7; ++q) row.pieces[q] = __ldg(data + part + 4 * q);
-  row.pieces[7] = __ldg(data + 28 + part);
-  row.pieces[8] = __ldg(data + 32 + part);
+  for (int q = 0; q < 7; ++q) row.pieces[q] = LoadRowPiece<kCaching>(data + part + 4 * q);
+  row.pieces[7] = LoadRowPiece<kCaching>(data + 28 + part);
+  row.pieces[8] = LoadRowPiece<kCaching>(data + 32 + part);
   row.scales = __ldg(reinterpret_cast<const uint2*>(block + kBlockTokens * kTokenDataBytes +
                                                    offset * kTokenScaleBytes));
 }
@@ -338,7 +355,7 @@ __device__ __forceinline__ void StoreRow(const RowPieces& row, int r, int part,
 }
 
 // The caller passes wt = u % 256 and group = u / 256 (< kGroups).
-template <typename Layout, int kGroups = 1>
+template <typename Layout, int kGroups = 1, RowCaching kCaching = RowCaching::kL1>
 __device__ void Produce(const DecodeParams& p, const WgTask& task, unsigned char* smem, int wt,
                         int group = 0) {
   static_assert(kGroups == 1 || kGroups == 2, "two tiles: one or two producer groups");
@@ -356,7 +373,7 @@ __device__ void Produce(const DecodeParams& p, const WgTask& task, unsigned char
   int32_t next = slot_of(group + kGroups);
   RowPieces row;
   WaitForPreviousGrid();  // the cache rows may be the previous kernel's
-  LoadRow(p, task, group, r, slot, part, row);
+  LoadRow<kCaching>(p, task, group, r, slot, part, row);
   for (int chunk = group; chunk < task.num_chunks; chunk += kGroups) {
     const int buffer = chunk & 1;
     const int32_t after = slot_of(chunk + 2 * kGroups);
@@ -371,7 +388,7 @@ __device__ void Produce(const DecodeParams& p, const WgTask& task, unsigned char
     // The tile is announced before the next chunk's loads go out: a fence
     // or release after them may wait for them (RESULTS.md).
     if (chunk + kGroups < task.num_chunks) {
-      LoadRow(p, task, chunk + kGroups, r, next, part, row);
+      LoadRow<kCaching>(p, task, chunk + kGroups, r, next, part, row);
     }
     slot = next;
     next = after;
