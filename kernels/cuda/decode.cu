@@ -423,7 +423,8 @@ __device__ __forceinline__ void CpAsyncWait() {
 
 template <int MT, int KC>
 __global__ void __launch_bounds__(kThreads, 2 / MT)
-    DecodeMmaKernel(const DecodeParams p, int splits, int split_entries, Partials partials) {
+    DecodeMmaKernel(const DecodeParams p, int groups, int splits, int split_entries,
+                    Partials partials) {
   using L = MmaLayout<MT, KC>;
   constexpr int kProbHalves = L::kProbHalves;
   constexpr int kHeadsHere = L::kHeads;
@@ -447,10 +448,9 @@ __global__ void __launch_bounds__(kThreads, 2 / MT)
   const int warp = tid >> 5;
   const int g = lane >> 2;   // MMA group id
   const int tig = lane & 3;  // thread in group
-  // blockIdx.x: token-major, the head groups of a token adjacent (the second
-  // group's row reads find the first's in L2); x has room for any batch (y
-  // and z are limited to 65,535).
-  const int groups = (p.padded_heads + kHeadsHere - 1) / kHeadsHere;
+  // blockIdx.x: token-major, the `groups` head groups of a token (the
+  // plan's) adjacent (the second group's row reads find the first's in L2);
+  // x has room for any batch (y and z are limited to 65,535).
   const int64_t t = blockIdx.x / groups;
   const int h0 = static_cast<int>(blockIdx.x % groups) * kHeadsHere;
   const int heads_here = min(kHeadsHere, p.padded_heads - h0);
@@ -848,8 +848,8 @@ cudaError_t LaunchMma(const DecodeParams& p, const Plan& plan, Partials partials
                                            static_cast<int>(bytes));
   if (error != cudaSuccess) return error;
   const dim3 grid(static_cast<unsigned>(p.num_tokens * plan.groups), plan.splits);
-  DecodeMmaKernel<MT, kc><<<grid, kThreads, bytes, stream>>>(p, plan.splits, plan.split_entries,
-                                                              partials);
+  DecodeMmaKernel<MT, kc><<<grid, kThreads, bytes, stream>>>(p, plan.groups, plan.splits,
+                                                              plan.split_entries, partials);
   return cudaGetLastError();
 }
 
