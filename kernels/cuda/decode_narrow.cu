@@ -449,7 +449,7 @@ cudaError_t LaunchNarrow(const DecodeParams& p, int splits, int split_entries, f
   if (error != cudaSuccess) return error;
   const dim3 grid(static_cast<unsigned>(p.num_tokens), splits);
   return LaunchOverlapped(DecodeNarrowKernel<N>, grid, NarrowShape<N>::kThreads,
-                          NarrowLayout<N>::kBytes, stream, p, splits, split_entries,
+                          NarrowLayout<N>::kBytes, stream, 1, p, splits, split_entries,
                           Partials{partial_o, partial_ml});
 }
 

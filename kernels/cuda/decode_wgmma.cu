@@ -21,6 +21,12 @@
 //     consumers free a tile through another (Produce, wgmma_device.cuh).
 //     Eight warps issue the loads: with the same bytes in flight, a gather
 //     runs faster from more warps (RESULTS.md).
+// At Hp = 128 the two CTAs of a token form a cluster (kPair, ProducePair):
+// each one's producers gather and dequantise only half of every chunk's
+// rows, an eighth of a row a thread, and store them into both CTAs' tiles,
+// the other's through distributed shared memory (st.async); FlashMLA calls
+// this crossover. It halves the loads and dequantisation a CTA does
+// (RESULTS.md: 5-7% faster at H = 128).
 // The key tile serves as K (K-major B operand of S = Q K^T) and as V (the
 // same bytes as an MN-major B operand of P V): both use the layout of
 // TileOffset. Numbers are those of the other kernels: fp32 scores, the
@@ -199,7 +205,142 @@ __device__ __forceinline__ void StoreQ(const DecodeParams& p, const WgTask& task
   MbarrierArrive(SharedAddress(smem) + WgLayout::kQReady);
 }
 
+// A cluster of two CTAs (kPair: the two 64-head groups of a token at
+// Hp = 128) shares the work of filling the key tiles: each CTA's producers
+// gather and dequantise half of every chunk's rows (CTA rank k rows 32 k ..
+// 32 k + 31) and store them into both CTAs' tiles, the peer's through
+// st.async, which counts its bytes on the peer's full barrier. A tile is
+// full when the 256 local producers have arrived and the peer's bytes have
+// landed (one local thread announces them: expect_tx); free when both CTAs'
+// consumers are done with it (their local arrivals and one remote arrival
+// from each consumer warpgroup of the peer).
+constexpr uint32_t kPeerBytesPerChunk = 32 * kHeadDim * 2 + 32 * 4;  // rows + valid flags
+
+__device__ __forceinline__ uint32_t ClusterRank() {
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  return rank;
+}
+// The address of the same byte of the other CTA's shared memory.
+__device__ __forceinline__ uint32_t PeerAddress(uint32_t local, uint32_t rank) {
+  uint32_t address;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(address) : "r"(local), "r"(rank));
+  return address;
+}
+__device__ __forceinline__ void ClusterSync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
+                   : "memory");
+}
+__device__ __forceinline__ void StoreToPeer(uint32_t address, uint4 value, uint32_t peer_bar) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n" ::
+          "r"(address), "r"(value.x), "r"(value.y), "r"(value.z), "r"(value.w), "r"(peer_bar)
+      : "memory");
+}
+__device__ __forceinline__ void StoreToPeer(uint32_t address, uint32_t value, uint32_t peer_bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(
+                   address),
+               "r"(value), "r"(peer_bar)
+               : "memory");
+}
+__device__ __forceinline__ void ArriveOnPeer(uint32_t peer_bar) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(peer_bar)
+               : "memory");
+}
+__device__ __forceinline__ void ArriveExpectingBytes(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+// MbarrierWait that also sees what the peer released before its arrival.
+__device__ __forceinline__ void MbarrierWaitCluster(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nmbarrier_wait_cluster:\n"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra mbarrier_wait_cluster;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+// The producers of a pair (u = 0..255): thread (warp w, lane l) handles row
+// 32 rank + 8 (w % 4) + l % 8 of every chunk and of it the eighth
+// e = 4 (w / 4) + l / 8: FP8 pieces j = e + 8 k (k < 4, j < 28; codes of
+// dims 16 j .. 16 j + 15, scale byte j / 4) and RoPE piece e (dims
+// 448 + 8 e ..). Eight lanes store one core-matrix column.
+__device__ void ProducePair(const DecodeParams& p, const WgTask& task, unsigned char* smem, int u,
+                            uint32_t rank) {
+  const int lane = u & 31;
+  const int warp = u >> 5;
+  const int r = 32 * static_cast<int>(rank) + 8 * (warp & 3) + (lane & 7);
+  const int eighth = 4 * (warp >> 2) + (lane >> 3);
+  const int fp8_pieces = eighth < 4 ? 4 : 3;
+  const uint32_t base = SharedAddress(smem);
+  const uint32_t peer = PeerAddress(base, rank ^ 1);
+  if (task.num_chunks == 0) return;
+  int32_t slot = SlotOf(p, task, 0, r);
+  int32_t next = SlotOf(p, task, 1, r);
+  uint4 fp8[4];
+  uint4 rope;
+  uint2 scales;
+  auto load = [&](int chunk, int32_t s) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) fp8[k] = make_uint4(0, 0, 0, 0);
+    rope = make_uint4(0, 0, 0, 0);
+    scales = make_uint2(0x7f7f7f7fu, 0x7f7f7f7fu);
+    if (s == -1) return;
+    const RowSource source = SourceOf(p, task, chunk, r, s);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (k < fp8_pieces) fp8[k] = __ldg(source.data + eighth + 8 * k);
+    }
+    rope = __ldg(source.data + 28 + eighth);
+    scales = __ldg(reinterpret_cast<const uint2*>(source.scales));
+  };
+  WaitForPreviousGrid();  // the cache rows may be the previous kernel's
+  load(0, slot);
+  for (int chunk = 0; chunk < task.num_chunks; ++chunk) {
+    const int buffer = chunk & 1;
+    const int32_t after = SlotOf(p, task, chunk + 2, r);
+    // Both CTAs' consumers are done with this buffer's previous chunk.
+    MbarrierWaitCluster(base + WgLayout::kEmpty + 8 * buffer, ((chunk >> 1) & 1) ^ 1);
+    const uint32_t tile = WgLayout::kKeys + buffer * kTileBytes;
+    const uint32_t peer_full = peer + WgLayout::kFull + 8 * buffer;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (k >= fp8_pieces) continue;
+      const int j = eighth + 8 * k;
+      const int tile_of_j = j >> 2;  // its 64-dim scale tile
+      const uint32_t word = tile_of_j < 4 ? scales.x : scales.y;
+      uint32_t out[8];
+      DequantisePiece(fp8[k], (word >> (8 * (tile_of_j & 3))) & 0xffu, out);
+      const uint4 lo = make_uint4(out[0], out[1], out[2], out[3]);
+      const uint4 hi = make_uint4(out[4], out[5], out[6], out[7]);
+      const uint32_t at_lo = tile + TileOffset(r, 16 * j);
+      const uint32_t at_hi = tile + TileOffset(r, 16 * j + 8);
+      *reinterpret_cast<uint4*>(smem + at_lo) = lo;
+      *reinterpret_cast<uint4*>(smem + at_hi) = hi;
+      StoreToPeer(peer + at_lo, lo, peer_full);
+      StoreToPeer(peer + at_hi, hi, peer_full);
+    }
+    const uint32_t at_rope = tile + TileOffset(r, kNopeDim + 8 * eighth);
+    *reinterpret_cast<uint4*>(smem + at_rope) = rope;
+    StoreToPeer(peer + at_rope, rope, peer_full);
+    if (eighth == 0) {
+      const uint32_t at_valid = WgLayout::kValid + 4 * (buffer * kTileRows + r);
+      const uint32_t valid = slot != -1;
+      *reinterpret_cast<uint32_t*>(smem + at_valid) = valid;
+      StoreToPeer(peer + at_valid, valid, peer_full);
+    }
+    FenceForWgmma();
+    MbarrierArrive(base + WgLayout::kFull + 8 * buffer);
+    if (u == 0) ArriveExpectingBytes(base + WgLayout::kFull + 8 * buffer, kPeerBytesPerChunk);
+    if (chunk + 1 < task.num_chunks) load(chunk + 1, next);
+    slot = next;
+    next = after;
+  }
+}
+
 // WG0: S = Q K^T, the softmax, P, and O for dims 0..255.
+template <bool kPair>
 __device__ void Score(const DecodeParams& p, const WgTask& task, int splits,
                       const Partials& partials, unsigned char* smem, int wt) {
   const uint32_t base = SharedAddress(smem);
@@ -324,6 +465,7 @@ __device__ void Score(const DecodeParams& p, const WgTask& task, int splits,
 #pragma unroll
     for (int n = 0; n < 4; ++n) PinRegisters(o[n]);
     MbarrierArrive(base + WgLayout::kEmpty + 8 * buffer);
+    if (kPair && wt == 0) ArriveOnPeer(PeerAddress(base, ClusterRank() ^ 1) + WgLayout::kEmpty + 8 * buffer);
   }
 
   // The row sums over the quad, the maxima in natural units; the final state
@@ -348,6 +490,7 @@ __device__ void Score(const DecodeParams& p, const WgTask& task, int splits,
 }
 
 // WG1: O for dims 256..511, with P and alpha from WG0.
+template <bool kPair>
 __device__ void Value(const DecodeParams& p, const WgTask& task, int splits,
                       const Partials& partials, unsigned char* smem, int wt) {
   const uint32_t base = SharedAddress(smem);
@@ -383,6 +526,7 @@ __device__ void Value(const DecodeParams& p, const WgTask& task, int splits,
     for (int n = 0; n < 4; ++n) PinRegisters(o[n]);
     if (chunk + 1 < task.num_chunks) MbarrierArrive(base + WgLayout::kPFree);
     MbarrierArrive(base + WgLayout::kEmpty + 8 * buffer);
+    if (kPair && wt == 0) ArriveOnPeer(PeerAddress(base, ClusterRank() ^ 1) + WgLayout::kEmpty + 8 * buffer);
   }
   MbarrierArrive(base + WgLayout::kStateReady);
   MbarrierWait(base + WgLayout::kStateReady, 0);
@@ -403,13 +547,14 @@ constexpr int kProducerRegisters = 64;
 static_assert(kScoreRegisters + kValueRegisters + 2 * kProducerRegisters <= 4 * kLaunchRegisters,
               "setmaxnreg.inc would wait forever for registers");
 
+template <bool kPair>
 __global__ void __launch_bounds__(kWgThreads, 1)
     DecodeWgmmaKernel(const DecodeParams p, int groups, int splits, int split_entries,
                       Partials partials) {
   extern __shared__ __align__(1024) unsigned char smem[];
   // blockIdx.x: token-major, the `groups` 64-head groups of a token (the
-  // plan's) adjacent (the second group's row reads find the first's in L2);
-  // x has room for any batch.
+  // plan's) adjacent (the second group's row reads find the first's in L2,
+  // and a pair's two CTAs are one cluster); x has room for any batch.
   const int h0 = static_cast<int>(blockIdx.x % groups) * kTileRows;
   const WgTask task = MakeTask(p, blockIdx.x / groups, h0, min(kTileRows, p.padded_heads - h0),
                                blockIdx.y, split_entries);
@@ -419,39 +564,57 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   if (tid == 0) {
     const uint32_t base = SharedAddress(smem);
     for (int b = 0; b < 2; ++b) {
-      MbarrierInit(base + WgLayout::kFull + 8 * b, 256);   // the producers' threads
-      MbarrierInit(base + WgLayout::kEmpty + 8 * b, 256);  // WG0's and WG1's
+      // The producers' threads (and the peer's bytes, announced by one of them).
+      MbarrierInit(base + WgLayout::kFull + 8 * b, kPair ? 257 : 256);
+      // WG0's and WG1's threads (and one thread of each of the peer's).
+      MbarrierInit(base + WgLayout::kEmpty + 8 * b, kPair ? 258 : 256);
     }
     MbarrierInit(base + WgLayout::kPReady, 128);  // WG0's
     MbarrierInit(base + WgLayout::kPFree, 128);   // WG1's
     MbarrierInit(base + WgLayout::kStateReady, 256);
     MbarrierInit(base + WgLayout::kStaged, 256);
     MbarrierInit(base + WgLayout::kQReady, 256);
+    if (kPair) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
+  if (kPair) ClusterSync();  // the peer's barriers exist before anything reaches them
   const int role = tid / 128;
   if (role == 0) {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kScoreRegisters));
-    Score(p, task, splits, partials, smem, tid);
+    Score<kPair>(p, task, splits, partials, smem, tid);
   } else if (role == 1) {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kValueRegisters));
-    Value(p, task, splits, partials, smem, tid - 128);
+    Value<kPair>(p, task, splits, partials, smem, tid - 128);
   } else {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
-    Produce<WgLayout>(p, task, smem, tid - 256);
+    if (kPair) {
+      ProducePair(p, task, smem, tid - 256, ClusterRank());
+    } else {
+      Produce<WgLayout>(p, task, smem, tid - 256);
+    }
   }
+  // The peer may still arrive on this CTA's barriers until it is done.
+  if (kPair) ClusterSync();
 }
 
 }  // namespace
 
 cudaError_t LaunchDecodeWgmma(const DecodeParams& p, int groups, int splits, int split_entries,
                               float* partial_o, float* partial_ml, cudaStream_t stream) {
-  const cudaError_t error =
-      PrepareWarpSpecialised<DecodeWgmmaKernel, kLaunchRegisters>(WgLayout::kBytes);
-  if (error != cudaSuccess) return error;
   const dim3 grid(static_cast<unsigned>(p.num_tokens * groups), splits);
-  return LaunchOverlapped(DecodeWgmmaKernel, grid, kWgThreads, WgLayout::kBytes, stream, p, groups,
-                          splits, split_entries, Partials{partial_o, partial_ml});
+  const Partials partials{partial_o, partial_ml};
+  if (groups == 2) {
+    const cudaError_t error =
+        PrepareWarpSpecialised<DecodeWgmmaKernel<true>, kLaunchRegisters>(WgLayout::kBytes);
+    if (error != cudaSuccess) return error;
+    return LaunchOverlapped(DecodeWgmmaKernel<true>, grid, kWgThreads, WgLayout::kBytes, stream,
+                            2, p, groups, splits, split_entries, partials);
+  }
+  const cudaError_t error =
+      PrepareWarpSpecialised<DecodeWgmmaKernel<false>, kLaunchRegisters>(WgLayout::kBytes);
+  if (error != cudaSuccess) return error;
+  return LaunchOverlapped(DecodeWgmmaKernel<false>, grid, kWgThreads, WgLayout::kBytes, stream, 1,
+                          p, groups, splits, split_entries, partials);
 }
 
 }  // namespace cuda

@@ -132,7 +132,7 @@ TEST(PtxasReportTest, WarpSpecialisedKernelsHaveTheirLaunchRegisters) {
       ++found;
       EXPECT_EQ(kernel.registers, expected.registers) << expected.kernel;
     }
-    EXPECT_EQ(found, 1) << expected.kernel << " in " << expected.report;
+    EXPECT_GE(found, 1) << expected.kernel << " in " << expected.report;
   }
 }
 

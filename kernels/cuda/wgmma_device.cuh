@@ -217,19 +217,25 @@ __device__ __forceinline__ void WaitForPreviousGrid() {
 __device__ __forceinline__ void AllowNextGrid() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
+// `cluster`: CTAs a cluster along x (1: no clusters).
 template <typename... Params, typename... Args>
 cudaError_t LaunchOverlapped(void (*kernel)(Params...), dim3 grid, int threads,
-                             uint32_t shared_bytes, cudaStream_t stream, Args... args) {
-  cudaLaunchAttribute attribute = {};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
+                             uint32_t shared_bytes, cudaStream_t stream, int cluster,
+                             Args... args) {
+  cudaLaunchAttribute attributes[2] = {};
+  attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[0].val.programmaticStreamSerializationAllowed = 1;
+  attributes[1].id = cudaLaunchAttributeClusterDimension;
+  attributes[1].val.clusterDim.x = static_cast<unsigned>(cluster);
+  attributes[1].val.clusterDim.y = 1;
+  attributes[1].val.clusterDim.z = 1;
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = dim3(static_cast<unsigned>(threads));
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
+  config.attrs = attributes;
+  config.numAttrs = cluster > 1 ? 2 : 1;
   return cudaLaunchKernelEx(&config, kernel, args...);
 }
 
@@ -278,6 +284,29 @@ __device__ __forceinline__ WgTask MakeTask(const DecodeParams& p, int64_t t, int
   return task;
 }
 
+// The entry of the token's key list that row r of `chunk` holds (-1 past the
+// task's end), and where the bytes of one that is not -1 are.
+__device__ __forceinline__ int32_t SlotOf(const DecodeParams& p, const WgTask& task, int chunk,
+                                          int r) {
+  const int e = task.begin + chunk * kTileRows + r;
+  if (chunk >= task.num_chunks || e >= task.end) return -1;
+  return e < task.main_len ? __ldg(p.main.indices + task.t * p.main.width + e)
+                           : __ldg(p.extra.indices + task.t * p.extra.width + (e - task.main_len));
+}
+struct RowSource {
+  const uint4* data;
+  const uint8_t* scales;
+};
+__device__ __forceinline__ RowSource SourceOf(const DecodeParams& p, const WgTask& task,
+                                              int chunk, int r, int32_t slot) {
+  const int e = task.begin + chunk * kTileRows + r;
+  const uint8_t* pool = e < task.main_len ? p.main.pool.base : p.extra.pool.base;
+  const uint8_t* block = pool + static_cast<int64_t>(slot / kBlockTokens) * kBlockBytes;
+  const int offset = slot % kBlockTokens;
+  return RowSource{reinterpret_cast<const uint4*>(block + offset * kTokenDataBytes),
+                   block + kBlockTokens * kTokenDataBytes + offset * kTokenScaleBytes};
+}
+
 // The producers: kGroups groups of two warpgroups (thread u = 0 .. 256
 // kGroups - 1 of them; group u / 256) that fill the two key tiles
 // (Layout::kKeys) of 64-key chunks and their valid flags (Layout::kValid
@@ -323,17 +352,12 @@ __device__ __forceinline__ void LoadRow(const DecodeParams& p, const WgTask& tas
   // A skipped row: zero codes with a scale the bf16x2 path takes (+0s).
   row.scales = make_uint2(0x7f7f7f7fu, 0x7f7f7f7fu);
   if (slot == -1) return;
-  const int e = task.begin + chunk * kTileRows + r;
-  const uint8_t* pool = e < task.main_len ? p.main.pool.base : p.extra.pool.base;
-  const uint8_t* block = pool + static_cast<int64_t>(slot / kBlockTokens) * kBlockBytes;
-  const int offset = slot % kBlockTokens;
-  const uint4* data = reinterpret_cast<const uint4*>(block + offset * kTokenDataBytes);
+  const RowSource source = SourceOf(p, task, chunk, r, slot);
 #pragma unroll
-  for (int q = 0; q < 7; ++q) row.pieces[q] = LoadRowPiece<kCaching>(data + part + 4 * q);
-  row.pieces[7] = LoadRowPiece<kCaching>(data + 28 + part);
-  row.pieces[8] = LoadRowPiece<kCaching>(data + 32 + part);
-  row.scales = __ldg(reinterpret_cast<const uint2*>(block + kBlockTokens * kTokenDataBytes +
-                                                   offset * kTokenScaleBytes));
+  for (int q = 0; q < 7; ++q) row.pieces[q] = LoadRowPiece<kCaching>(source.data + part + 4 * q);
+  row.pieces[7] = LoadRowPiece<kCaching>(source.data + 28 + part);
+  row.pieces[8] = LoadRowPiece<kCaching>(source.data + 32 + part);
+  row.scales = __ldg(reinterpret_cast<const uint2*>(source.scales));
 }
 
 __device__ __forceinline__ void StoreRow(const RowPieces& row, int r, int part,
@@ -362,21 +386,15 @@ __device__ void Produce(const DecodeParams& p, const WgTask& task, unsigned char
   const int part = (wt & 31) >> 3;
   const int r = (wt >> 5) * 8 + (wt & 7);
   const uint32_t base = SharedAddress(smem);
-  auto slot_of = [&](int chunk) -> int32_t {
-    const int e = task.begin + chunk * kTileRows + r;
-    if (chunk >= task.num_chunks || e >= task.end) return -1;
-    return e < task.main_len ? __ldg(p.main.indices + task.t * p.main.width + e)
-                             : __ldg(p.extra.indices + task.t * p.extra.width + (e - task.main_len));
-  };
   if (group >= task.num_chunks) return;
-  int32_t slot = slot_of(group);
-  int32_t next = slot_of(group + kGroups);
+  int32_t slot = SlotOf(p, task, group, r);
+  int32_t next = SlotOf(p, task, group + kGroups, r);
   RowPieces row;
   WaitForPreviousGrid();  // the cache rows may be the previous kernel's
   LoadRow<kCaching>(p, task, group, r, slot, part, row);
   for (int chunk = group; chunk < task.num_chunks; chunk += kGroups) {
     const int buffer = chunk & 1;
-    const int32_t after = slot_of(chunk + 2 * kGroups);
+    const int32_t after = SlotOf(p, task, chunk + 2 * kGroups, r);
     // The consumers are done with this buffer's previous chunk (none before
     // chunk 2: the wait on the phase before the first returns at once).
     MbarrierWait(base + Layout::kEmpty + 8 * buffer, ((chunk >> 1) & 1) ^ 1);
