@@ -214,7 +214,13 @@ __device__ __forceinline__ void StoreQ(const DecodeParams& p, const WgTask& task
 // landed (one local thread announces them: expect_tx); free when both CTAs'
 // consumers are done with it (their local arrivals and one remote arrival
 // from each consumer warpgroup of the peer).
-constexpr uint32_t kPeerBytesPerChunk = 32 * kHeadDim * 2 + 32 * 4;  // rows + valid flags
+constexpr int kPairRows = kTileRows / 2;  // the rows of a chunk each CTA of a pair fills
+constexpr uint32_t kPeerBytesPerChunk = kPairRows * (kHeadDim * 2 + sizeof(int));  // rows, flags
+// Arrivals a phase of a pair's barriers: Full, the producers' threads and the
+// expect_tx of one of them; Empty, the consumers' threads and one thread of
+// each of the peer's two consumer warpgroups.
+constexpr int kPairFullArrivals = 256 + 1;
+constexpr int kPairEmptyArrivals = 256 + 2;
 
 __device__ __forceinline__ uint32_t ClusterRank() {
   uint32_t rank;
@@ -228,20 +234,22 @@ __device__ __forceinline__ uint32_t PeerAddress(uint32_t local, uint32_t rank) {
   return address;
 }
 __device__ __forceinline__ void ClusterSync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
-                   : "memory");
+  asm volatile(
+      "barrier.cluster.arrive.release.aligned;\n"
+      "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 __device__ __forceinline__ void StoreToPeer(uint32_t address, uint4 value, uint32_t peer_bar) {
   asm volatile(
-      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n" ::
-          "r"(address), "r"(value.x), "r"(value.y), "r"(value.z), "r"(value.w), "r"(peer_bar)
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 "
+      "[%0], {%1, %2, %3, %4}, [%5];\n"
+      :: "r"(address), "r"(value.x), "r"(value.y), "r"(value.z), "r"(value.w), "r"(peer_bar)
       : "memory");
 }
 __device__ __forceinline__ void StoreToPeer(uint32_t address, uint32_t value, uint32_t peer_bar) {
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(
-                   address),
-               "r"(value), "r"(peer_bar)
-               : "memory");
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n"
+      :: "r"(address), "r"(value), "r"(peer_bar)
+      : "memory");
 }
 __device__ __forceinline__ void ArriveOnPeer(uint32_t peer_bar) {
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(peer_bar)
@@ -250,6 +258,10 @@ __device__ __forceinline__ void ArriveOnPeer(uint32_t peer_bar) {
 __device__ __forceinline__ void ArriveExpectingBytes(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
                : "memory");
+}
+// Orders the barrier initialisation before the peer's first access to it.
+__device__ __forceinline__ void FenceBarrierInitForCluster() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 // MbarrierWait that also sees what the peer released before its arrival.
 __device__ __forceinline__ void MbarrierWaitCluster(uint32_t bar, uint32_t parity) {
@@ -270,7 +282,7 @@ __device__ void ProducePair(const DecodeParams& p, const WgTask& task, unsigned 
                             uint32_t rank) {
   const int lane = u & 31;
   const int warp = u >> 5;
-  const int r = 32 * static_cast<int>(rank) + 8 * (warp & 3) + (lane & 7);
+  const int r = kPairRows * static_cast<int>(rank) + 8 * (warp & 3) + (lane & 7);
   const int eighth = 4 * (warp >> 2) + (lane >> 3);
   const int fp8_pieces = eighth < 4 ? 4 : 3;
   const uint32_t base = SharedAddress(smem);
@@ -285,7 +297,7 @@ __device__ void ProducePair(const DecodeParams& p, const WgTask& task, unsigned 
 #pragma unroll
     for (int k = 0; k < 4; ++k) fp8[k] = make_uint4(0, 0, 0, 0);
     rope = make_uint4(0, 0, 0, 0);
-    scales = make_uint2(0x7f7f7f7fu, 0x7f7f7f7fu);
+    scales = make_uint2(kSkippedRowScales, kSkippedRowScales);
     if (s == -1) return;
     const RowSource source = SourceOf(p, task, chunk, r, s);
 #pragma unroll
@@ -308,10 +320,8 @@ __device__ void ProducePair(const DecodeParams& p, const WgTask& task, unsigned 
     for (int k = 0; k < 4; ++k) {
       if (k >= fp8_pieces) continue;
       const int j = eighth + 8 * k;
-      const int tile_of_j = j >> 2;  // its 64-dim scale tile
-      const uint32_t word = tile_of_j < 4 ? scales.x : scales.y;
       uint32_t out[8];
-      DequantisePiece(fp8[k], (word >> (8 * (tile_of_j & 3))) & 0xffu, out);
+      DequantisePiece(fp8[k], ScaleByte(scales, j >> 2), out);
       const uint4 lo = make_uint4(out[0], out[1], out[2], out[3]);
       const uint4 hi = make_uint4(out[4], out[5], out[6], out[7]);
       const uint32_t at_lo = tile + TileOffset(r, 16 * j);
@@ -339,11 +349,40 @@ __device__ void ProducePair(const DecodeParams& p, const WgTask& task, unsigned 
   }
 }
 
+// The consumers' side of a key tile. A pair's tile holds the peer's bytes
+// too: the wait acquires at cluster scope what the peer's st.async
+// released. The release: every thread arrives on this CTA's barrier, and
+// in a pair one thread of the warpgroup also on the peer's (whose producers
+// fill this tile too). One thread can speak for its warpgroup there: the
+// wgmma that read the tile is warpgroup-collective, so when its wait
+// returns in that thread, every warp of the warpgroup is past its reads.
+template <bool kPair>
+__device__ __forceinline__ void WaitForTile(uint32_t base, int chunk) {
+  const uint32_t full = base + WgLayout::kFull + 8 * (chunk & 1);
+  if (kPair) {
+    MbarrierWaitCluster(full, (chunk >> 1) & 1);
+  } else {
+    MbarrierWait(full, (chunk >> 1) & 1);
+  }
+}
+template <bool kPair>
+__device__ __forceinline__ void ReleaseTile(uint32_t base, uint32_t peer_base, int chunk,
+                                            int wt) {
+  MbarrierArrive(base + WgLayout::kEmpty + 8 * (chunk & 1));
+  if (kPair && wt == 0) ArriveOnPeer(peer_base + WgLayout::kEmpty + 8 * (chunk & 1));
+}
+// This CTA's shared memory as the peer sees it (a pair only).
+template <bool kPair>
+__device__ __forceinline__ uint32_t PeerBase(uint32_t base) {
+  return kPair ? PeerAddress(base, ClusterRank() ^ 1) : 0;
+}
+
 // WG0: S = Q K^T, the softmax, P, and O for dims 0..255.
 template <bool kPair>
 __device__ void Score(const DecodeParams& p, const WgTask& task, int splits,
                       const Partials& partials, unsigned char* smem, int wt) {
   const uint32_t base = SharedAddress(smem);
+  const uint32_t peer_base = PeerBase<kPair>(base);
   const int lane = wt & 31;
   const int g = lane >> 2;
   const int tig = lane & 3;
@@ -369,7 +408,7 @@ __device__ void Score(const DecodeParams& p, const WgTask& task, int splits,
   for (int chunk = 0; chunk < task.num_chunks; ++chunk) {
     const int buffer = chunk & 1;
     const uint32_t keys = base + WgLayout::kKeys + buffer * kTileBytes;
-    MbarrierWait(base + WgLayout::kFull + 8 * buffer, (chunk >> 1) & 1);
+    WaitForTile<kPair>(base, chunk);
 
     // S = Q K^T: s[4 i + 2 half + c] is head row0 + 8 half, key 8 i + 2 tig + c.
     float s[32];
@@ -464,8 +503,7 @@ __device__ void Score(const DecodeParams& p, const WgTask& task, int splits,
     WgmmaWaitAll();
 #pragma unroll
     for (int n = 0; n < 4; ++n) PinRegisters(o[n]);
-    MbarrierArrive(base + WgLayout::kEmpty + 8 * buffer);
-    if (kPair && wt == 0) ArriveOnPeer(PeerAddress(base, ClusterRank() ^ 1) + WgLayout::kEmpty + 8 * buffer);
+    ReleaseTile<kPair>(base, peer_base, chunk, wt);
   }
 
   // The row sums over the quad, the maxima in natural units; the final state
@@ -494,6 +532,7 @@ template <bool kPair>
 __device__ void Value(const DecodeParams& p, const WgTask& task, int splits,
                       const Partials& partials, unsigned char* smem, int wt) {
   const uint32_t base = SharedAddress(smem);
+  const uint32_t peer_base = PeerBase<kPair>(base);
   WaitForPreviousGrid();  // q is the prologue's
   StoreQ(p, task, smem, 128 + wt);
   const int row0 = (wt >> 5) * 16 + ((wt & 31) >> 2);
@@ -508,7 +547,7 @@ __device__ void Value(const DecodeParams& p, const WgTask& task, int splits,
   for (int chunk = 0; chunk < task.num_chunks; ++chunk) {
     const int buffer = chunk & 1;
     const uint32_t keys = base + WgLayout::kKeys + buffer * kTileBytes;
-    MbarrierWait(base + WgLayout::kFull + 8 * buffer, (chunk >> 1) & 1);
+    WaitForTile<kPair>(base, chunk);
     const uint64_t value_tile = ValueTile(keys);
     MbarrierWait(base + WgLayout::kPReady, chunk & 1);
     const float alpha[2] = {alphas[row0], alphas[row0 + 8]};
@@ -525,8 +564,7 @@ __device__ void Value(const DecodeParams& p, const WgTask& task, int splits,
 #pragma unroll
     for (int n = 0; n < 4; ++n) PinRegisters(o[n]);
     if (chunk + 1 < task.num_chunks) MbarrierArrive(base + WgLayout::kPFree);
-    MbarrierArrive(base + WgLayout::kEmpty + 8 * buffer);
-    if (kPair && wt == 0) ArriveOnPeer(PeerAddress(base, ClusterRank() ^ 1) + WgLayout::kEmpty + 8 * buffer);
+    ReleaseTile<kPair>(base, peer_base, chunk, wt);
   }
   MbarrierArrive(base + WgLayout::kStateReady);
   MbarrierWait(base + WgLayout::kStateReady, 0);
@@ -539,7 +577,8 @@ __device__ void Value(const DecodeParams& p, const WgTask& task, int splits,
 
 // setmaxnreg: the registers of the four warpgroups, together at most what
 // the launch gave (4 x 128, the cap of __launch_bounds__(512, 1)): WG0 holds
-// S, P and half of O; WG1 half of O; a producer a quarter row of loads.
+// S, P and half of O; WG1 half of O; a producer a quarter row of loads (an
+// eighth in a pair).
 constexpr int kLaunchRegisters = 128;
 constexpr int kScoreRegisters = 208;
 constexpr int kValueRegisters = 168;
@@ -565,16 +604,16 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     const uint32_t base = SharedAddress(smem);
     for (int b = 0; b < 2; ++b) {
       // The producers' threads (and the peer's bytes, announced by one of them).
-      MbarrierInit(base + WgLayout::kFull + 8 * b, kPair ? 257 : 256);
+      MbarrierInit(base + WgLayout::kFull + 8 * b, kPair ? kPairFullArrivals : 256);
       // WG0's and WG1's threads (and one thread of each of the peer's).
-      MbarrierInit(base + WgLayout::kEmpty + 8 * b, kPair ? 258 : 256);
+      MbarrierInit(base + WgLayout::kEmpty + 8 * b, kPair ? kPairEmptyArrivals : 256);
     }
     MbarrierInit(base + WgLayout::kPReady, 128);  // WG0's
     MbarrierInit(base + WgLayout::kPFree, 128);   // WG1's
     MbarrierInit(base + WgLayout::kStateReady, 256);
     MbarrierInit(base + WgLayout::kStaged, 256);
     MbarrierInit(base + WgLayout::kQReady, 256);
-    if (kPair) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    if (kPair) FenceBarrierInitForCluster();
   }
   __syncthreads();
   if (kPair) ClusterSync();  // the peer's barriers exist before anything reaches them
@@ -597,24 +636,25 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   if (kPair) ClusterSync();
 }
 
+template <bool kPair>
+cudaError_t LaunchWgmma(const DecodeParams& p, dim3 grid, int groups, int splits,
+                        int split_entries, const Partials& partials, cudaStream_t stream) {
+  const cudaError_t error =
+      PrepareWarpSpecialised<DecodeWgmmaKernel<kPair>, kLaunchRegisters>(WgLayout::kBytes);
+  if (error != cudaSuccess) return error;
+  return LaunchOverlapped(DecodeWgmmaKernel<kPair>, grid, kWgThreads, WgLayout::kBytes, stream,
+                          kPair ? 2 : 1, p, groups, splits, split_entries, partials);
+}
+
 }  // namespace
 
 cudaError_t LaunchDecodeWgmma(const DecodeParams& p, int groups, int splits, int split_entries,
                               float* partial_o, float* partial_ml, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.num_tokens * groups), splits);
   const Partials partials{partial_o, partial_ml};
-  if (groups == 2) {
-    const cudaError_t error =
-        PrepareWarpSpecialised<DecodeWgmmaKernel<true>, kLaunchRegisters>(WgLayout::kBytes);
-    if (error != cudaSuccess) return error;
-    return LaunchOverlapped(DecodeWgmmaKernel<true>, grid, kWgThreads, WgLayout::kBytes, stream,
-                            2, p, groups, splits, split_entries, partials);
-  }
-  const cudaError_t error =
-      PrepareWarpSpecialised<DecodeWgmmaKernel<false>, kLaunchRegisters>(WgLayout::kBytes);
-  if (error != cudaSuccess) return error;
-  return LaunchOverlapped(DecodeWgmmaKernel<false>, grid, kWgThreads, WgLayout::kBytes, stream, 1,
-                          p, groups, splits, split_entries, partials);
+  // Hp = 128: the two head groups of a token as a pair.
+  return groups == 2 ? LaunchWgmma<true>(p, grid, groups, splits, split_entries, partials, stream)
+                     : LaunchWgmma<false>(p, grid, groups, splits, split_entries, partials, stream);
 }
 
 }  // namespace cuda

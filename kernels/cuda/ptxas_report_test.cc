@@ -1,15 +1,17 @@
 // Reads the ptxas reports of the CUDA kernels (nvcc -Xptxas -v, kept beside
 // each object by cuda_library) and fails the build's tests when a kernel
 // lost what its speed rests on, which otherwise shows only on a GPU:
-//   - spills (every kernel here is written to fit its registers);
+//   - spills or a stack frame (every kernel here is written to fit its
+//     registers; a frame also means an array indexed at run time);
 //   - wgmma serialised by ptxas (info C7515), or a wait ptxas injected
 //     before registers an MMA writes (C7517): the MMAs no longer overlap
 //     the work around them (RESULTS.md measured 122 -> 152 us at H = 128
-//     with one such variant);
+//     with one such variant), or any other "Potential Performance Loss";
 //   - a warp-specialised kernel compiled with other than the registers a
 //     thread that its launch and setmaxnreg budget assume (the host refuses
 //     to launch it then: PrepareWarpSpecialised).
-// Needs no GPU; runs in CI.
+// Needs no GPU; runs in CI. The figures are those of the nvcc that built the
+// tree (the H200's binaries are built with the same one).
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -34,8 +36,7 @@ constexpr const char* kReports[] = {
 // One kernel's figures from a report.
 struct KernelReport {
   std::string name;  // mangled
-  int spill_store_bytes = -1;
-  int spill_load_bytes = -1;
+  bool has_properties = false;  // its stack frame and spill line
   int registers = -1;
 };
 
@@ -74,10 +75,7 @@ Report ReadReport(const std::string& path) {
     }
     if (report.kernels.empty()) continue;
     KernelReport& kernel = report.kernels.back();
-    if (absl::StrContains(line, "spill stores")) {
-      kernel.spill_store_bytes = NumberBefore(line, "bytes spill stores");
-      kernel.spill_load_bytes = NumberBefore(line, "bytes spill loads");
-    }
+    if (absl::StrContains(line, "spill stores")) kernel.has_properties = true;
     if (absl::StrContains(line, "Used ")) kernel.registers = NumberBefore(line, "registers");
   }
   return report;
@@ -89,17 +87,23 @@ TEST(PtxasReportTest, EveryReportNamesItsKernels) {
     EXPECT_FALSE(report.kernels.empty()) << path << " names no kernel";
     for (const KernelReport& kernel : report.kernels) {
       EXPECT_GE(kernel.registers, 0) << kernel.name << " in " << path << ": no register count";
-      EXPECT_GE(kernel.spill_store_bytes, 0) << kernel.name << " in " << path << ": no spill line";
+      EXPECT_TRUE(kernel.has_properties) << kernel.name << " in " << path << ": no spill line";
     }
   }
 }
 
-TEST(PtxasReportTest, NoKernelSpills) {
+// Every function's line (kernels and any device function ptxas kept apart).
+TEST(PtxasReportTest, NoFunctionSpillsOrHasAStackFrame) {
   for (const char* path : kReports) {
-    for (const KernelReport& kernel : ReadReport(path).kernels) {
-      EXPECT_EQ(kernel.spill_store_bytes, 0) << kernel.name << " spills (" << path << ")";
-      EXPECT_EQ(kernel.spill_load_bytes, 0) << kernel.name << " spills (" << path << ")";
+    int lines = 0;
+    for (const std::string& line : ReadReport(path).lines) {
+      if (!absl::StrContains(line, "bytes spill stores")) continue;
+      ++lines;
+      EXPECT_EQ(NumberBefore(line, "bytes stack frame"), 0) << path << ": " << line;
+      EXPECT_EQ(NumberBefore(line, "bytes spill stores"), 0) << path << ": " << line;
+      EXPECT_EQ(NumberBefore(line, "bytes spill loads"), 0) << path << ": " << line;
     }
+    EXPECT_GT(lines, 0) << path;
   }
 }
 
@@ -108,6 +112,7 @@ TEST(PtxasReportTest, NoMmaSerialisedOrWaitInjected) {
     for (const std::string& line : ReadReport(path).lines) {
       EXPECT_FALSE(absl::StrContains(line, "(C7515)")) << path << ": " << line;
       EXPECT_FALSE(absl::StrContains(line, "(C7517)")) << path << ": " << line;
+      EXPECT_FALSE(absl::StrContains(line, "Performance Loss")) << path << ": " << line;
     }
   }
 }
@@ -120,7 +125,8 @@ TEST(PtxasReportTest, WarpSpecialisedKernelsHaveTheirLaunchRegisters) {
     const char* kernel;  // a piece of the mangled name
     int registers;
   } kExpected[] = {
-      {"kernels/cuda/cuda_kernels_decode_wgmma.ptxas.txt", "DecodeWgmmaKernel", 128},
+      {"kernels/cuda/cuda_kernels_decode_wgmma.ptxas.txt", "DecodeWgmmaKernelILb0E", 128},
+      {"kernels/cuda/cuda_kernels_decode_wgmma.ptxas.txt", "DecodeWgmmaKernelILb1E", 128},
       {"kernels/cuda/cuda_kernels_decode_narrow.ptxas.txt", "DecodeNarrowKernelILi8E", 96},
       {"kernels/cuda/cuda_kernels_decode_narrow.ptxas.txt", "DecodeNarrowKernelILi16E", 96},
       {"kernels/cuda/cuda_kernels_decode_narrow.ptxas.txt", "DecodeNarrowKernelILi32E", 168},
@@ -132,7 +138,7 @@ TEST(PtxasReportTest, WarpSpecialisedKernelsHaveTheirLaunchRegisters) {
       ++found;
       EXPECT_EQ(kernel.registers, expected.registers) << expected.kernel;
     }
-    EXPECT_GE(found, 1) << expected.kernel << " in " << expected.report;
+    EXPECT_EQ(found, 1) << expected.kernel << " in " << expected.report;
   }
 }
 

@@ -327,15 +327,26 @@ struct RowPieces {
   uint2 scales;
 };
 
+// The scale word pair of a skipped row (slot -1): with its zero codes, a
+// scale the bf16x2 path takes gives +0s.
+constexpr uint32_t kSkippedRowScales = 0x7f7f7f7fu;
+
+// The scale byte of 64-dim tile `tile` (0..6) from a row's two scale words.
+__device__ __forceinline__ uint32_t ScaleByte(uint2 scales, int tile) {
+  return ((tile < 4 ? scales.x : scales.y) >> (8 * (tile & 3))) & 0xffu;
+}
+
 // Whether a row's 16-byte pieces are kept in L1 on their way (ld.global.nc)
 // or not (L1::no_allocate). Nothing reads them twice from one SM's L1, and
-// in the narrow kernel skipping L1 is 5% faster (RESULTS.md); in the 64-row
-// kernel it is slower at Hp = 128.
+// in the narrow kernel skipping L1 is 5% faster (RESULTS.md); the 64-row
+// kernel's producers were slower with it at Hp = 128 (measured before that
+// shape moved to the pair producers of decode_wgmma.cu) and not faster at
+// Hp = 64.
 enum class RowCaching { kL1, kNoL1 };
 
 template <RowCaching kCaching>
 __device__ __forceinline__ uint4 LoadRowPiece(const uint4* source) {
-  if (kCaching == RowCaching::kL1) return __ldg(source);
+  if constexpr (kCaching == RowCaching::kL1) return __ldg(source);
   uint4 piece;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(piece.x), "=r"(piece.y), "=r"(piece.z), "=r"(piece.w)
@@ -349,8 +360,7 @@ __device__ __forceinline__ void LoadRow(const DecodeParams& p, const WgTask& tas
   const uint4 zero = make_uint4(0, 0, 0, 0);
 #pragma unroll
   for (int q = 0; q < 9; ++q) row.pieces[q] = zero;
-  // A skipped row: zero codes with a scale the bf16x2 path takes (+0s).
-  row.scales = make_uint2(0x7f7f7f7fu, 0x7f7f7f7fu);
+  row.scales = make_uint2(kSkippedRowScales, kSkippedRowScales);
   if (slot == -1) return;
   const RowSource source = SourceOf(p, task, chunk, r, slot);
 #pragma unroll
@@ -364,10 +374,8 @@ __device__ __forceinline__ void StoreRow(const RowPieces& row, int r, int part,
                                          unsigned char* tile) {
 #pragma unroll
   for (int q = 0; q < 7; ++q) {
-    const uint32_t scale_word = q < 4 ? row.scales.x : row.scales.y;
-    const uint32_t scale_byte = (scale_word >> (8 * (q & 3))) & 0xffu;
     uint32_t out[8];
-    DequantisePiece(row.pieces[q], scale_byte, out);
+    DequantisePiece(row.pieces[q], ScaleByte(row.scales, q), out);
     const int dim = 16 * (part + 4 * q);
     *reinterpret_cast<uint4*>(tile + TileOffset(r, dim)) =
         make_uint4(out[0], out[1], out[2], out[3]);
