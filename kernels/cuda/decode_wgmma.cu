@@ -371,7 +371,8 @@ __device__ __forceinline__ void ReleaseTile(uint32_t base, uint32_t peer_base, i
   MbarrierArrive(base + WgLayout::kEmpty + 8 * (chunk & 1));
   if (kPair && wt == 0) ArriveOnPeer(peer_base + WgLayout::kEmpty + 8 * (chunk & 1));
 }
-// This CTA's shared memory as the peer sees it (a pair only).
+// Where the peer's shared memory starts in the cluster's shared window (a
+// pair only; this CTA's offsets apply there too).
 template <bool kPair>
 __device__ __forceinline__ uint32_t PeerBase(uint32_t base) {
   return kPair ? PeerAddress(base, ClusterRank() ^ 1) : 0;
