@@ -216,6 +216,10 @@ __device__ __forceinline__ void StoreQ(const DecodeParams& p, const WgTask& task
 // from each consumer warpgroup of the peer).
 constexpr int kPairRows = kTileRows / 2;  // the rows of a chunk each CTA of a pair fills
 constexpr uint32_t kPeerBytesPerChunk = kPairRows * (kHeadDim * 2 + sizeof(int));  // rows, flags
+// What ProducePair sends of each of its rows: 28 FP8 pieces as two 16-byte
+// bf16 stores each, 8 RoPE pieces of 16 bytes and the valid flag.
+static_assert(kPeerBytesPerChunk == kPairRows * (28 * 2 * 16 + 8 * 16 + 4),
+              "the peer's expect_tx must count every byte ProducePair sends");
 // Arrivals a phase of a pair's barriers: Full, the producers' threads and the
 // expect_tx of one of them; Empty, the consumers' threads and one thread of
 // each of the peer's two consumer warpgroups.
