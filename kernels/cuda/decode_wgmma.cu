@@ -597,8 +597,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
                       Partials partials) {
   extern __shared__ __align__(1024) unsigned char smem[];
   // blockIdx.x: token-major, the `groups` 64-head groups of a token (the
-  // plan's) adjacent (the second group's row reads find the first's in L2,
-  // and a pair's two CTAs are one cluster); x has room for any batch.
+  // plan's) adjacent, so that a pair's two CTAs are one cluster; x has room
+  // for any batch.
   const int h0 = static_cast<int>(blockIdx.x % groups) * kTileRows;
   const WgTask task = MakeTask(p, blockIdx.x / groups, h0, min(kTileRows, p.padded_heads - h0),
                                blockIdx.y, split_entries);
