@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/types/span.h"
 #include "kernels/geometry.h"
 #include "kernels/head_padding.h"
 
@@ -38,6 +39,35 @@ std::string TouchKey(const std::string& session_id, int32_t layer) {
   return absl::StrCat(session_id, "#", layer);
 }
 
+// Host arrays laid out in one buffer, each at a 16-byte boundary, so that a
+// batch's small arrays reach the device in one copy (one host-to-device
+// copy and synchronisation instead of one per array). Offsets are reserved
+// first, then the buffer is made once and the arrays are views of it.
+class PackedArrays {
+ public:
+  // The offset of an array of `count` T.
+  template <typename T>
+  size_t Reserve(int64_t count) {
+    const size_t at = (bytes_ + 15) & ~size_t{15};
+    bytes_ = at + sizeof(T) * static_cast<size_t>(count);
+    return at;
+  }
+  void Allocate() { data_.reset(new uint8_t[std::max<size_t>(bytes_, 1)]); }
+  // The array at `at`, every element set to `fill`.
+  template <typename T>
+  absl::Span<T> Array(size_t at, int64_t count, T fill) {
+    T* first = reinterpret_cast<T*>(data_.get() + at);
+    std::fill(first, first + count, fill);
+    return absl::Span<T>(first, static_cast<size_t>(count));
+  }
+  const uint8_t* data() const { return data_.get(); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  size_t bytes_ = 0;
+  std::unique_ptr<uint8_t[]> data_;
+};
+
 }  // namespace
 
 // Growable buffers in backend memory, reused from launch to launch.
@@ -45,8 +75,7 @@ class Engine::DeviceArena {
  public:
   enum Slot {
     kQ, kQOut, kPositions, kKv, kSwaSlots, kCompressedRows, kCompressedPositions,
-    kCompressedSlots, kMainIndices, kMainLengths, kExtraIndices, kExtraLengths, kSinks,
-    kOut, kLse, kNumSlots
+    kCompressedSlots, kBatchArrays, kOut, kLse, kNumSlots
   };
 
   explicit DeviceArena(ComputeBackend& backend) : backend_(backend) {}
@@ -683,13 +712,36 @@ void Engine::RunGroup(LaunchGroup& group, std::vector<AttendResult>& results) {
     }
   }
 
-  // Host-side arrays of the launch, in token order of the group.
-  std::vector<int32_t> positions(tokens), swa_slots(tokens, -1);
-  std::vector<int32_t> main_indices(tokens * kSwaWindow, -1), main_lengths(tokens);
-  std::vector<int32_t> extra_indices(tokens * extra_width, -1), extra_lengths(tokens, 0);
-  std::vector<float> sinks(any_sinks ? tokens * heads : 0);
-  std::vector<int32_t> compressed_positions, compressed_slots;
-  std::vector<uint8_t> compressed_kv(compressed_rows * kRowBytes);
+  // Host-side arrays of the launch, in token order of the group, in one
+  // buffer that goes to the device in one copy.
+  PackedArrays packed;
+  const size_t positions_at = packed.Reserve<int32_t>(tokens);
+  const size_t swa_slots_at = packed.Reserve<int32_t>(tokens);
+  const size_t main_indices_at = packed.Reserve<int32_t>(tokens * kSwaWindow);
+  const size_t main_lengths_at = packed.Reserve<int32_t>(tokens);
+  const size_t extra_indices_at = packed.Reserve<int32_t>(tokens * extra_width);
+  const size_t extra_lengths_at = packed.Reserve<int32_t>(tokens);
+  const int64_t sink_count = any_sinks ? tokens * heads : 0;
+  const size_t sinks_at = packed.Reserve<float>(sink_count);
+  const size_t compressed_positions_at = packed.Reserve<int32_t>(compressed_rows);
+  const size_t compressed_slots_at = packed.Reserve<int32_t>(compressed_rows);
+  const size_t compressed_kv_at = packed.Reserve<uint8_t>(compressed_rows * kRowBytes);
+  packed.Allocate();
+  absl::Span<int32_t> positions = packed.Array<int32_t>(positions_at, tokens, 0);
+  absl::Span<int32_t> swa_slots = packed.Array<int32_t>(swa_slots_at, tokens, -1);
+  absl::Span<int32_t> main_indices =
+      packed.Array<int32_t>(main_indices_at, tokens * kSwaWindow, -1);
+  absl::Span<int32_t> main_lengths = packed.Array<int32_t>(main_lengths_at, tokens, 0);
+  absl::Span<int32_t> extra_indices =
+      packed.Array<int32_t>(extra_indices_at, tokens * extra_width, -1);
+  absl::Span<int32_t> extra_lengths = packed.Array<int32_t>(extra_lengths_at, tokens, 0);
+  absl::Span<float> sinks = packed.Array<float>(sinks_at, sink_count, 0.0f);
+  absl::Span<int32_t> compressed_positions =
+      packed.Array<int32_t>(compressed_positions_at, compressed_rows, 0);
+  absl::Span<int32_t> compressed_slots =
+      packed.Array<int32_t>(compressed_slots_at, compressed_rows, -1);
+  absl::Span<uint8_t> compressed_kv =
+      packed.Array<uint8_t>(compressed_kv_at, compressed_rows * kRowBytes, 0);
   // Host staging for a backend without host access: uninitialised (every
   // byte is written below), not zero-filled.
   std::unique_ptr<uint8_t[]> q_host, kv_host;
@@ -732,12 +784,12 @@ void Engine::RunGroup(LaunchGroup& group, std::vector<AttendResult>& results) {
         input.compressed_kv.CopyRange(message_compressed_offset * kRowBytes,
                                       segment.num_compressed_rows * kRowBytes,
                                       compressed_kv.data() + compressed_offset * kRowBytes);
-        compressed_offset += segment.num_compressed_rows;
-        for (int32_t j = segment.first_compressed_row;
-             j < segment.first_compressed_row + segment.num_compressed_rows; ++j) {
-          compressed_positions.push_back(j * ratio);
-          compressed_slots.push_back(state.CompressedSlot(j));
+        for (int32_t i = 0; i < segment.num_compressed_rows; ++i) {
+          const int32_t j = segment.first_compressed_row + i;
+          compressed_positions[compressed_offset + i] = j * ratio;
+          compressed_slots[compressed_offset + i] = state.CompressedSlot(j);
         }
+        compressed_offset += segment.num_compressed_rows;
       }
       message_compressed_offset += segment.num_compressed_rows;
       for (int32_t i = 0; i < segment.num_tokens; ++i, ++t) {
@@ -782,30 +834,20 @@ void Engine::RunGroup(LaunchGroup& group, std::vector<AttendResult>& results) {
     status = backend_->CopyToDevice(*q_device, q_host.get(), tokens * heads * kRowBytes);
     if (status.ok()) status = backend_->CopyToDevice(*kv_device, kv_host.get(), tokens * kRowBytes);
   }
-  auto upload = [&](DeviceArena::Slot slot, const auto& values, auto** target) {
-    if (!status.ok()) return;
-    auto device = arena_->Upload(slot, values);
-    if (!device.ok()) {
-      status = device.status();
-      return;
-    }
-    *target = *device;
-  };
-  int32_t *positions_d = nullptr, *swa_slots_d = nullptr, *compressed_positions_d = nullptr;
-  int32_t *compressed_slots_d = nullptr, *main_indices_d = nullptr, *main_lengths_d = nullptr;
-  int32_t *extra_indices_d = nullptr, *extra_lengths_d = nullptr;
-  uint8_t* compressed_kv_d = nullptr;
-  float* sinks_d = nullptr;
-  upload(DeviceArena::kPositions, positions, &positions_d);
-  upload(DeviceArena::kSwaSlots, swa_slots, &swa_slots_d);
-  upload(DeviceArena::kCompressedRows, compressed_kv, &compressed_kv_d);
-  upload(DeviceArena::kCompressedPositions, compressed_positions, &compressed_positions_d);
-  upload(DeviceArena::kCompressedSlots, compressed_slots, &compressed_slots_d);
-  upload(DeviceArena::kMainIndices, main_indices, &main_indices_d);
-  upload(DeviceArena::kMainLengths, main_lengths, &main_lengths_d);
-  upload(DeviceArena::kExtraIndices, extra_indices, &extra_indices_d);
-  upload(DeviceArena::kExtraLengths, extra_lengths, &extra_lengths_d);
-  upload(DeviceArena::kSinks, sinks, &sinks_d);
+  absl::StatusOr<uint8_t*> arrays = arena_->Reserve(DeviceArena::kBatchArrays, packed.bytes());
+  if (status.ok()) status = arrays.status();
+  if (status.ok()) status = backend_->CopyToDevice(*arrays, packed.data(), packed.bytes());
+  auto device = [&](size_t at) { return status.ok() ? *arrays + at : nullptr; };
+  int32_t* positions_d = reinterpret_cast<int32_t*>(device(positions_at));
+  int32_t* swa_slots_d = reinterpret_cast<int32_t*>(device(swa_slots_at));
+  int32_t* main_indices_d = reinterpret_cast<int32_t*>(device(main_indices_at));
+  int32_t* main_lengths_d = reinterpret_cast<int32_t*>(device(main_lengths_at));
+  int32_t* extra_indices_d = reinterpret_cast<int32_t*>(device(extra_indices_at));
+  int32_t* extra_lengths_d = reinterpret_cast<int32_t*>(device(extra_lengths_at));
+  float* sinks_d = reinterpret_cast<float*>(device(sinks_at));
+  int32_t* compressed_positions_d = reinterpret_cast<int32_t*>(device(compressed_positions_at));
+  int32_t* compressed_slots_d = reinterpret_cast<int32_t*>(device(compressed_slots_at));
+  uint8_t* compressed_kv_d = device(compressed_kv_at);
   absl::StatusOr<uint8_t*> q_out = arena_->Reserve(DeviceArena::kQOut, tokens * padded * kRowBytes);
   if (status.ok()) status = q_out.status();
   if (status.ok()) {
