@@ -267,15 +267,6 @@ __device__ __forceinline__ void ArriveExpectingBytes(uint32_t bar, uint32_t byte
 __device__ __forceinline__ void FenceBarrierInitForCluster() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
-// MbarrierWait that also sees what the peer released before its arrival.
-__device__ __forceinline__ void MbarrierWaitCluster(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nmbarrier_wait_cluster:\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra mbarrier_wait_cluster;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
 
 // The producers of a pair (u = 0..255): thread (warp w, lane l) handles row
 // 32 rank + 8 (w % 4) + l % 8 of every chunk and of it the eighth

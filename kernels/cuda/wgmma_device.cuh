@@ -174,15 +174,21 @@ __device__ __forceinline__ void MbarrierArrive(uint32_t bar) {
   asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar)
                : "memory");
 }
-// Waits for the completion of the barrier's phase of parity `parity`.
+// Waits for the completion of the barrier's phase of parity `parity`
+// (`semantics`: "" or a try_wait qualifier such as ".acquire.cluster").
+#define MLA_MBARRIER_WAIT(semantics)                                        \
+  "{\n.reg .pred done;\nmbarrier_wait:\n"                                   \
+  "mbarrier.try_wait.parity" semantics ".shared::cta.b64 done, [%0], %1;\n" \
+  "@!done bra mbarrier_wait;\n}\n"
 __device__ __forceinline__ void MbarrierWait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nmbarrier_wait:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra mbarrier_wait;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
+  asm volatile(MLA_MBARRIER_WAIT("") ::"r"(bar), "r"(parity) : "memory");
 }
+// The same, also acquiring at cluster scope what a peer CTA released before
+// its arrival.
+__device__ __forceinline__ void MbarrierWaitCluster(uint32_t bar, uint32_t parity) {
+  asm volatile(MLA_MBARRIER_WAIT(".acquire.cluster") ::"r"(bar), "r"(parity) : "memory");
+}
+#undef MLA_MBARRIER_WAIT
 // Makes this thread's shared-memory stores visible to wgmma's reads.
 __device__ __forceinline__ void FenceForWgmma() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
