@@ -39,10 +39,12 @@ std::string TouchKey(const std::string& session_id, int32_t layer) {
   return absl::StrCat(session_id, "#", layer);
 }
 
-// Host arrays laid out in one buffer, each at a 16-byte boundary, so that a
-// batch's small arrays reach the device in one copy (one host-to-device
-// copy and synchronisation instead of one per array). Offsets are reserved
-// first, then the buffer is made once and the arrays are views of it.
+// Host arrays laid out in one buffer, so that a batch's small arrays reach
+// the device in one copy (one host-to-device copy and synchronisation
+// instead of one per array). Each starts at a 16-byte boundary: the CUDA
+// prologue reads the compressed rows as 16-byte vectors. Offsets are
+// reserved first, then the buffer is made once and the arrays are views of
+// it, filled in place.
 class PackedArrays {
  public:
   // The offset of an array of `count` T.
@@ -834,7 +836,13 @@ void Engine::RunGroup(LaunchGroup& group, std::vector<AttendResult>& results) {
     status = backend_->CopyToDevice(*q_device, q_host.get(), tokens * heads * kRowBytes);
     if (status.ok()) status = backend_->CopyToDevice(*kv_device, kv_host.get(), tokens * kRowBytes);
   }
-  absl::StatusOr<uint8_t*> arrays = arena_->Reserve(DeviceArena::kBatchArrays, packed.bytes());
+  // The compressed arrays were sized before the loop that fills them.
+  if (status.ok() && compressed_offset != compressed_rows) {
+    status = absl::InternalError(absl::StrCat("batch holds ", compressed_offset,
+                                              " compressed rows, sized for ", compressed_rows));
+  }
+  absl::StatusOr<uint8_t*> arrays = absl::InternalError("not uploaded");
+  if (status.ok()) arrays = arena_->Reserve(DeviceArena::kBatchArrays, packed.bytes());
   if (status.ok()) status = arrays.status();
   if (status.ok()) status = backend_->CopyToDevice(*arrays, packed.data(), packed.bytes());
   auto device = [&](size_t at) { return status.ok() ? *arrays + at : nullptr; };
