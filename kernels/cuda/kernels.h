@@ -25,8 +25,9 @@ cudaError_t LaunchDecode(const DecodeParams& params, DecodeKernels kernels, int 
 
 // The warpgroup-MMA decode kernel (decode_wgmma.cu): one CTA per
 // kWgmmaHeads heads of a token and split (a smaller Hp, which only
-// MLA_CUDA_DECODE=padded sends it, padded with zero queries); called by
-// LaunchDecode, which plans the splits (partial_o/partial_ml as there).
+// MLA_CUDA_DECODE=padded sends it, padded with zero queries; at Hp = 128
+// the token's two CTAs run as a cluster that shares the key tiles); called
+// by LaunchDecode, which plans the splits (partial_o/partial_ml as there).
 inline constexpr int kWgmmaHeads = 64;
 inline constexpr int kWgmmaChunk = 64;  // keys a chunk (also the narrow kernel's)
 inline constexpr int kNarrowMaxHeads = 32;
