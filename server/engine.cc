@@ -841,11 +841,14 @@ void Engine::RunGroup(LaunchGroup& group, std::vector<AttendResult>& results) {
     status = absl::InternalError(absl::StrCat("batch holds ", compressed_offset,
                                               " compressed rows, sized for ", compressed_rows));
   }
-  absl::StatusOr<uint8_t*> arrays = absl::InternalError("not uploaded");
-  if (status.ok()) arrays = arena_->Reserve(DeviceArena::kBatchArrays, packed.bytes());
-  if (status.ok()) status = arrays.status();
-  if (status.ok()) status = backend_->CopyToDevice(*arrays, packed.data(), packed.bytes());
-  auto device = [&](size_t at) { return status.ok() ? *arrays + at : nullptr; };
+  uint8_t* arrays = nullptr;
+  if (status.ok()) {
+    absl::StatusOr<uint8_t*> reserved = arena_->Reserve(DeviceArena::kBatchArrays, packed.bytes());
+    status = reserved.status();
+    if (status.ok()) status = backend_->CopyToDevice(*reserved, packed.data(), packed.bytes());
+    if (status.ok()) arrays = *reserved;
+  }
+  auto device = [&](size_t at) { return arrays == nullptr ? nullptr : arrays + at; };
   int32_t* positions_d = reinterpret_cast<int32_t*>(device(positions_at));
   int32_t* swa_slots_d = reinterpret_cast<int32_t*>(device(swa_slots_at));
   int32_t* main_indices_d = reinterpret_cast<int32_t*>(device(main_indices_at));

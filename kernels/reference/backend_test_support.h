@@ -118,21 +118,19 @@ class DeviceArena {
 
   template <typename T>
   T* Put(const std::vector<T>& host) {
-    const int64_t bytes = static_cast<int64_t>(host.size() * sizeof(T));
-    absl::StatusOr<DeviceBuffer> buffer = backend_.Allocate(bytes);
-    EXPECT_TRUE(buffer.ok()) << buffer.status();
-    if (!buffer.ok()) return nullptr;
-    const absl::Status copied = backend_.CopyToDevice(buffer->data(), host.data(), bytes);
+    T* device = Zeros<T>(host.size());
+    if (device == nullptr) return nullptr;
+    const absl::Status copied = backend_.CopyToDevice(
+        device, host.data(), static_cast<int64_t>(host.size() * sizeof(T)));
     EXPECT_TRUE(copied.ok()) << copied;
-    T* device = buffer->as<T>();
-    buffers_.push_back(std::move(*buffer));
     return device;
   }
 
   // `count` zero elements (Allocate's memory is zero-filled).
   template <typename T>
   T* Zeros(size_t count) {
-    absl::StatusOr<DeviceBuffer> buffer = backend_.Allocate(static_cast<int64_t>(count * sizeof(T)));
+    absl::StatusOr<DeviceBuffer> buffer =
+        backend_.Allocate(static_cast<int64_t>(count * sizeof(T)));
     EXPECT_TRUE(buffer.ok()) << buffer.status();
     if (!buffer.ok()) return nullptr;
     T* device = buffer->as<T>();
