@@ -27,6 +27,15 @@ __device__ __forceinline__ uint32_t ToBf16Bits(float value) {
   return bits >> 16;
 }
 
+// Two floats as bf16 (round to nearest even, as ToBf16Bits for every value
+// but NaN, which becomes the canonical NaN), `lo` in the low half: one
+// instruction for the two, where ToBf16Bits takes about eight for one.
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  uint32_t packed;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(packed) : "f"(hi), "f"(lo));
+  return packed;
+}
+
 // The bf16 bits of a value that is exactly representable in bf16.
 __device__ __forceinline__ uint32_t ExactBf16Bits(float value) { return __float_as_uint(value) >> 16; }
 
@@ -153,7 +162,7 @@ __device__ __forceinline__ uint32_t FinishedPair(int w, float factor, const floa
     o0 = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
     o1 = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
   }
-  return ToBf16Bits(o0) | (ToBf16Bits(o1) << 16);
+  return PackBf16(o0, o1);
 }
 
 // FinishedPair stored as dims (2w, 2w+1) of head h of token t.

@@ -194,12 +194,6 @@ __device__ __forceinline__ void FenceForWgmma() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// Two floats as bf16 (round to nearest even), `lo` in the low half.
-__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
-  uint32_t packed;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(packed) : "f"(hi), "f"(lo));
-  return packed;
-}
 
 // 2^x (ex2.approx, subnormal results flushed to zero; 2^-inf = 0).
 __device__ __forceinline__ float Exp2(float x) {
