@@ -107,13 +107,19 @@ void ExpectSameQueries(const std::vector<uint16_t>& cpu, const std::vector<uint1
 }
 
 // The shared cases, and large batches: 1024 tokens at 8 heads, 128 tokens at
-// 128 heads.
+// 128 heads. The launch gives a warp 1, 2 or 4 query rows by the batch's
+// size (PrologueRowsPerWarp): on an H200 the large batches take four, and
+// two more cases have warps that mix real and padding heads, 12 heads
+// (Hp 16) x 100 tokens with two rows a warp and 6 heads (Hp 8) x 600 tokens
+// with four.
 std::vector<PrologueCase> CudaPrologueCases() {
   std::vector<PrologueCase> cases = PrologueCases();
   const std::vector<LayerCase> layers = LayerCases();
   cases.push_back({layers[1], 8, 1024, 1500});
   cases.push_back({layers[4], 128, 128, 1501});
   cases.push_back({layers[0], 16, 1000, 1502});
+  cases.push_back({layers[2], 12, 100, 1503});
+  cases.push_back({layers[3], 6, 600, 1504});
   return cases;
 }
 

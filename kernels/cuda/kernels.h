@@ -15,6 +15,9 @@ namespace cuda {
 // Spec section 4 in one launch: q rows (norm, RoPE, padding heads) and the
 // rows of both insert lists (RoPE, bf16, quantise, write).
 cudaError_t LaunchPrologue(const PrologueParams& params, cudaStream_t stream);
+// How many query rows one warp of the prologue handles for a batch of
+// `query_rows` (tokens x Hp) on a GPU of `sms` SMs: 4, 2 or 1 (prologue.cu).
+int PrologueRowsPerWarp(int64_t query_rows, int sms);
 
 // Spec section 5 with `kernels`. `scratch` is device memory of at least
 // DecodeScratchBytes() for the split-key partial results (may be null when

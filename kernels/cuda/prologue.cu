@@ -14,6 +14,7 @@
 
 #include "kernels/cuda/kernels.h"
 #include "kernels/geometry.h"
+#include "kernels/head_padding.h"
 
 namespace mla {
 namespace cuda {
@@ -28,16 +29,18 @@ __device__ __forceinline__ uint32_t ToBf16Bits(float value) {
   return static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(value)));
 }
 
-__device__ __forceinline__ void LoadRow16(const uint16_t* row, int lane, float (&x)[16]) {
-  const uint4* src = reinterpret_cast<const uint4*>(row + lane * 16);
-  const uint4 a = src[0];
-  const uint4 b = src[1];
+__device__ __forceinline__ void UnpackRow16(uint4 a, uint4 b, float (&x)[16]) {
   const uint32_t words[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     x[2 * i] = Bf16Bits(words[i] & 0xffffu);
     x[2 * i + 1] = Bf16Bits(words[i] >> 16);
   }
+}
+
+__device__ __forceinline__ void LoadRow16(const uint16_t* row, int lane, float (&x)[16]) {
+  const uint4* src = reinterpret_cast<const uint4*>(row + lane * 16);
+  UnpackRow16(src[0], src[1], x);
 }
 
 __device__ __forceinline__ void PackBf16(const float (&x)[16], uint4& a, uint4& b) {
@@ -63,15 +66,9 @@ __device__ __forceinline__ void RopeLane(const float* cos_sin, int lane, float (
   }
 }
 
-__device__ void QueryRow(const PrologueParams& p, int64_t t, int h, int lane) {
-  uint16_t* out = p.q_out + (t * p.padded_heads + h) * kHeadDim + lane * 16;
-  if (h >= p.num_heads) {
-    reinterpret_cast<uint4*>(out)[0] = make_uint4(0, 0, 0, 0);
-    reinterpret_cast<uint4*>(out)[1] = make_uint4(0, 0, 0, 0);
-    return;
-  }
-  float x[16];
-  LoadRow16(p.q + (t * p.num_heads + h) * kHeadDim, lane, x);
+// RMSNorm of a query row (the warp's 512 values, 16 a lane), then RoPE.
+__device__ __forceinline__ void NormRopeRow(const float* cos_sin, float eps, int lane,
+                                            float (&x)[16]) {
   float squares = 0.0f;
 #pragma unroll
   for (int i = 0; i < 16; ++i) squares = __fmaf_rn(x[i], x[i], squares);
@@ -79,14 +76,43 @@ __device__ void QueryRow(const PrologueParams& p, int64_t t, int h, int lane) {
   for (int offset = 16; offset > 0; offset >>= 1) {
     squares += __shfl_xor_sync(0xffffffffu, squares, offset);
   }
-  const float inv_rms = 1.0f / sqrtf(squares / kHeadDim + p.rms_norm_eps);
+  const float inv_rms = 1.0f / sqrtf(squares / kHeadDim + eps);
 #pragma unroll
   for (int i = 0; i < 16; ++i) x[i] *= inv_rms;
-  RopeLane(p.rope.data + int64_t{__ldg(p.positions + t)} * kRopeDim, lane, x);
-  uint4 a, b;
-  PackBf16(x, a, b);
-  reinterpret_cast<uint4*>(out)[0] = a;
-  reinterpret_cast<uint4*>(out)[1] = b;
+  RopeLane(cos_sin, lane, x);
+}
+
+// Query rows h0 .. h0 + kRows - 1 of token t (one warp): every row's loads
+// go out before the first is used, and the token's position and RoPE row
+// are read once for them all.
+template <int kRows>
+__device__ void QueryRows(const PrologueParams& p, int64_t t, int h0, int lane) {
+  uint4 raw[kRows][2];
+#pragma unroll
+  for (int k = 0; k < kRows; ++k) {
+    raw[k][0] = raw[k][1] = make_uint4(0, 0, 0, 0);
+    if (h0 + k < p.num_heads) {
+      const uint4* src = reinterpret_cast<const uint4*>(p.q + (t * p.num_heads + h0 + k) * kHeadDim +
+                                                        lane * 16);
+      raw[k][0] = src[0];
+      raw[k][1] = src[1];
+    }
+  }
+  const float* cos_sin = p.rope.data + int64_t{__ldg(p.positions + t)} * kRopeDim;
+#pragma unroll
+  for (int k = 0; k < kRows; ++k) {
+    uint4* out =
+        reinterpret_cast<uint4*>(p.q_out + (t * p.padded_heads + h0 + k) * kHeadDim + lane * 16);
+    if (h0 + k >= p.num_heads) {
+      out[0] = make_uint4(0, 0, 0, 0);
+      out[1] = make_uint4(0, 0, 0, 0);
+      continue;
+    }
+    float x[16];
+    UnpackRow16(raw[k][0], raw[k][1], x);
+    NormRopeRow(cos_sin, p.rms_norm_eps, lane, x);
+    PackBf16(x, out[0], out[1]);
+  }
 }
 
 __device__ void KvRow(const KvInsertParams& insert, const RopeTableView& rope, int64_t r,
@@ -147,15 +173,19 @@ __device__ void KvRow(const KvInsertParams& insert, const RopeTableView& rope, i
   }
 }
 
+// kRows query rows a warp (kRows divides Hp), then one KV row a warp.
+template <int kRows>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     PrologueKernel(const PrologueParams p, int64_t query_rows) {
   const int lane = threadIdx.x & 31;
   const int64_t item = int64_t{blockIdx.x} * kWarpsPerBlock + (threadIdx.x >> 5);
-  if (item < query_rows) {
-    QueryRow(p, item / p.padded_heads, static_cast<int>(item % p.padded_heads), lane);
+  const int64_t query_items = query_rows / kRows;
+  if (item < query_items) {
+    const int64_t row = item * kRows;
+    QueryRows<kRows>(p, row / p.padded_heads, static_cast<int>(row % p.padded_heads), lane);
     return;
   }
-  int64_t r = item - query_rows;
+  int64_t r = item - query_items;
   if (r < p.swa.num_rows) {
     KvRow(p.swa, p.rope, r, lane);
     return;
@@ -172,16 +202,48 @@ __global__ void Fp8NegativeZeroKernel(uint32_t* out) {
   *out = static_cast<uint32_t>(pair) | (static_cast<uint32_t>(big) << 16);
 }
 
+template <int kRows>
+cudaError_t LaunchRows(const PrologueParams& params, int64_t query_rows, cudaStream_t stream) {
+  static_assert(kSupportedHeadCounts[0] % kRows == 0, "a warp's query rows are one token's");
+  const int64_t items = query_rows / kRows + params.swa.num_rows + params.compressed.num_rows;
+  if (items == 0) return cudaSuccess;
+  const int64_t blocks = (items + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  PrologueKernel<kRows><<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, stream>>>(
+      params, query_rows);
+  return cudaGetLastError();
+}
+
 }  // namespace
+
+// Query rows a warp: 4, 2 or 1, the most that still gives at least half of
+// the SMs a CTA of query rows. More rows a warp put more loads in flight
+// per warp and read the token's RoPE row once for them; too few CTAs leave
+// SMs idle (RESULTS.md: H = 64, b = 128 6.5 -> 6.0 us with 4; H = 16,
+// b = 128 3.4 -> 3.1 us with 2, 4.0 with 4).
+int PrologueRowsPerWarp(int64_t query_rows, int sms) {
+  for (int rows : {4, 2}) {
+    if (query_rows / (rows * kWarpsPerBlock) >= (sms + 1) / 2) return rows;
+  }
+  return 1;
+}
 
 cudaError_t LaunchPrologue(const PrologueParams& params, cudaStream_t stream) {
   const int64_t query_rows = params.num_tokens * params.padded_heads;
-  const int64_t items = query_rows + params.swa.num_rows + params.compressed.num_rows;
-  if (items == 0) return cudaSuccess;
-  const int64_t blocks = (items + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  PrologueKernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, stream>>>(params,
-                                                                                   query_rows);
-  return cudaGetLastError();
+  int device = 0;
+  int sms = 0;
+  cudaError_t error = cudaGetDevice(&device);
+  if (error == cudaSuccess) {
+    error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  }
+  if (error != cudaSuccess) return error;
+  switch (PrologueRowsPerWarp(query_rows, sms)) {
+    case 4:
+      return LaunchRows<4>(params, query_rows, stream);
+    case 2:
+      return LaunchRows<2>(params, query_rows, stream);
+    default:
+      return LaunchRows<1>(params, query_rows, stream);
+  }
 }
 
 cudaError_t CheckFp8NegativeZero(cudaStream_t stream, bool* ok) {
