@@ -1,7 +1,8 @@
 // Fused prologue (spec section 4) in one launch.
 //
-// One warp handles one 512-wide row: a (token, head) query row, or a KV row
-// of the SWA or compressed insert list. Lane l holds dims 16l..16l+15, so
+// One warp handles 512-wide rows: 4, 2 or 1 (token, head) query rows of one
+// token (PrologueRowsPerWarp picks by the batch's size), or one KV row of
+// the SWA or compressed insert list. Lane l holds dims 16l..16l+15, so
 // lanes 0..27 hold the seven 64-dim NoPE tiles (four lanes each) and lanes
 // 28..31 the 64 RoPE dims (8 GPT-J pairs each). The rotation uses explicitly
 // rounded multiplies and adds (no fused multiply-add), the same operations as
