@@ -168,7 +168,7 @@ absl::Status CudaBackend::CopyToHost(void* host_dst, const void* device_src, int
 absl::Status CudaBackend::Prologue(const PrologueParams& params) {
   if (absl::Status status = CheckPrologueParams(params); !status.ok()) return status;
   if (absl::Status status = Activate(); !status.ok()) return status;
-  return Launched("prologue kernel", cuda::LaunchPrologue(params, AsStream(stream_)));
+  return Launched("prologue kernel", cuda::LaunchPrologue(params, num_sms_, AsStream(stream_)));
 }
 
 absl::Status CudaBackend::Decode(const DecodeParams& params) {

@@ -14,6 +14,8 @@
 #include "kernels/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -21,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/casts.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/bf16.h"
@@ -109,7 +112,7 @@ void ExpectSameQueries(const std::vector<uint16_t>& cpu, const std::vector<uint1
 // The shared cases, and large batches: 1024 tokens at 8 heads, 128 tokens at
 // 128 heads. The launch gives a warp 1, 2 or 4 query rows by the batch's
 // size (PrologueRowsPerWarp): on an H200 the large batches take four, and
-// two more cases have warps that mix real and padding heads, 12 heads
+// two more cases have warps that mix real and padding heads, 13 heads
 // (Hp 16) x 100 tokens with two rows a warp and 6 heads (Hp 8) x 600 tokens
 // with four.
 std::vector<PrologueCase> CudaPrologueCases() {
@@ -118,7 +121,7 @@ std::vector<PrologueCase> CudaPrologueCases() {
   cases.push_back({layers[1], 8, 1024, 1500});
   cases.push_back({layers[4], 128, 128, 1501});
   cases.push_back({layers[0], 16, 1000, 1502});
-  cases.push_back({layers[2], 12, 100, 1503});
+  cases.push_back({layers[2], 13, 100, 1503});
   cases.push_back({layers[3], 6, 600, 1504});
   return cases;
 }
@@ -318,6 +321,53 @@ TEST(DecodeLaunchTest, ReadsTheRowsOnlyOnceTheKernelBeforeItHasFinished) {
     ASSERT_TRUE(backend.Synchronize().ok());
     ExpectOneKeyRows(arena, params, fresh.expected, kSlots);
   }
+}
+
+// The kernels' bf16 rounding (bf16_device.cuh: PackBf16, the cvt that
+// rounds the decode's outputs and probabilities, and ToBf16Bits, the
+// prologue's) gives kernels/bf16.h's bits for every value but NaN, which
+// must stay NaN: every sign, exponent and top 7 mantissa bits (all 65,536
+// bf16 patterns) with low 16 bits at and around the rounding points (exact,
+// just above, just below a tie, the ties, all ones), so subnormals, ties to
+// even and odd, the overflow to infinity, infinities and NaNs all occur.
+TEST(Bf16RoundingTest, MatchesTheHostRoundingBitForBit) {
+  MAKE_CUDA_BACKEND(backend);
+  std::vector<float> in;
+  for (uint32_t high = 0; high < 0x10000u; ++high) {
+    for (uint32_t low : {0x0000u, 0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xc000u, 0xffffu}) {
+      const uint32_t bits = high << 16 | low;
+      float value;
+      std::memcpy(&value, &bits, sizeof(value));
+      in.push_back(value);
+    }
+  }
+  in.push_back(0.0f);  // an even count: pairs
+  const int64_t pairs = static_cast<int64_t>(in.size() / 2);
+  DeviceArena arena(backend);
+  const float* in_d = arena.Put(in);
+  uint32_t* packed_d = arena.Zeros<uint32_t>(pairs);
+  uint32_t* single_d = arena.Zeros<uint32_t>(pairs);
+  ASSERT_EQ(cuda::LaunchRoundToBf16(in_d, packed_d, single_d, pairs,
+                                    static_cast<cudaStream_t>(backend.native_stream())),
+            cudaSuccess);
+  ASSERT_TRUE(backend.Synchronize().ok());
+  const std::vector<uint32_t> packed = arena.Get(packed_d, pairs);
+  const std::vector<uint32_t> single = arena.Get(single_d, pairs);
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < 2 * pairs; ++i) {
+    const uint16_t want = FloatToBf16(in[i]);
+    const bool nan = std::isnan(in[i]);
+    for (const std::vector<uint32_t>* got : {&packed, &single}) {
+      const uint16_t bits = static_cast<uint16_t>((*got)[i / 2] >> (16 * (i % 2)));
+      const bool ok = nan ? std::isnan(Bf16ToFloat(bits)) : bits == want;
+      if (!ok && wrong++ < 5) {
+        ADD_FAILURE() << (got == &packed ? "PackBf16" : "ToBf16Bits") << " of float bits 0x"
+                      << std::hex << absl::bit_cast<uint32_t>(in[i]) << ": 0x" << bits
+                      << ", want 0x" << want << std::dec;
+      }
+    }
+  }
+  EXPECT_EQ(wrong, 0);
 }
 
 // ---- Bad parameters: InvalidArgument, nothing written.

@@ -1,7 +1,7 @@
 // Device helpers shared by the decode kernels (decode.cu, decode_wgmma.cu,
 // decode_narrow.cu): the e4m3 -> bf16 conversions, key-list lengths, sinks,
-// the final scaling of an output pair and the split partials. Included by .cu
-// files only.
+// the final scaling of an output pair and the split partials (the bf16
+// rounding itself is bf16_device.cuh's). Included by .cu files only.
 #ifndef MLA_OFFLOAD_KERNELS_CUDA_DECODE_DEVICE_CUH_
 #define MLA_OFFLOAD_KERNELS_CUDA_DECODE_DEVICE_CUH_
 
@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/bf16_device.cuh"
 #include "kernels/geometry.h"
 
 namespace mla {
@@ -18,23 +19,6 @@ namespace cuda {
 namespace {
 
 constexpr int kMaxSplits = 32;
-
-// Round to nearest even, as kernels/bf16.h; NaN stays a quiet NaN.
-__device__ __forceinline__ uint32_t ToBf16Bits(float value) {
-  uint32_t bits = __float_as_uint(value);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return (bits >> 16) | 0x40u;
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return bits >> 16;
-}
-
-// Two floats as bf16 (round to nearest even, as ToBf16Bits for every value
-// but NaN, which becomes the canonical NaN), `lo` in the low half: one
-// instruction for the two, where ToBf16Bits takes about eight for one.
-__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
-  uint32_t packed;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(packed) : "f"(hi), "f"(lo));
-  return packed;
-}
 
 // The bf16 bits of a value that is exactly representable in bf16.
 __device__ __forceinline__ uint32_t ExactBf16Bits(float value) { return __float_as_uint(value) >> 16; }

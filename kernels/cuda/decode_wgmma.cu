@@ -313,7 +313,10 @@ __device__ void ProducePair(const DecodeParams& p, const WgTask& task, unsigned 
   for (int chunk = 0; chunk < task.num_chunks; ++chunk) {
     const int buffer = chunk & 1;
     const int32_t after = SlotOf(p, task, chunk + 2, r);
-    // Both CTAs' consumers are done with this buffer's previous chunk.
+    // Both CTAs' consumers are done with this buffer's previous chunk. (The
+    // cluster-scope acquire pairs with no release since 0337391; it is kept
+    // as the conservative wait, off the critical path: at H = 128 the
+    // producers wait here for the consumers anyway.)
     MbarrierWaitCluster(base + WgLayout::kEmpty + 8 * buffer, ((chunk >> 1) & 1) ^ 1);
     const uint32_t tile = WgLayout::kKeys + buffer * kTileBytes;
     const uint32_t peer_full = peer + WgLayout::kFull + 8 * buffer;
@@ -357,6 +360,12 @@ __device__ void ProducePair(const DecodeParams& p, const WgTask& task, unsigned 
 // fill this tile too). One thread can speak for its warpgroup there: the
 // wgmma that read the tile is warpgroup-collective, so when its wait
 // returns in that thread, every warp of the warpgroup is past its reads.
+// The arrival on the peer orders no memory access (ArriveOnPeer): what
+// keeps the peer's next writes off the tile until the reads are done is
+// that those reads are complete before it issues. (The memory model does
+// not promise this for a CTA-scope arrival seen by another CTA; CUTLASS's
+// cluster pipelines rely on the same, and the GPU tests with racecheck
+// pass.)
 template <bool kPair>
 __device__ __forceinline__ void WaitForTile(uint32_t base, int chunk) {
   const uint32_t full = base + WgLayout::kFull + 8 * (chunk & 1);

@@ -13,8 +13,9 @@ namespace mla {
 namespace cuda {
 
 // Spec section 4 in one launch: q rows (norm, RoPE, padding heads) and the
-// rows of both insert lists (RoPE, bf16, quantise, write).
-cudaError_t LaunchPrologue(const PrologueParams& params, cudaStream_t stream);
+// rows of both insert lists (RoPE, bf16, quantise, write), on a GPU of
+// `num_sms` SMs.
+cudaError_t LaunchPrologue(const PrologueParams& params, int num_sms, cudaStream_t stream);
 // How many query rows one warp of the prologue handles for a batch of
 // `query_rows` (tokens x Hp) on a GPU of `sms` SMs: 4, 2 or 1 (prologue.cu).
 int PrologueRowsPerWarp(int64_t query_rows, int sms);

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/bf16_device.cuh"
 #include "kernels/cuda/kernels.h"
 #include "kernels/geometry.h"
 #include "kernels/head_padding.h"
@@ -22,13 +23,6 @@ namespace cuda {
 namespace {
 
 constexpr int kWarpsPerBlock = 8;
-
-__device__ __forceinline__ float Bf16Bits(uint32_t bits16) { return __uint_as_float(bits16 << 16); }
-
-// Round to nearest even, as kernels/bf16.h (inputs here are finite).
-__device__ __forceinline__ uint32_t ToBf16Bits(float value) {
-  return static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(value)));
-}
 
 __device__ __forceinline__ void UnpackRow16(uint4 a, uint4 b, float (&x)[16]) {
   const uint32_t words[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
@@ -44,10 +38,11 @@ __device__ __forceinline__ void LoadRow16(const uint16_t* row, int lane, float (
   UnpackRow16(src[0], src[1], x);
 }
 
-__device__ __forceinline__ void PackBf16(const float (&x)[16], uint4& a, uint4& b) {
+// A lane's 16 values as bf16, in two 16-byte pieces.
+__device__ __forceinline__ void PackRow16(const float (&x)[16], uint4& a, uint4& b) {
   uint32_t w[8];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) w[i] = ToBf16Bits(x[2 * i]) | (ToBf16Bits(x[2 * i + 1]) << 16);
+  for (int i = 0; i < 8; ++i) w[i] = PackBf16(x[2 * i], x[2 * i + 1]);
   a = make_uint4(w[0], w[1], w[2], w[3]);
   b = make_uint4(w[4], w[5], w[6], w[7]);
 }
@@ -93,8 +88,8 @@ __device__ void QueryRows(const PrologueParams& p, int64_t t, int h0, int lane) 
   for (int k = 0; k < kRows; ++k) {
     raw[k][0] = raw[k][1] = make_uint4(0, 0, 0, 0);
     if (h0 + k < p.num_heads) {
-      const uint4* src = reinterpret_cast<const uint4*>(p.q + (t * p.num_heads + h0 + k) * kHeadDim +
-                                                        lane * 16);
+      const uint16_t* row = p.q + (t * p.num_heads + h0 + k) * kHeadDim;
+      const uint4* src = reinterpret_cast<const uint4*>(row + lane * 16);
       raw[k][0] = src[0];
       raw[k][1] = src[1];
     }
@@ -112,7 +107,7 @@ __device__ void QueryRows(const PrologueParams& p, int64_t t, int h0, int lane) 
     float x[16];
     UnpackRow16(raw[k][0], raw[k][1], x);
     NormRopeRow(cos_sin, p.rms_norm_eps, lane, x);
-    PackBf16(x, out[0], out[1]);
+    PackRow16(x, out[0], out[1]);
   }
 }
 
@@ -166,7 +161,7 @@ __device__ void KvRow(const KvInsertParams& insert, const RopeTableView& rope, i
     }
   } else {
     uint4 a, b;
-    PackBf16(x, a, b);
+    PackRow16(x, a, b);
     uint4* rope_out = reinterpret_cast<uint4*>(data + kNopeDim + (lane - 28) * 32);
     rope_out[0] = a;
     rope_out[1] = b;
@@ -203,9 +198,16 @@ __global__ void Fp8NegativeZeroKernel(uint32_t* out) {
   *out = static_cast<uint32_t>(pair) | (static_cast<uint32_t>(big) << 16);
 }
 
+constexpr bool DividesEveryHeadCount(int rows) {
+  for (int count : kSupportedHeadCounts) {
+    if (count % rows != 0) return false;
+  }
+  return true;
+}
+
 template <int kRows>
 cudaError_t LaunchRows(const PrologueParams& params, int64_t query_rows, cudaStream_t stream) {
-  static_assert(kSupportedHeadCounts[0] % kRows == 0, "a warp's query rows are one token's");
+  static_assert(DividesEveryHeadCount(kRows), "a warp's query rows are one token's");
   const int64_t items = query_rows / kRows + params.swa.num_rows + params.compressed.num_rows;
   if (items == 0) return cudaSuccess;
   const int64_t blocks = (items + kWarpsPerBlock - 1) / kWarpsPerBlock;
@@ -228,16 +230,11 @@ int PrologueRowsPerWarp(int64_t query_rows, int sms) {
   return 1;
 }
 
-cudaError_t LaunchPrologue(const PrologueParams& params, cudaStream_t stream) {
+cudaError_t LaunchPrologue(const PrologueParams& params, int num_sms, cudaStream_t stream) {
   const int64_t query_rows = params.num_tokens * params.padded_heads;
-  int device = 0;
-  int sms = 0;
-  cudaError_t error = cudaGetDevice(&device);
-  if (error == cudaSuccess) {
-    error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  }
-  if (error != cudaSuccess) return error;
-  switch (PrologueRowsPerWarp(query_rows, sms)) {
+  int rows = PrologueRowsPerWarp(query_rows, num_sms);
+  if (params.padded_heads % rows != 0) rows = 1;  // a warp's rows are one token's
+  switch (rows) {
     case 4:
       return LaunchRows<4>(params, query_rows, stream);
     case 2:

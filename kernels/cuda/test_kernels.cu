@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/bf16_device.cuh"
+
 namespace mla {
 namespace cuda {
 namespace {
@@ -26,7 +28,25 @@ __global__ void LateCopyKernel(uint4* dst, const uint4* src, int64_t pieces, int
   }
 }
 
+__global__ void RoundToBf16Kernel(const float* in, uint32_t* packed, uint32_t* single,
+                                  int64_t pairs) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < pairs;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float lo = in[2 * i];
+    const float hi = in[2 * i + 1];
+    packed[i] = PackBf16(lo, hi);
+    single[i] = ToBf16Bits(lo) | (ToBf16Bits(hi) << 16);
+  }
+}
+
 }  // namespace
+
+cudaError_t LaunchRoundToBf16(const float* in, uint32_t* packed, uint32_t* single, int64_t pairs,
+                              cudaStream_t stream) {
+  if (pairs == 0) return cudaSuccess;
+  RoundToBf16Kernel<<<256, 256, 0, stream>>>(in, packed, single, pairs);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchLateCopy(void* dst, const void* src, int64_t bytes, int64_t delay_ns,
                            cudaStream_t stream) {

@@ -18,6 +18,12 @@ namespace cuda {
 cudaError_t LaunchLateCopy(void* dst, const void* src, int64_t bytes, int64_t delay_ns,
                            cudaStream_t stream);
 
+// The kernels' bf16 rounding (bf16_device.cuh) of `pairs` pairs of floats
+// (device memory, in[2 i] and in[2 i + 1]): packed[i] = PackBf16 of the
+// pair, single[i] = the two ToBf16Bits, lo in the low half.
+cudaError_t LaunchRoundToBf16(const float* in, uint32_t* packed, uint32_t* single, int64_t pairs,
+                              cudaStream_t stream);
+
 }  // namespace cuda
 }  // namespace mla
 

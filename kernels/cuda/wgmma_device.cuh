@@ -194,7 +194,6 @@ __device__ __forceinline__ void FenceForWgmma() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-
 // 2^x (ex2.approx, subnormal results flushed to zero; 2^-inf = 0).
 __device__ __forceinline__ float Exp2(float x) {
   float y;
