@@ -10,7 +10,6 @@ import subprocess
 import sys
 import tempfile
 import unittest
-import xml.etree.ElementTree as ET
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "plot_results.py")
@@ -89,25 +88,9 @@ class PlotResultsTest(unittest.TestCase):
 
 
 def main():
-    suite = unittest.defaultTestLoader.loadTestsFromTestCase(PlotResultsTest)
-    report = ET.Element("testsuites")
-    xml_suite = ET.SubElement(report, "testsuite", name="PlotResultsTest")
-    failed = 0
-    for test in suite:
-        result = unittest.TestResult()
-        test.run(result)
-        case = ET.SubElement(xml_suite, "testcase", classname="PlotResultsTest",
-                             name=test._testMethodName)
-        problems = result.failures + result.errors
-        for _, trace in problems:
-            ET.SubElement(case, "failure", message="failed").text = trace
-        failed += bool(problems)
-        print(f"[{'FAILED' if problems else '    OK'}] {test._testMethodName}")
-        for _, trace in problems:
-            print(trace)
-    if os.environ.get("XML_OUTPUT_FILE"):
-        ET.ElementTree(report).write(os.environ["XML_OUTPUT_FILE"], encoding="unicode")
-    return 1 if failed else 0
+    sys.path.insert(0, HERE)
+    import junit_tests  # pylint: disable=import-outside-toplevel
+    return junit_tests.run(PlotResultsTest)
 
 
 if __name__ == "__main__":

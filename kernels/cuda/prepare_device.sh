@@ -4,8 +4,37 @@
 # libraries that a GPU host without the build's libraries lacks (Abseil and
 # the project's own Bazel-built .so files), into .device/ (ignored by git),
 # for kernels/cuda/run_on_device.sh to run on the lent GPU machine.
+#   prepare_device.sh                  everything, into a fresh .device/
+#   prepare_device.sh --variant NAME   only cuda_bench and cuda_backend_test of
+#                                      the tree as it is now, added to .device/
+#                                      as cuda_bench_NAME and cuda_backend_test_NAME
+#                                      (for ab_on_device.sh: an A/B of two builds)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# The commit the binaries are built from; "-dirty" when the tree has
+# changes not yet committed (results.json records it).
+commit="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . || echo -dirty)"
+if [[ ${1:-} == --variant ]]; then
+  name=${2:-}
+  if [[ ! $name =~ ^[A-Za-z0-9_]+$ ]]; then
+    echo "prepare_device: --variant takes a name of letters, digits and _ (got '$name')" >&2
+    exit 2
+  fi
+  if [[ ! -d .device/lib ]]; then
+    echo "prepare_device: run it without --variant first (the variant shares .device/lib)" >&2
+    exit 2
+  fi
+  bazel build //kernels/cuda:cuda_backend_test //kernels/bench:cuda_bench
+  cp -L --remove-destination bazel-bin/kernels/bench/cuda_bench ".device/cuda_bench_$name"
+  cp -L --remove-destination bazel-bin/kernels/cuda/cuda_backend_test ".device/cuda_backend_test_$name"
+  echo "$commit" > ".device/commit_$name.txt"
+  du -sh .device
+  exit 0
+fi
+if [[ $# -gt 0 ]]; then
+  echo "prepare_device: unknown argument $1 (none, or --variant NAME)" >&2
+  exit 2
+fi
 bazel build //kernels/cuda:cuda_backend_test //kernels/bench:cuda_bench //kernels/tool:mla_kernel_tool \
   //server:mla_offload_server //tests/integration:server_e2e_test //server/bench:transport_bench
 rm -rf .device && mkdir -p .device/lib
@@ -17,8 +46,6 @@ for binary in bazel-bin/kernels/cuda/cuda_backend_test bazel-bin/kernels/bench/c
     grep -v -E '/lib(c|m|gcc_s|stdc\+\+|pthread|dl|rt)\.so|ld-linux' |
     while read -r lib; do cp -L -n "$lib" .device/lib/; done
 done
-cp kernels/cuda/run_on_device.sh .device/
-# The commit the binaries were built from; "-dirty" when the tree had
-# changes not yet committed (results.json records it).
-echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . || echo -dirty)" > .device/commit.txt
+cp kernels/cuda/run_on_device.sh kernels/cuda/ab_on_device.sh kernels/bench/ab_table.py .device/
+echo "$commit" > .device/commit.txt
 du -sh .device

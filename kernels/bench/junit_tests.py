@@ -1,0 +1,34 @@
+"""Runs unittest cases as a Bazel test: one line per test on stdout and a
+JUnit XML report, one <testcase> per test method, to $XML_OUTPUT_FILE when
+Bazel sets it (tools/test_summary.py counts the cases). Shared by the
+Python tests of this folder."""
+
+import os
+import unittest
+import xml.etree.ElementTree as ET
+
+
+def run(*case_classes):
+    """Runs every test of the TestCase classes; 0 when all passed, else 1."""
+    report = ET.Element("testsuites")
+    failed = 0
+    ran = 0
+    for case_class in case_classes:
+        name = case_class.__name__
+        xml_suite = ET.SubElement(report, "testsuite", name=name)
+        for test in unittest.defaultTestLoader.loadTestsFromTestCase(case_class):
+            result = unittest.TestResult()
+            test.run(result)
+            ran += 1
+            case = ET.SubElement(xml_suite, "testcase", classname=name,
+                                 name=test._testMethodName)
+            problems = result.failures + result.errors
+            for _, trace in problems:
+                ET.SubElement(case, "failure", message="failed").text = trace
+            failed += bool(problems)
+            print(f"[{'FAILED' if problems else '    OK'}] {name}.{test._testMethodName}")
+            for _, trace in problems:
+                print(trace)
+    if os.environ.get("XML_OUTPUT_FILE"):
+        ET.ElementTree(report).write(os.environ["XML_OUTPUT_FILE"], encoding="unicode")
+    return 1 if failed or ran == 0 else 0

@@ -1,0 +1,135 @@
+#!/usr/bin/python3
+"""Tests of ncu_roles.py on a small made-up ncu SASS page: the regions at
+setmaxnreg and EXIT (or --cuts) with their samples and stalls, the mbarrier
+waits, the top instructions, gzipped input, and a clear error (exit 2) for
+each kind of bad input. JUnit report through junit_tests.py."""
+
+import gzip
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "ncu_roles.py")
+
+HEADER = ["Address", "Source", "Warp Stall Sampling (All Samples)",
+          "Warp Stall Sampling (Not-issued Samples)", "# Samples", "Instructions Executed",
+          "stall_barrier", "stall_long_sb", "stall_wait", "stall_barrier (Not Issued)"]
+# (source, samples, executed, barrier, long_sb, wait)
+CODE = [
+    ("LDC R1, c[0x0][0x28]", 2, 10, 0, 0, 2),
+    ("BAR.SYNC.DEFER_BLOCKING 0x0", 3, 10, 3, 0, 0),
+    ("USETMAXREG.DEALLOC.CTAPOOL 0x40", 0, 8, 0, 0, 0),
+    ("LDG.E.128.CONSTANT R4, desc[UR4][R2.64]", 1, 80, 0, 0, 1),
+    ("SEL R28, R6, R7, !P0", 40, 80, 0, 40, 0),
+    ("SYNCS.PHASECHK.TRANS64.TRYWAIT P2, [UR12+0x32510], R29", 1, 80, 0, 1, 0),
+    ("USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xd0", 0, 2, 0, 0, 0),
+    ("HGMMA.64x64x16.F32.BF16 R152, gdesc[UR16], RZ, !UPT", 1, 20, 0, 0, 1),
+    ("WARPGROUP.DEPBAR.LE gsb0, 0x0", 20, 20, 20, 0, 0),
+    ("EXIT", 0, 10, 0, 0, 0),
+    ("SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR12+0x32510], R29", 0, 5000, 0, 0, 0),
+    ("SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR12+0x32500], R2", 0, 0, 0, 0, 0),
+]
+
+
+def page(code=CODE, header=HEADER, name="void DecodeWgmmaKernel<1>(DecodeParams)"):
+    lines = [f'"Kernel Name","{name}",', ",".join(f'"{h}"' for h in header)]
+    for index, (source, samples, executed, barrier, long_sb, wait) in enumerate(code):
+        values = [hex(0x1000 + 16 * index), "      " + source, samples, samples, samples,
+                  executed, barrier, long_sb, wait, 0]
+        lines.append(",".join(f'"{v}"' for v in values))
+    return "\n".join(lines) + "\n"
+
+
+def run(*args):
+    return subprocess.run(["/usr/bin/python3", "-B", SCRIPT, *args], capture_output=True,
+                          text=True)
+
+
+class NcuRolesTest(unittest.TestCase):
+    def setUp(self):
+        self.work = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+
+    def write(self, name, content):
+        path = os.path.join(self.work, name)
+        mode = "wb" if isinstance(content, bytes) else "w"
+        with open(path, mode) as f:
+            f.write(content)
+        return path
+
+    def test_splits_at_setmaxnreg_and_exit_with_samples_and_stalls(self):
+        result = run(self.write("page.csv", page()), "--top", "3")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        out = result.stdout
+        self.assertIn("kernel: void DecodeWgmmaKernel<1>(DecodeParams)", out)
+        self.assertIn("12 instructions, 68 warp-state samples", out)
+        # Before the first setmaxnreg, the producer's region, the consumer's,
+        # and the retry loops after EXIT.
+        self.assertRegex(out, r"\[\s+0,\s+2\)\s+5\s+7\.4%.*barrier 3, wait 2")
+        self.assertRegex(out, r"\[\s+2,\s+6\)\s+42\s+61\.8%.*long_sb 41, wait 1")
+        self.assertRegex(out, r"\[\s+6,\s+9\)\s+21\s+30\.9%.*barrier 20, wait 1")
+        self.assertRegex(out, r"\[\s+9,\s+12\)\s+0\s+0\.0%")
+
+    def test_lists_the_waits_that_ran_and_the_top_instructions(self):
+        out = run(self.write("page.csv", page()), "--top", "2").stdout
+        waits = out.split("mbarrier waits")[1].split("the 2 instructions")[0]
+        self.assertRegex(waits, r"5\s+80\s+SYNCS.PHASECHK.TRANS64.TRYWAIT P2")
+        self.assertRegex(waits, r"10\s+5000\s+SYNCS")
+        self.assertNotIn("0x32500", waits)  # never ran
+        top = out.split("the 2 instructions")[1]
+        self.assertRegex(top, r"4\s+40\s+80\s+SEL R28.*long_sb 40")
+        self.assertRegex(top, r"8\s+20\s+20\s+WARPGROUP.DEPBAR.*barrier 20")
+        self.assertNotIn("LDC", top)
+
+    def test_cuts_replace_the_setmaxnreg_split(self):
+        out = run(self.write("page.csv", page()), "--cuts", "4,8", "--top", "0").stdout
+        self.assertRegex(out, r"\[\s+0,\s+4\)\s+6\s")
+        self.assertRegex(out, r"\[\s+4,\s+8\)\s+42\s")
+        self.assertRegex(out, r"\[\s+8,\s+12\)\s+20\s")
+        self.assertNotIn("instructions with the most samples", out)
+
+    def test_reads_gzipped_pages(self):
+        path = self.write("page.csv.gz", gzip.compress(page().encode()))
+        result = run(path, "--top", "1")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("68 warp-state samples", result.stdout)
+
+    def assertRefused(self, result, *phrases):
+        self.assertEqual(result.returncode, 2, result.stdout + result.stderr)
+        self.assertEqual(result.stdout, "")
+        for phrase in phrases:
+            self.assertIn(phrase, result.stderr)
+
+    def test_refuses_a_missing_file(self):
+        self.assertRefused(run(os.path.join(self.work, "none.csv")), "cannot read")
+
+    def test_refuses_a_csv_that_is_not_the_sass_page(self):
+        path = self.write("other.csv", '"ID","Metric Name","Metric Value"\n"0","Duration","1"\n')
+        self.assertRefused(run(path), "no 'Warp Stall Sampling (All Samples)' column",
+                           "--page source --csv --print-source sass")
+
+    def test_refuses_a_page_without_instructions(self):
+        self.assertRefused(run(self.write("empty.csv", page(code=[]))), "lists no instructions")
+
+    def test_refuses_counters_that_are_not_numbers(self):
+        bad = page().replace('"40"', '"forty"', 1)
+        self.assertRefused(run(self.write("bad.csv", bad)), "non-number")
+
+    def test_refuses_bad_cuts_and_a_broken_gzip(self):
+        path = self.write("page.csv", page())
+        self.assertRefused(run(path, "--cuts", "a,b"), "--cuts takes instruction indices")
+        self.assertRefused(run(path, "--top", "-1"), "--top takes a count")
+        broken = self.write("broken.csv.gz", gzip.compress(page().encode())[:40])
+        self.assertRefused(run(broken), "broken gzip")
+
+
+def main():
+    sys.path.insert(0, HERE)
+    import junit_tests  # pylint: disable=import-outside-toplevel
+    return junit_tests.run(NcuRolesTest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
