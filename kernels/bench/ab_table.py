@@ -1,17 +1,21 @@
 #!/usr/bin/python3
 """A/B table of cuda_bench runs: binaries run alternately, several rounds.
 
-Reads cuda_bench's stdout of each run, given as LABEL=FILE pairs in the
-order they ran (the same label once a round), takes its `decode` and
-`prologue` lines (shape, then the time in us) and prints one row a shape:
-each label's times over the rounds (min-max), and each later label's
-change against the first label's median. kernels/cuda/ab_on_device.sh runs
-the binaries and calls it; METHOD.md's A/B (alternate the binaries, same
-data, twice or more) is what it summarises. Standard library only.
+Reads each run, given as LABEL=FILE pairs (the same label once a round):
+the results.json that `cuda_bench --out` wrote (times to 0.01 us), or
+cuda_bench's stdout (its `decode` and `prologue` lines, times to 0.1 us).
+Prints one row a shape: each label's times over the rounds (min-max), and
+each later label's change against the first label's median. A change
+smaller than the spread of the rounds is noise: run the same binary under
+two labels to see the spread. kernels/cuda/ab_on_device.sh runs the
+binaries on the GPU machine and calls it; RESULTS.md's A/B figures are
+made this way (the binaries alternately, same data, twice or more).
+Standard library only.
 
-    kernels/bench/ab_table.py old=r1_old.log new=r1_new.log old=r2_old.log new=r2_new.log
+    kernels/bench/ab_table.py old=r1_old.json new=r1_new.json old=r2_old.json new=r2_new.json
 """
 
+import json
 import re
 import statistics
 import sys
@@ -28,10 +32,14 @@ def fail(message):
 
 def shapes_of(path):
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             text = f.read()
     except OSError as error:
         fail(f"cannot read {path}: {error.strerror}")
+    except UnicodeDecodeError:
+        fail(f"{path} is not text; give cuda_bench's results.json or stdout")
+    if path.endswith(".json"):
+        return shapes_of_json(path, text)
     times = {}
     for line in text.splitlines():
         match = LINE.match(line.strip())
@@ -43,9 +51,31 @@ def shapes_of(path):
     return times
 
 
+def shapes_of_json(path, text):
+    try:
+        results = json.loads(text)
+    except json.JSONDecodeError as error:
+        fail(f"{path} is not JSON ({error.msg} at line {error.lineno}); give the "
+             "results.json that cuda_bench --out wrote")
+    times = {}
+    for r in results if isinstance(results, list) else []:
+        try:
+            if r["op"] == "decode":
+                shape = (f"decode {r['model']} H={r['H']} b={r['b']} "
+                         f"topk={r['topk_main']}+{r['topk_extra']}")
+            else:
+                shape = f"{r['op']} H={r['H']} b={r['b']}"
+            times[shape] = float(r["time_us"])
+        except (KeyError, TypeError, ValueError):
+            fail(f"{path}: a shape without op, model, H, b or time_us: {r}")
+    if not times:
+        fail(f"{path} holds no shapes; give the results.json that cuda_bench --out wrote")
+    return times
+
+
 def main(argv):
     if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__)
+        print(__doc__, file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
     runs = []
     for arg in argv:

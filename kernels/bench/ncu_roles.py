@@ -2,18 +2,25 @@
 """Where a warp-specialised kernel's warps wait, from ncu's SASS page.
 
 Reads the CSV that `ncu --import REPORT --page source --csv --print-source
-sass` prints for one kernel (gzipped or not; profile with `--section
-SourceCounters --clock-control none`). A warp-specialised kernel's roles
-(the decode kernels' consumer and producer warpgroups) run their own code
-after a `setmaxnreg` (USETMAXREG in SASS), so the code is split into regions
-at those instructions and at EXIT, or at the instruction indices --cuts
-gives. For each region: its warp-state samples, their share of the
-kernel's, and the main stall reasons. Then the mbarrier waits (how often each
-try_wait ran: a wait that runs many times more than the code around it is
-a role waiting for another) and the instructions with the most samples.
-Standard library only. RESULTS.md shows how its output was read.
+sass` prints for one kernel (gzipped or not). Take the report of one launch
+with `--section SourceCounters --clock-control none -k regex:Decode
+--launch-skip 2 --launch-count 1`.
 
-    kernels/bench/ncu_roles.py SASS.csv[.gz] [--top 30] [--cuts 0,140,1100]
+A warp-specialised kernel's roles (the decode kernels' consumer and producer
+warpgroups) run their own code after a `setmaxnreg` (USETMAXREG in SASS,
+predicated or not), so the code is split into regions at those instructions
+and at each unpredicated EXIT (after the last one come the out-of-line retry
+loops of the mbarrier waits), or at the instruction indices --cuts gives
+(the indices this report prints, 0 = the kernel's first instruction). For
+each region: its warp-state samples, their share of the kernel's, and the
+main stall reasons. Then the mbarrier waits, with how often each try_wait
+ran (the copies in the retry loops count the retries: a wait that ran many
+times more than the code around it is a role waiting for another), and the
+instructions with the most samples, in address order. RESULTS.md's section
+"Measured after f3e723b, led by ncu's warp-state samples" is read from it.
+Standard library only.
+
+    kernels/bench/ncu_roles.py SASS.csv[.gz] [--top 30] [--cuts 140,1100]
 """
 
 import argparse
@@ -57,6 +64,13 @@ def read_rows(path):
         fail(f"{path} has no '{SAMPLES}' column; {HOW_TO}")
     name = rows[0][1] if header_at == 1 and len(rows[0]) > 1 else "?"
     header = rows[header_at]
+    missing = [c for c in (SOURCE, EXECUTED) if c not in header]
+    if missing:
+        fail(f"{path} lacks the column(s) {', '.join(missing)}; {HOW_TO}")
+    kernels = sum(1 for row in rows if row and row[0] == "Kernel Name")
+    if kernels > 1:
+        fail(f"{path} holds {kernels} kernels; profile one launch of one kernel "
+             "(-k regex:NAME --launch-count 1)")
     stalls = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
     instructions = []
     for row in rows[header_at + 1:]:
@@ -94,7 +108,8 @@ def region_bounds(instructions, cuts):
 
 
 def main(argv):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("csv", help="ncu's SASS source page as CSV (.gz allowed)")
     parser.add_argument("--top", type=int, default=30,
                         help="instructions with the most samples to list (default 30)")
@@ -110,6 +125,10 @@ def main(argv):
         fail("--top takes a count of 0 or more")
 
     name, instructions, stalls = read_rows(args.csv)
+    outside = [c for c in cuts if not 0 < c < len(instructions)]
+    if outside:
+        fail(f"--cuts {', '.join(map(str, outside))}: the kernel's instructions are "
+             f"0..{len(instructions) - 1}, and a cut at 0 or the end splits nothing")
     total = sum(i[SAMPLES] for i in instructions)
     print(f"kernel: {name}")
     print(f"{len(instructions)} instructions, {total} warp-state samples")

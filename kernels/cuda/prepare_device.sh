@@ -16,6 +16,10 @@ cd "$(dirname "$0")/../.."
 commit="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . || echo -dirty)"
 if [[ ${1:-} == --variant ]]; then
   name=${2:-}
+  if [[ $# -gt 2 ]]; then
+    echo "prepare_device: --variant takes one name (got: ${*:2})" >&2
+    exit 2
+  fi
   if [[ ! $name =~ ^[A-Za-z0-9_]+$ ]]; then
     echo "prepare_device: --variant takes a name of letters, digits and _ (got '$name')" >&2
     exit 2
@@ -28,6 +32,7 @@ if [[ ${1:-} == --variant ]]; then
   cp -L --remove-destination bazel-bin/kernels/bench/cuda_bench ".device/cuda_bench_$name"
   cp -L --remove-destination bazel-bin/kernels/cuda/cuda_backend_test ".device/cuda_backend_test_$name"
   echo "$commit" > ".device/commit_$name.txt"
+  cp kernels/cuda/ab_on_device.sh kernels/bench/ab_table.py .device/
   du -sh .device
   exit 0
 fi
