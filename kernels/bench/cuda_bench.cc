@@ -2,9 +2,11 @@
 // it is judged against, measured in the same run.
 //
 //   cuda_bench [--out=results.json] [--iters=50] [--commit=abc123]
-//              [--b=64,128,512] [--heads=8,16,32,64,128] [--prologue=1]
+//              [--b=64,128,512] [--heads=8,16,32,64,128] [--prologue=1] [--decode=1]
 // (--b and --heads keep only those decode shapes, --prologue=0 skips the
-// prologue shapes: for profiling one shape; RESULTS.md holds full runs.)
+// prologue shapes and --decode=0 the decode's: for profiling one shape or
+// an A/B of one kernel; RESULTS.md holds full runs.
+// --help prints the flags; a flag it does not know is refused.)
 //
 // Ceilings: a device-to-device cudaMemcpy of 2 GiB (bytes read + written per
 // second), and an 8192^3 bf16 matmul through cuBLAS (cublasGemmEx, fp32
@@ -212,28 +214,122 @@ std::vector<uint16_t> RandomBf16(size_t count, uint64_t seed, float sigma) {
   return out;
 }
 
+constexpr char kUsage[] =
+    "cuda_bench: the CUDA backend's decode and prologue on GPU 0, with the copy,\n"
+    "matmul and random-row gather ceilings measured in the same run\n"
+    "(kernels/bench/RESULTS.md says how to read it).\n"
+    "\n"
+    "  --out=FILE        results.json to write (default results.json)\n"
+    "  --iters=N         graph replays a shape, the median is taken (default 50)\n"
+    "  --commit=REV      the commit recorded in results.json (default unknown)\n"
+    "  --b=LIST          decode batch sizes to run, of 64,128,512 (default all)\n"
+    "  --heads=LIST      decode head counts to run, of 8,16,32,64,128 (default all)\n"
+    "  --prologue=0|1    run the prologue shapes (default 1)\n"
+    "  --decode=0|1      run the decode shapes (default 1)\n"
+    "  --help            this text\n";
+
+struct Options {
+  std::string out_path = "results.json";
+  std::string commit = "unknown";
+  int iters = 50;
+  std::vector<int> only_b, only_heads;  // empty: all
+  bool run_prologue = true;
+  bool run_decode = true;
+};
+
+// A comma-separated list of values, each one of `allowed`; an error message
+// naming the flag when it is not.
+std::string ParseList(const std::string& flag, const std::string& text,
+                      const std::vector<int>& allowed, std::vector<int>* values) {
+  std::string allowed_text;
+  for (int a : allowed) allowed_text += (allowed_text.empty() ? "" : ",") + std::to_string(a);
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    const std::string item = text.substr(start, comma - start);
+    char* end = nullptr;
+    const long value = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' ||
+        std::find(allowed.begin(), allowed.end(), value) == allowed.end()) {
+      return flag + " takes values of " + allowed_text + ", not '" + item + "'";
+    }
+    values->push_back(static_cast<int>(value));
+    start = comma + 1;
+  }
+  return "";
+}
+
+// The options, or an error message (empty when they parsed).
+std::string ParseOptions(int argc, char** argv, Options* options, bool* help) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value_of = [&](const char* flag) -> const char* {
+      const size_t n = std::strlen(flag);
+      return arg.compare(0, n, flag) == 0 ? arg.c_str() + n : nullptr;
+    };
+    std::string error;
+    if (arg == "--help" || arg == "-h") {
+      *help = true;
+    } else if (const char* v = value_of("--out=")) {
+      options->out_path = v;
+      if (options->out_path.empty()) error = "--out takes a file name";
+    } else if (const char* v = value_of("--iters=")) {
+      char* end = nullptr;
+      const long iters = std::strtol(v, &end, 10);
+      if (*v == '\0' || *end != '\0' || iters < 1 || iters > 100000) {
+        error = std::string("--iters takes a count of 1 to 100000, not '") + v + "'";
+      }
+      options->iters = static_cast<int>(iters);
+    } else if (const char* v = value_of("--commit=")) {
+      options->commit = v;
+    } else if (const char* v = value_of("--b=")) {
+      error = ParseList("--b", v, {64, 128, 512}, &options->only_b);
+    } else if (const char* v = value_of("--heads=")) {
+      error = ParseList("--heads", v, {8, 16, 32, 64, 128}, &options->only_heads);
+    } else if (const char* v = value_of("--prologue=")) {
+      if (std::strcmp(v, "0") != 0 && std::strcmp(v, "1") != 0) {
+        error = std::string("--prologue takes 0 or 1, not '") + v + "'";
+      }
+      options->run_prologue = std::strcmp(v, "1") == 0;
+    } else if (const char* v = value_of("--decode=")) {
+      if (std::strcmp(v, "0") != 0 && std::strcmp(v, "1") != 0) {
+        error = std::string("--decode takes 0 or 1, not '") + v + "'";
+      }
+      options->run_decode = std::strcmp(v, "1") == 0;
+    } else {
+      error = "unknown flag '" + arg + "'";
+    }
+    if (!error.empty()) return error;
+  }
+  return "";
+}
+
 }  // namespace
 }  // namespace mla
 
 int main(int argc, char** argv) {
   using namespace mla;
-  std::string out_path = "results.json";
-  std::string commit = "unknown";
-  int iters = 50;
-  std::string only_b, only_heads;  // ",64,128," when filtered
-  bool run_prologue = true;
-  auto kept = [](const std::string& list, int value) {
-    return list.empty() || list.find("," + std::to_string(value) + ",") != std::string::npos;
-  };
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg.rfind("--out=", 0) == 0) out_path = arg.substr(6);
-    if (arg.rfind("--iters=", 0) == 0) iters = std::atoi(arg.c_str() + 8);
-    if (arg.rfind("--commit=", 0) == 0) commit = arg.substr(9);
-    if (arg.rfind("--b=", 0) == 0) only_b = "," + arg.substr(4) + ",";
-    if (arg.rfind("--heads=", 0) == 0) only_heads = "," + arg.substr(8) + ",";
-    if (arg == "--prologue=0") run_prologue = false;
+  Options options;
+  bool help = false;
+  const std::string error = ParseOptions(argc, argv, &options, &help);
+  if (help) {
+    std::fputs(kUsage, stdout);
+    return 0;
   }
+  if (!error.empty()) {
+    std::fprintf(stderr, "cuda_bench: %s\n\n%s", error.c_str(), kUsage);
+    return 2;
+  }
+  const std::string& out_path = options.out_path;
+  const std::string& commit = options.commit;
+  const int iters = options.iters;
+  const bool run_prologue = options.run_prologue;
+  auto kept = [&](const std::vector<int>& list, int value) {
+    return options.run_decode &&
+           (list.empty() || std::find(list.begin(), list.end(), value) != list.end());
+  };
+  const std::vector<int>& only_b = options.only_b;
+  const std::vector<int>& only_heads = options.only_heads;
   absl::StatusOr<std::unique_ptr<CudaBackend>> created = CudaBackend::Create(0);
   CHECK_OK(created.status());
   CudaBackend& backend = **created;

@@ -1,0 +1,52 @@
+#!/usr/bin/python3
+"""cuda_bench's flags, checked without a GPU: --help explains them, and every
+bad flag is refused (exit 2, a message naming it, the usage) before the
+benchmark touches the GPU. JUnit report through junit_tests.py."""
+
+import os
+import subprocess
+import sys
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BENCH = os.path.join(HERE, "cuda_bench")
+
+
+def bench(*args):
+    return subprocess.run([BENCH, *args], capture_output=True, text=True, timeout=60)
+
+
+class CudaBenchFlagsTest(unittest.TestCase):
+    def test_help_lists_every_flag(self):
+        result = bench("--help")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        for flag in ("--out=FILE", "--iters=N", "--commit=REV", "--b=LIST", "--heads=LIST",
+                     "--prologue=0|1", "--decode=0|1", "RESULTS.md"):
+            self.assertIn(flag, result.stdout)
+
+    def test_refuses_bad_flags_before_the_gpu(self):
+        for args, message in ((["--head=64"], "unknown flag '--head=64'"),
+                              (["--heads=24"], "--heads takes values of 8,16,32,64,128, not '24'"),
+                              (["--heads=64,"], "--heads takes values of 8,16,32,64,128, not ''"),
+                              (["--b=96"], "--b takes values of 64,128,512, not '96'"),
+                              (["--iters=0"], "--iters takes a count of 1 to 100000, not '0'"),
+                              (["--iters=ten"], "--iters takes a count of 1 to 100000, not 'ten'"),
+                              (["--prologue=2"], "--prologue takes 0 or 1, not '2'"),
+                              (["--decode=no"], "--decode takes 0 or 1, not 'no'"),
+                              (["--out="], "--out takes a file name"),
+                              (["--b=128", "--nope"], "unknown flag '--nope'")):
+            result = bench(*args)
+            self.assertEqual(result.returncode, 2, (args, result.stdout, result.stderr))
+            self.assertIn(f"cuda_bench: {message}", result.stderr)
+            self.assertIn("--heads=LIST", result.stderr)  # the usage follows
+            self.assertEqual(result.stdout, "")
+
+
+def main():
+    sys.path.insert(0, HERE)
+    import junit_tests  # pylint: disable=import-outside-toplevel
+    return junit_tests.run(CudaBenchFlagsTest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
