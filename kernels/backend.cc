@@ -91,13 +91,24 @@ absl::Status CheckDecodeParams(const DecodeParams& params) {
     return absl::InvalidArgumentError("decode: q and out are required");
   }
   if (params.derotate && params.num_tokens > 0 &&
-      (params.positions == nullptr || params.rope.data == nullptr)) {
+      (params.positions == nullptr || params.rope.data == nullptr ||
+       params.rope.num_positions <= 0)) {
     return absl::InvalidArgumentError("decode: de-rotation needs positions and a RoPE table");
   }
   if (absl::Status status = CheckKeyList(params.main, "decode main list"); !status.ok()) {
     return status;
   }
-  return CheckKeyList(params.extra, "decode extra list");
+  if (absl::Status status = CheckKeyList(params.extra, "decode extra list"); !status.ok()) {
+    return status;
+  }
+  const int64_t keys = int64_t{params.main.width} + params.extra.width;
+  if (keys > kMaxKeysPerToken) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("decode: a token's key lists are ", params.main.width, " + ",
+                     params.extra.width, " entries wide; at most ", kMaxKeysPerToken,
+                     " together"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace mla

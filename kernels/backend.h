@@ -59,11 +59,17 @@ struct PrologueParams {
 // The keys of each token in one pool: row t of `indices` lists global slots,
 // of which the first lengths[t] entries are used and -1 entries are skipped.
 struct KeyListParams {
-  int width = 0;                      // entries per token; 0 = no list
+  int width = 0;                      // entries per token; 0 = no list (both lists
+                                      // together at most kMaxKeysPerToken)
   const int32_t* indices = nullptr;   // [N, width]
   const int32_t* lengths = nullptr;   // [N], each in [0, width]; null = width
   CachePoolView pool;
 };
+
+// The most key entries a token's two lists may have together (main width +
+// extra width): far above any model's (V4-Pro: 128 + 1024), and low enough
+// that a kernel's int arithmetic on entry numbers cannot overflow.
+inline constexpr int64_t kMaxKeysPerToken = int64_t{1} << 24;
 
 // Spec section 5: sparse MLA decode with attention sink over two key lists
 // (main = SWA, extra = compressed) that share one softmax.

@@ -11,10 +11,18 @@
 namespace mla {
 namespace {
 
+// An error status for a failed CUDA call (OK for cudaSuccess). The runtime
+// keeps a failed call's error as the thread's last error, which the kernel
+// launches read back (cudaGetLastError): it is cleared here, so that a
+// later, unrelated launch does not report it again (a sticky error, a
+// fault, is not cleared by this and keeps failing every call, as it must).
 absl::Status CudaError(cudaError_t error, absl::string_view what) {
   if (error == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("CUDA error in ", what, ": ", cudaGetErrorName(error),
-                                          " (", cudaGetErrorString(error), ")"));
+  cudaGetLastError();
+  const std::string message = absl::StrCat("CUDA error in ", what, ": ", cudaGetErrorName(error),
+                                           " (", cudaGetErrorString(error), ")");
+  return error == cudaErrorMemoryAllocation ? absl::ResourceExhaustedError(message)
+                                            : absl::InternalError(message);
 }
 
 cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); }
@@ -113,10 +121,11 @@ absl::StatusOr<DeviceBuffer> CudaBackend::Allocate(int64_t bytes) {
   if (bytes < 0) return absl::InvalidArgumentError("cannot allocate a negative size");
   if (absl::Status status = Activate(); !status.ok()) return status;
   void* data = nullptr;
-  const cudaError_t error = cudaMalloc(&data, std::max<int64_t>(bytes, 1));
-  if (error != cudaSuccess) {
-    return absl::ResourceExhaustedError(absl::StrCat("cudaMalloc of ", bytes, " bytes on device ",
-                                                     device_, ": ", cudaGetErrorString(error)));
+  if (absl::Status status =
+          CudaError(cudaMalloc(&data, std::max<int64_t>(bytes, 1)),
+                    absl::StrCat("cudaMalloc of ", bytes, " bytes on device ", device_));
+      !status.ok()) {
+    return status;  // ResourceExhausted when the device is out of memory
   }
   // Ordered before every later use of the buffer on the stream.
   if (absl::Status status = CudaError(cudaMemsetAsync(data, 0, std::max<int64_t>(bytes, 1),

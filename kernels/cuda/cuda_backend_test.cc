@@ -370,6 +370,23 @@ TEST(Bf16RoundingTest, MatchesTheHostRoundingBitForBit) {
   EXPECT_EQ(wrong, 0);
 }
 
+// A failed CUDA call is that call's failure only: after an allocation the
+// device cannot hold (ResourceExhausted), the next decode launches, runs
+// and synchronises cleanly (the runtime's record of the failed cudaMalloc
+// is not reported again by a later launch).
+TEST(CudaErrorTest, AFailedAllocationDoesNotFailTheNextLaunch) {
+  MAKE_CUDA_BACKEND(backend);
+  const absl::StatusOr<DeviceBuffer> huge = backend.Allocate(int64_t{1} << 50);
+  ASSERT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted) << huge.status();
+  constexpr int64_t kSlots = 4096;
+  const OneKeyRows rows = MakeOneKeyRows(kSlots, 2124);
+  DeviceArena arena(backend);
+  const DecodeParams params = PutOneKeyDecode(arena, arena.Put(rows.pool), kSlots, 128, 64);
+  ASSERT_TRUE(backend.Decode(params).ok());
+  ASSERT_TRUE(backend.Synchronize().ok());
+  ExpectOneKeyRows(arena, params, rows.expected, kSlots);
+}
+
 // ---- Bad parameters: InvalidArgument, nothing written.
 
 TEST(PrologueRejectTest, AcceptsTheUnbrokenInputs) {

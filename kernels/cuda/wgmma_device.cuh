@@ -9,6 +9,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "kernels/backend.h"
@@ -253,14 +254,18 @@ struct WgTask {
 // dynamic shared memory, and a refusal (cudaErrorInvalidKernelImage) when it
 // was compiled with other than kLaunchRegisters a thread, since fewer at
 // launch would leave a setmaxnreg.inc waiting forever. The register count is
-// read once per kernel.
+// read once per kernel (a read that failed is tried again on the next call).
 template <auto kKernel, int kLaunchRegisters>
 cudaError_t PrepareWarpSpecialised(uint32_t shared_bytes) {
-  static const int registers = [] {
+  // Kept once read; a failed read is returned as it is and tried again.
+  static std::atomic<int> registers{0};
+  if (registers.load() == 0) {
     cudaFuncAttributes attributes;
-    return cudaFuncGetAttributes(&attributes, kKernel) == cudaSuccess ? attributes.numRegs : -1;
-  }();
-  if (registers != kLaunchRegisters) return cudaErrorInvalidKernelImage;
+    const cudaError_t error = cudaFuncGetAttributes(&attributes, kKernel);
+    if (error != cudaSuccess) return error;
+    registers.store(attributes.numRegs);
+  }
+  if (registers.load() != kLaunchRegisters) return cudaErrorInvalidKernelImage;
   return cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                               static_cast<int>(shared_bytes));
 }

@@ -833,6 +833,16 @@ void ExpectDecodeRejectsNullPointersAndNegativeCounts(const BackendFactory& make
   ExpectDecodeRejected(
       make_backend, inputs, [](DecodeParams& p) { p.rope.data = nullptr; }, "derotate rope");
   ExpectDecodeRejected(
+      make_backend, inputs, [](DecodeParams& p) { p.rope.num_positions = 0; },
+      "derotate rope without rows");
+  ExpectDecodeRejected(
+      make_backend, inputs,
+      [](DecodeParams& p) { p.extra.width = static_cast<int>(kMaxKeysPerToken) - p.main.width + 1; },
+      "one key past kMaxKeysPerToken");
+  ExpectDecodeRejected(
+      make_backend, inputs, [](DecodeParams& p) { p.main.width = 2147483583; },
+      "a width near INT_MAX");
+  ExpectDecodeRejected(
       make_backend, inputs, [](DecodeParams& p) { p.num_tokens = -1; }, "N -1");
   ExpectDecodeRejected(
       make_backend, inputs, [](DecodeParams& p) { p.main.width = -1; }, "main width -1");
