@@ -48,7 +48,14 @@ class CudaBackend : public ComputeBackend {
   absl::Status Synchronize() override;
 
   // The backend's stream (a cudaStream_t), for timing and interop: work
-  // enqueued on it is ordered with the backend's kernels.
+  // enqueued on it is ordered with the backend's kernels, with one limit.
+  // The default decode kernels start while the kernel before them finishes
+  // (programmatic dependent launch) and read the key lists' lengths and
+  // indices before they wait for it (the cache rows and q only after): a
+  // kernel that writes those lists must finish before Decode is called
+  // (a synchronisation, or an event the host waits for), or be followed by
+  // some other stream work (a copy) before it. Copies made with CopyToDevice
+  // have finished when it returns.
   void* native_stream() const { return stream_; }
 
   // The number of GPUs the driver reports (0 when there is none or no driver).
