@@ -413,7 +413,10 @@ absl::StatusOr<AppendResult> Engine::AppendKV(const AppendInput& input, absl::Ti
                              DeviceArena::kCompressedPositions, DeviceArena::kCompressedSlots);
     }
     if (status.ok()) status = backend_->Prologue(params);
-    if (status.ok()) status = backend_->Synchronize();
+    // Synchronize even after a failure: it also clears what the backend
+    // holds to report (the next call must not fail for this one's error).
+    const absl::Status synced = backend_->Synchronize();
+    if (status.ok()) status = synced;
     if (!status.ok()) {
       return absl::InternalError(absl::StrCat("AppendKV failed in the backend: ", status.message()));
     }
@@ -877,7 +880,8 @@ void Engine::RunGroup(LaunchGroup& group, std::vector<AttendResult>& results) {
                            reinterpret_cast<const uint16_t*>(compressed_kv_d),
                            compressed_positions_d, compressed_slots_d, pool_.view()};
     status = backend_->Prologue(prologue);
-    if (status.ok()) status = backend_->Synchronize();
+    const absl::Status synced = backend_->Synchronize();  // even after a failure, as in AppendKV
+    if (status.ok()) status = synced;
   }
   const double prologue_us = MicrosSince(prologue_start);
 
@@ -904,7 +908,8 @@ void Engine::RunGroup(LaunchGroup& group, std::vector<AttendResult>& results) {
       decode.out = reinterpret_cast<uint16_t*>(*out_d);
       decode.lse = reinterpret_cast<float*>(*lse_d);
       status = backend_->Decode(decode);
-      if (status.ok()) status = backend_->Synchronize();
+      const absl::Status synced = backend_->Synchronize();  // even after a failure
+      if (status.ok()) status = synced;
       if (status.ok() && !host) {
         status = backend_->CopyToHost(out_host, *out_d, tokens * heads * kRowBytes);
         if (status.ok()) status = backend_->CopyToHost(lse_host, *lse_d, tokens * heads * 4);

@@ -1592,6 +1592,75 @@ TEST(EngineTest, BadMessageInABatchFailsAlone) {
   ExpectListed(*engine, {a.get(), b.get()});
 }
 
+// A backend that fails the prologue when told to, and, like the CUDA
+// backend, reports that failure again at its next Synchronize (the backend
+// contract: Synchronize reports the first failure since the last one).
+class FlakyBackend : public ComputeBackend {
+ public:
+  bool fail_next_prologue = false;
+  std::string Describe() const override { return "flaky cpu"; }
+  bool host_accessible() const override { return inner_.host_accessible(); }
+  absl::StatusOr<DeviceBuffer> Allocate(int64_t bytes) override { return inner_.Allocate(bytes); }
+  absl::Status CopyToDevice(void* dst, const void* src, int64_t bytes) override {
+    return inner_.CopyToDevice(dst, src, bytes);
+  }
+  absl::Status CopyToHost(void* dst, const void* src, int64_t bytes) override {
+    return inner_.CopyToHost(dst, src, bytes);
+  }
+  absl::Status Prologue(const PrologueParams& params) override {
+    if (!fail_next_prologue) return inner_.Prologue(params);
+    fail_next_prologue = false;
+    deferred_ = absl::InternalError("injected launch failure");
+    return deferred_;
+  }
+  absl::Status Decode(const DecodeParams& params) override { return inner_.Decode(params); }
+  absl::Status Synchronize() override {
+    absl::Status status = inner_.Synchronize();
+    if (status.ok()) status = deferred_;
+    deferred_ = absl::OkStatus();
+    return status;
+  }
+
+ private:
+  CpuBackend inner_{2};
+  absl::Status deferred_;
+};
+
+// A backend failure fails its own request only: the engine drains the
+// backend (Synchronize) after a failed launch too, so that the next
+// request does not get the failure reported again.
+TEST(EngineTest, ABackendFailureFailsOnlyItsRequest) {
+  auto flaky = std::make_unique<FlakyBackend>();
+  FlakyBackend* backend = flaky.get();
+  EngineOptions options;
+  options.kv_blocks = 1000;
+  options.max_position = kMaxPosition;
+  options.max_tokens_per_message = 1024;
+  for (const char* name : {kFlash, kPro}) options.models.push_back(*FindModelProfile(name));
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(std::move(flaky), options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::unique_ptr<Seq> a = NewSeq(**engine, kFlash, 16, SinkMode::kWhole, 95);
+  std::unique_ptr<Seq> b = NewSeq(**engine, kFlash, 16, SinkMode::kNone, 96);
+  ASSERT_TRUE(a && b);
+  // AppendKV: the failed one, then another session's.
+  backend->fail_next_prologue = true;
+  ExpectError(Append(**engine, *a, 0, 100), absl::StatusCode::kInternal, "injected",
+              "the failed append");
+  ASSERT_TRUE(Append(**engine, *b, 0, 100).ok()) << "the append after a failed one";
+  // Attend: the failed batch, then the next.
+  MessageOptions o;
+  o.seed = 9500;
+  auto failed = Build(kFlashSwa, {{b.get(), 100}}, o);
+  backend->fail_next_prologue = true;
+  const std::vector<AttendResult> failed_results = AttendBatch(**engine, {failed.get()});
+  ExpectError(failed_results[0].status, absl::StatusCode::kInternal, "injected",
+              "the failed attend");
+  o.seed++;
+  auto next = Build(kFlashC4a, {{b.get(), 100}}, o);
+  const std::vector<AttendResult> next_results = AttendBatch(**engine, {next.get()});
+  ExpectMatches(*next, next_results[0], "the attend after a failed one");
+}
+
 // Positions must stay below the server's max_position.
 TEST(EngineTest, PositionsBeyondMaxPosition) {
   std::unique_ptr<Engine> engine = NewEngine(400, /*max_position=*/300);
