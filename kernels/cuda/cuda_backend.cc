@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
@@ -27,7 +28,63 @@ absl::Status CudaError(cudaError_t error, absl::string_view what) {
 
 cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); }
 
+// InvalidArgument unless `pointer` (when not null) is `alignment`-aligned.
+absl::Status Aligned(const void* pointer, int alignment, absl::string_view what) {
+  const uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
+  if (address % alignment == 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, " must be ", alignment, "-byte aligned for the CUDA kernels; it is at 0x",
+      absl::Hex(address), " (Allocate() gives aligned memory; keep offsets multiples of ",
+      alignment, " bytes)"));
+}
+
+absl::Status AlignedInsert(const KvInsertParams& insert, absl::string_view name) {
+  for (const absl::Status& status :
+       {Aligned(insert.rows, 16, absl::StrCat(name, " rows")),
+        Aligned(insert.positions, 4, absl::StrCat(name, " positions")),
+        Aligned(insert.slots, 4, absl::StrCat(name, " slots")),
+        Aligned(insert.pool.base, 16, absl::StrCat(name, " pool"))}) {
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AlignedKeyList(const KeyListParams& list, absl::string_view name) {
+  for (const absl::Status& status :
+       {Aligned(list.indices, 4, absl::StrCat(name, " indices")),
+        Aligned(list.lengths, 4, absl::StrCat(name, " lengths")),
+        Aligned(list.pool.base, 16, absl::StrCat(name, " pool"))}) {
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::Status CheckCudaAlignment(const PrologueParams& params) {
+  for (const absl::Status& status :
+       {Aligned(params.q, 16, "prologue: q"), Aligned(params.q_out, 16, "prologue: q_out"),
+        Aligned(params.positions, 4, "prologue: positions"),
+        Aligned(params.rope.data, 4, "prologue: RoPE table"),
+        AlignedInsert(params.swa, "prologue: swa"),
+        AlignedInsert(params.compressed, "prologue: compressed")}) {
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckCudaAlignment(const DecodeParams& params) {
+  for (const absl::Status& status :
+       {Aligned(params.q, 16, "decode: q"), Aligned(params.out, 4, "decode: out"),
+        Aligned(params.lse, 4, "decode: lse"), Aligned(params.sinks, 4, "decode: sinks"),
+        Aligned(params.positions, 4, "decode: positions"),
+        Aligned(params.rope.data, 4, "decode: RoPE table"),
+        AlignedKeyList(params.main, "decode: main list"),
+        AlignedKeyList(params.extra, "decode: extra list")}) {
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
 
 CudaBackend::CudaBackend(int device) : device_(device) {
   // Checked before the device, so that the mistake is named on any machine.
@@ -176,12 +233,14 @@ absl::Status CudaBackend::CopyToHost(void* host_dst, const void* device_src, int
 
 absl::Status CudaBackend::Prologue(const PrologueParams& params) {
   if (absl::Status status = CheckPrologueParams(params); !status.ok()) return status;
+  if (absl::Status status = CheckCudaAlignment(params); !status.ok()) return status;
   if (absl::Status status = Activate(); !status.ok()) return status;
   return Launched("prologue kernel", cuda::LaunchPrologue(params, num_sms_, AsStream(stream_)));
 }
 
 absl::Status CudaBackend::Decode(const DecodeParams& params) {
   if (absl::Status status = CheckDecodeParams(params); !status.ok()) return status;
+  if (absl::Status status = CheckCudaAlignment(params); !status.ok()) return status;
   if (absl::Status status = Activate(); !status.ok()) return status;
   const size_t scratch = cuda::DecodeScratchBytes(params, decode_kernels_, num_sms_);
   if (scratch > scratch_bytes_) {

@@ -3,7 +3,8 @@
 //
 // Memory is device memory of the backend's GPU (cudaMalloc, zero-filled).
 // Prologue() and Decode() check the structure of their parameters
-// (CheckPrologueParams / CheckDecodeParams), then enqueue their kernels on the
+// (CheckPrologueParams / CheckDecodeParams) and the alignment the kernels
+// need (CheckCudaAlignment), then enqueue their kernels on the
 // backend's stream and return; values inside index, slot and position arrays
 // are the caller's contract and are not read on the host. Synchronize() waits
 // for the stream and reports the first CUDA error, naming the kernels that
@@ -19,6 +20,14 @@
 #include "kernels/cuda/decode_kernels.h"
 
 namespace mla {
+
+// The alignment the CUDA kernels need, InvalidArgument naming the pointer
+// otherwise (a misaligned access would end the process's CUDA context):
+// q, q_out, the insert rows and the pools 16 bytes (16-byte loads and
+// stores), every other array 4 bytes. Null pointers are left to the
+// structural checks. Allocate() gives 256-byte aligned memory.
+absl::Status CheckCudaAlignment(const PrologueParams& params);
+absl::Status CheckCudaAlignment(const DecodeParams& params);
 
 class CudaBackend : public ComputeBackend {
  public:
