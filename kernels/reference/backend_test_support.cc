@@ -749,7 +749,8 @@ DecodeInputsForRejects::DecodeInputsForRejects() : rng(43), table(RopeKind::kPla
 
 absl::Status RunBrokenDecode(const BackendFactory& make_backend,
                              const DecodeInputsForRejects& inputs,
-                             const std::function<void(DecodeParams&)>& mutate) {
+                             const std::function<void(DecodeParams&)>& mutate,
+                             DecodeOutputs* outputs) {
   absl::StatusOr<std::unique_ptr<ComputeBackend>> made = make_backend();
   if (!made.ok()) return made.status();
   ComputeBackend& backend = **made;
@@ -784,7 +785,12 @@ absl::Status RunBrokenDecode(const BackendFactory& make_backend,
         << "lse written by: " << status;
     EXPECT_TRUE(arena.Get(main_pool, inputs.main.pool.size()) == inputs.main.pool)
         << "pool written by: " << status;
+    return status;
   }
+  if (outputs == nullptr) return status;
+  if (absl::Status synced = backend.Synchronize(); !synced.ok()) return synced;
+  outputs->out = arena.Get(out, out_poison.size());
+  outputs->lse = arena.Get(lse, lse_poison.size());
   return status;
 }
 
@@ -851,13 +857,33 @@ void ExpectDecodeRejectsNullPointersAndNegativeCounts(const BackendFactory& make
 }
 
 void ExpectDecodeIgnoresEntriesPastTheLength(const BackendFactory& make_backend) {
-  DecodeInputsForRejects inputs;
-  inputs.main.lengths[0] = 2;
-  inputs.main.indices[2] = -2;
-  inputs.extra.lengths[2] = 0;
-  inputs.extra.indices[2 * inputs.extra.width] = 1 << 30;
-  const absl::Status status = RunBrokenDecode(make_backend, inputs, NoDecodeChange);
-  EXPECT_TRUE(status.ok()) << status;
+  // Entries past a token's length that are not slots at all (-2, 2^30):
+  // the decode must neither read them nor let them change its result, which
+  // must be the result with those entries -1.
+  DecodeInputsForRejects junk;
+  junk.main.lengths[0] = 2;
+  junk.extra.lengths[2] = 0;
+  DecodeInputsForRejects skipped = junk;
+  junk.main.indices[2] = -2;
+  junk.extra.indices[2 * junk.extra.width] = 1 << 30;
+  skipped.main.indices[2] = -1;
+  skipped.extra.indices[2 * skipped.extra.width] = -1;
+  DecodeOutputs with_junk, with_skipped;
+  const absl::Status status = RunBrokenDecode(make_backend, junk, NoDecodeChange, &with_junk);
+  ASSERT_TRUE(status.ok()) << status;
+  ASSERT_TRUE(RunBrokenDecode(make_backend, skipped, NoDecodeChange, &with_skipped).ok());
+  EXPECT_TRUE(with_junk.out == with_skipped.out) << "out differs with entries past the length";
+  EXPECT_EQ(std::memcmp(with_junk.lse.data(), with_skipped.lse.data(),
+                        with_junk.lse.size() * sizeof(float)),
+            0)
+      << "lse differs with entries past the length";
+  // And the decode wrote every real head of every token.
+  for (int64_t t = 0; t < DecodeInputsForRejects::kTokens; ++t) {
+    for (int h = 0; h < DecodeInputsForRejects::kHeads; ++h) {
+      const int64_t row = t * DecodeInputsForRejects::kHeads + h;
+      ASSERT_FALSE(std::isnan(with_junk.lse[row])) << "lse of token " << t << " head " << h;
+    }
+  }
 }
 
 }  // namespace backend_test

@@ -375,12 +375,21 @@ struct DecodeInputsForRejects {
   KeyList extra;
 };
 
+// What a decode wrote: out (bf16 bits) and lse of every token and head.
+struct DecodeOutputs {
+  std::vector<uint16_t> out;
+  std::vector<float> lse;
+};
+
 // Runs the decode on a new backend and `inputs` with `mutate` applied to its
 // parameters, and returns its status after checking that out, lse and the
-// main pool are untouched.
+// main pool are untouched when it failed. When it succeeded and `outputs` is
+// given, waits for it (Synchronize, whose failure is returned) and fills
+// `outputs`.
 absl::Status RunBrokenDecode(const BackendFactory& make_backend,
                              const DecodeInputsForRejects& inputs,
-                             const std::function<void(DecodeParams&)>& mutate);
+                             const std::function<void(DecodeParams&)>& mutate,
+                             DecodeOutputs* outputs = nullptr);
 
 // RunBrokenDecode answers InvalidArgument; `what` names the breakage.
 void ExpectDecodeRejected(const BackendFactory& make_backend, const DecodeInputsForRejects& inputs,
