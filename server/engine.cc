@@ -155,6 +155,11 @@ Engine::Engine(std::unique_ptr<ComputeBackend> backend, KvBlockPool pool,
 
 Engine::~Engine() = default;
 
+absl::Status Engine::Drained(const absl::Status& launched) {
+  const absl::Status synced = backend_->Synchronize();
+  return launched.ok() ? synced : launched;
+}
+
 absl::Status Engine::UploadRopeTables() {
   for (RopeKind kind : {RopeKind::kPlain, RopeKind::kYarn}) {
     const RopeTable table(kind, options_.max_position);
@@ -413,10 +418,7 @@ absl::StatusOr<AppendResult> Engine::AppendKV(const AppendInput& input, absl::Ti
                              DeviceArena::kCompressedPositions, DeviceArena::kCompressedSlots);
     }
     if (status.ok()) status = backend_->Prologue(params);
-    // Synchronize even after a failure: it also clears what the backend
-    // holds to report (the next call must not fail for this one's error).
-    const absl::Status synced = backend_->Synchronize();
-    if (status.ok()) status = synced;
+    status = Drained(status);
     if (!status.ok()) {
       return absl::InternalError(absl::StrCat("AppendKV failed in the backend: ", status.message()));
     }
@@ -879,9 +881,7 @@ void Engine::RunGroup(LaunchGroup& group, std::vector<AttendResult>& results) {
     prologue.compressed = {static_cast<int64_t>(compressed_slots.size()),
                            reinterpret_cast<const uint16_t*>(compressed_kv_d),
                            compressed_positions_d, compressed_slots_d, pool_.view()};
-    status = backend_->Prologue(prologue);
-    const absl::Status synced = backend_->Synchronize();  // even after a failure, as in AppendKV
-    if (status.ok()) status = synced;
+    status = Drained(backend_->Prologue(prologue));
   }
   const double prologue_us = MicrosSince(prologue_start);
 
@@ -907,9 +907,7 @@ void Engine::RunGroup(LaunchGroup& group, std::vector<AttendResult>& results) {
       decode.rope = rope_view(group.rope);
       decode.out = reinterpret_cast<uint16_t*>(*out_d);
       decode.lse = reinterpret_cast<float*>(*lse_d);
-      status = backend_->Decode(decode);
-      const absl::Status synced = backend_->Synchronize();  // even after a failure
-      if (status.ok()) status = synced;
+      status = Drained(backend_->Decode(decode));
       if (status.ok() && !host) {
         status = backend_->CopyToHost(out_host, *out_d, tokens * heads * kRowBytes);
         if (status.ok()) status = backend_->CopyToHost(lse_host, *lse_d, tokens * heads * 4);

@@ -115,6 +115,11 @@ class Engine {
 
   Engine(std::unique_ptr<ComputeBackend> backend, KvBlockPool pool, const EngineOptions& options);
   absl::Status UploadRopeTables();
+  // Waits for the backend's launches (Synchronize) whatever `launched` is,
+  // and returns the first failure: launched's, else the wait's. A failed
+  // launch is still waited for, since Synchronize also clears what the
+  // backend holds to report, and the next request must not get it.
+  absl::Status Drained(const absl::Status& launched);
   absl::StatusOr<Session*> FindSession(const std::string& id);
   absl::StatusOr<Plan> PlanAttend(const AttendInput& input,
                                   absl::flat_hash_set<std::string>& touched);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/kernels.h"
@@ -28,33 +29,23 @@ absl::Status CudaError(cudaError_t error, absl::string_view what) {
 
 cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); }
 
-// InvalidArgument unless `pointer` (when not null) is `alignment`-aligned.
-absl::Status Aligned(const void* pointer, int alignment, absl::string_view what) {
-  const uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
-  if (address % alignment == 0) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      what, " must be ", alignment, "-byte aligned for the CUDA kernels; it is at 0x",
-      absl::Hex(address), " (Allocate() gives aligned memory; keep offsets multiples of ",
-      alignment, " bytes)"));
-}
+// A pointer the kernels need `alignment`-aligned; `name` for the message.
+struct Alignment {
+  const void* pointer;
+  int alignment;
+  const char* name;
+};
 
-absl::Status AlignedInsert(const KvInsertParams& insert, absl::string_view name) {
-  for (const absl::Status& status :
-       {Aligned(insert.rows, 16, absl::StrCat(name, " rows")),
-        Aligned(insert.positions, 4, absl::StrCat(name, " positions")),
-        Aligned(insert.slots, 4, absl::StrCat(name, " slots")),
-        Aligned(insert.pool.base, 16, absl::StrCat(name, " pool"))}) {
-    if (!status.ok()) return status;
-  }
-  return absl::OkStatus();
-}
-
-absl::Status AlignedKeyList(const KeyListParams& list, absl::string_view name) {
-  for (const absl::Status& status :
-       {Aligned(list.indices, 4, absl::StrCat(name, " indices")),
-        Aligned(list.lengths, 4, absl::StrCat(name, " lengths")),
-        Aligned(list.pool.base, 16, absl::StrCat(name, " pool"))}) {
-    if (!status.ok()) return status;
+// InvalidArgument naming the first misaligned pointer ("<scope><name>"); the
+// message is built only then (these run on every launch).
+absl::Status CheckAligned(absl::string_view scope, std::initializer_list<Alignment> pointers) {
+  for (const Alignment& p : pointers) {
+    const uintptr_t address = reinterpret_cast<uintptr_t>(p.pointer);
+    if (address % p.alignment == 0) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        scope, p.name, " must be ", p.alignment, "-byte aligned for the CUDA kernels; it is at 0x",
+        absl::Hex(address), " (Allocate() gives aligned memory; keep offsets multiples of ",
+        p.alignment, " bytes)"));
   }
   return absl::OkStatus();
 }
@@ -62,28 +53,27 @@ absl::Status AlignedKeyList(const KeyListParams& list, absl::string_view name) {
 }  // namespace
 
 absl::Status CheckCudaAlignment(const PrologueParams& params) {
-  for (const absl::Status& status :
-       {Aligned(params.q, 16, "prologue: q"), Aligned(params.q_out, 16, "prologue: q_out"),
-        Aligned(params.positions, 4, "prologue: positions"),
-        Aligned(params.rope.data, 4, "prologue: RoPE table"),
-        AlignedInsert(params.swa, "prologue: swa"),
-        AlignedInsert(params.compressed, "prologue: compressed")}) {
-    if (!status.ok()) return status;
-  }
-  return absl::OkStatus();
+  return CheckAligned(
+      "prologue: ",
+      {{params.q, 16, "q"}, {params.q_out, 16, "q_out"}, {params.positions, 4, "positions"},
+       {params.rope.data, 4, "RoPE table"}, {params.swa.rows, 16, "swa rows"},
+       {params.swa.positions, 4, "swa positions"}, {params.swa.slots, 4, "swa slots"},
+       {params.swa.pool.base, 16, "swa pool"}, {params.compressed.rows, 16, "compressed rows"},
+       {params.compressed.positions, 4, "compressed positions"},
+       {params.compressed.slots, 4, "compressed slots"},
+       {params.compressed.pool.base, 16, "compressed pool"}});
 }
 
 absl::Status CheckCudaAlignment(const DecodeParams& params) {
-  for (const absl::Status& status :
-       {Aligned(params.q, 16, "decode: q"), Aligned(params.out, 4, "decode: out"),
-        Aligned(params.lse, 4, "decode: lse"), Aligned(params.sinks, 4, "decode: sinks"),
-        Aligned(params.positions, 4, "decode: positions"),
-        Aligned(params.rope.data, 4, "decode: RoPE table"),
-        AlignedKeyList(params.main, "decode: main list"),
-        AlignedKeyList(params.extra, "decode: extra list")}) {
-    if (!status.ok()) return status;
-  }
-  return absl::OkStatus();
+  return CheckAligned(
+      "decode: ",
+      {{params.q, 16, "q"}, {params.out, 4, "out"}, {params.lse, 4, "lse"},
+       {params.sinks, 4, "sinks"}, {params.positions, 4, "positions"},
+       {params.rope.data, 4, "RoPE table"}, {params.main.indices, 4, "main list indices"},
+       {params.main.lengths, 4, "main list lengths"}, {params.main.pool.base, 16, "main list pool"},
+       {params.extra.indices, 4, "extra list indices"},
+       {params.extra.lengths, 4, "extra list lengths"},
+       {params.extra.pool.base, 16, "extra list pool"}});
 }
 
 CudaBackend::CudaBackend(int device) : device_(device) {

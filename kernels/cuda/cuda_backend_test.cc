@@ -283,6 +283,18 @@ void ExpectOneKeyRows(DeviceArena& arena, const DecodeParams& params,
                       << ", the first of token " << first << " (" << heads << " heads)";
 }
 
+// One decode of `tokens` tokens and `heads` heads over the one-key rows of
+// `seed` in a 4096-slot pool, waited for and checked.
+void ExpectOneKeyDecode(CudaBackend& backend, uint32_t seed, int64_t tokens, int heads) {
+  constexpr int64_t kSlots = 4096;
+  const OneKeyRows rows = MakeOneKeyRows(kSlots, seed);
+  DeviceArena arena(backend);
+  const DecodeParams params = PutOneKeyDecode(arena, arena.Put(rows.pool), kSlots, tokens, heads);
+  ASSERT_TRUE(backend.Decode(params).ok());
+  ASSERT_TRUE(backend.Synchronize().ok());
+  ExpectOneKeyRows(arena, params, rows.expected, kSlots);
+}
+
 // A batch past the 65,535 CTAs that a grid's y and z allow: every decode
 // kernel puts the tokens in the grid's x. Also run with
 // MLA_CUDA_DECODE=padded, =mma and =simt by run_on_device.sh. With 8 heads
@@ -290,13 +302,7 @@ void ExpectOneKeyRows(DeviceArena& arena, const DecodeParams& params,
 // covered by the 64- and 128-head cases above.
 TEST(DecodeGridTest, EveryTokenOfABatchPastTheGridYLimit) {
   MAKE_CUDA_BACKEND(backend);
-  constexpr int64_t kSlots = 4096;
-  const OneKeyRows rows = MakeOneKeyRows(kSlots, 2121);
-  DeviceArena arena(backend);
-  const DecodeParams params = PutOneKeyDecode(arena, arena.Put(rows.pool), kSlots, 70000, 8);
-  ASSERT_TRUE(backend.Decode(params).ok());
-  ASSERT_TRUE(backend.Synchronize().ok());
-  ExpectOneKeyRows(arena, params, rows.expected, kSlots);
+  ExpectOneKeyDecode(backend, 2121, 70000, 8);
 }
 
 // Programmatic dependent launch: the default decode kernels may start while
@@ -378,13 +384,7 @@ TEST(CudaErrorTest, AFailedAllocationDoesNotFailTheNextLaunch) {
   MAKE_CUDA_BACKEND(backend);
   const absl::StatusOr<DeviceBuffer> huge = backend.Allocate(int64_t{1} << 50);
   ASSERT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted) << huge.status();
-  constexpr int64_t kSlots = 4096;
-  const OneKeyRows rows = MakeOneKeyRows(kSlots, 2124);
-  DeviceArena arena(backend);
-  const DecodeParams params = PutOneKeyDecode(arena, arena.Put(rows.pool), kSlots, 128, 64);
-  ASSERT_TRUE(backend.Decode(params).ok());
-  ASSERT_TRUE(backend.Synchronize().ok());
-  ExpectOneKeyRows(arena, params, rows.expected, kSlots);
+  ExpectOneKeyDecode(backend, 2124, 128, 64);
 }
 
 // ---- Bad parameters: InvalidArgument, nothing written.

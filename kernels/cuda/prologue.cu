@@ -232,9 +232,9 @@ int PrologueRowsPerWarp(int64_t query_rows, int sms) {
 
 cudaError_t LaunchPrologue(const PrologueParams& params, int num_sms, cudaStream_t stream) {
   const int64_t query_rows = params.num_tokens * params.padded_heads;
-  int rows = PrologueRowsPerWarp(query_rows, num_sms);
-  if (params.padded_heads % rows != 0) rows = 1;  // a warp's rows are one token's
-  switch (rows) {
+  // Every row count divides every Hp (LaunchRows' static_assert; CheckHeads
+  // admits the supported counts only): a warp's rows are one token's.
+  switch (PrologueRowsPerWarp(query_rows, num_sms)) {
     case 4:
       return LaunchRows<4>(params, query_rows, stream);
     case 2:
