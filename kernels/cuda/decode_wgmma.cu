@@ -174,19 +174,23 @@ __device__ void WriteOutput(const DecodeParams& p, const WgTask& task, int split
   }
 }
 
-// Q into shared memory, by WG0 and WG1 together (u = 0..255): thread u
-// copies dims 16 c .. 16 c + 15 of head u % 64 for c = u / 64 + 4k (a warp
-// reads 32 B of 32 heads; 8 lanes store 128 B); rows past heads_here are
-// zero. All 16 loads are in flight before the first store: one memory
-// latency, not one per step. Then u arrives on kQReady.
+// Q into shared memory, by WG0 and WG1 together (u = 0..255): warp w = u / 32
+// copies heads 8 w .. 8 w + 7, lane l head 8 w + l % 8 and of it dims 16 c ..
+// 16 c + 15 for c = l / 8 + 4k. Each load instruction of a warp reads 64 B
+// of each of 8 heads (8 cache lines; a warp reading 32 B of 32 heads was 32
+// lines an instruction, and a CTA's start took 5-6 us for Q); the 8 lanes of
+// one c store 128 contiguous bytes. Rows past heads_here are zero. All 16
+// loads are in flight before the first store: one memory latency, not one
+// per step. Then u arrives on kQReady.
 __device__ __forceinline__ void StoreQ(const DecodeParams& p, const WgTask& task,
                                        unsigned char* smem, int u) {
   const uint16_t* q = p.q + (task.t * p.padded_heads + task.h0) * kHeadDim;
-  const int q_head = u & 63;
+  const int q_head = 8 * (u >> 5) + (u & 7);
+  const int c0 = (u & 31) >> 3;
   uint4 q_pieces[16];
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
-    const int c = (u >> 6) + 4 * k;
+    const int c = c0 + 4 * k;
     q_pieces[2 * k] = q_pieces[2 * k + 1] = make_uint4(0, 0, 0, 0);
     if (q_head < task.heads_here) {
       const uint4* src = reinterpret_cast<const uint4*>(q + q_head * kHeadDim) + 2 * c;
@@ -196,7 +200,7 @@ __device__ __forceinline__ void StoreQ(const DecodeParams& p, const WgTask& task
   }
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
-    const int c = (u >> 6) + 4 * k;
+    const int c = c0 + 4 * k;
     *reinterpret_cast<uint4*>(smem + WgLayout::kQ + TileOffset(q_head, 16 * c)) = q_pieces[2 * k];
     *reinterpret_cast<uint4*>(smem + WgLayout::kQ + TileOffset(q_head, 16 * c + 8)) =
         q_pieces[2 * k + 1];
