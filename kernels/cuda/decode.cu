@@ -776,6 +776,7 @@ struct Plan {
   int groups;
   int splits;
   int split_entries;
+  int chunk_keys;  // the kernel's keys a chunk: split boundaries fall on them
 };
 
 // Splits each token's keys into at most `wanted` ranges (and kMaxSplits),
@@ -789,6 +790,7 @@ void SplitKeys(const DecodeParams& p, int64_t wanted, int kc, Plan& plan) {
   }
   const int chunks = (width + kc - 1) / kc;
   const int chunks_per_split = (chunks + splits - 1) / splits;
+  plan.chunk_keys = kc;
   plan.split_entries = splits == 1 ? (width > 0 ? width : 1) : chunks_per_split * kc;
   plan.splits = splits == 1 ? 1 : (width + plan.split_entries - 1) / plan.split_entries;
 }
@@ -877,6 +879,11 @@ const char* DecodeKernelsName(DecodeKernels kernels) {
     if (known.kernels == kernels) return known.name;
   }
   return "?";
+}
+
+DecodeSplit DecodeSplitOf(const DecodeParams& p, DecodeKernels kernels, int num_sms) {
+  const Plan plan = MakePlan(p, kernels, num_sms);
+  return DecodeSplit{plan.splits, plan.split_entries, plan.chunk_keys};
 }
 
 size_t DecodeScratchBytes(const DecodeParams& p, DecodeKernels kernels, int num_sms) {

@@ -89,5 +89,39 @@ TEST(DecodePlanTest, SplitsStayWithinOneWaveAndTheLimit) {
   }
 }
 
+// Every plan, of every kernel set, gives each entry of the widest list to
+// exactly one split: the splits cover the width, none is empty, and split
+// boundaries fall on the kernel's chunks. The scratch is for those splits.
+TEST(DecodePlanTest, EverySplitPlanCoversTheListsOnceOnWholeChunks) {
+  std::mt19937 rng(7);
+  int split_plans = 0;
+  for (cuda::DecodeKernels kernels :
+       {cuda::DecodeKernels::kWgmma, cuda::DecodeKernels::kPadded, cuda::DecodeKernels::kMma,
+        cuda::DecodeKernels::kSimt}) {
+    for (int i = 0; i < 3000; ++i) {
+      const int heads = 8 << (rng() % 5);
+      const int64_t tokens = 1 + rng() % (i % 2 == 0 ? 8 : 400);
+      const DecodeParams p = Shape(tokens, heads, rng() % 300, rng() % 4100);
+      const int width = p.main.width + p.extra.width;
+      const cuda::DecodeSplit split = cuda::DecodeSplitOf(p, kernels, kSms);
+      SCOPED_TRACE(testing::Message() << cuda::DecodeKernelsName(kernels) << ", " << tokens
+                                      << " tokens, Hp " << heads << ", width " << width);
+      ASSERT_GE(split.splits, 1);
+      ASSERT_GE(split.split_entries, 1);
+      EXPECT_GE(int64_t{split.splits} * split.split_entries, width) << "entries past every split";
+      if (split.splits == 1) {
+        EXPECT_EQ(cuda::DecodeScratchBytes(p, kernels, kSms), 0u);
+        continue;
+      }
+      ++split_plans;
+      EXPECT_LT(int64_t{split.splits - 1} * split.split_entries, width) << "an empty split";
+      EXPECT_EQ(split.split_entries % split.chunk_keys, 0) << "a split boundary inside a chunk";
+      EXPECT_EQ(cuda::DecodeScratchBytes(p, kernels, kSms),
+                static_cast<size_t>(tokens) * heads * split.splits * kPartialBytes);
+    }
+  }
+  EXPECT_GT(split_plans, 1000) << "the shapes should split often";
+}
+
 }  // namespace
 }  // namespace mla

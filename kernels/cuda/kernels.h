@@ -20,6 +20,18 @@ cudaError_t LaunchPrologue(const PrologueParams& params, int num_sms, cudaStream
 // `query_rows` (tokens x Hp) on a GPU of `sms` SMs: 4, 2 or 1 (prologue.cu).
 int PrologueRowsPerWarp(int64_t query_rows, int sms);
 
+// How LaunchDecode divides every token's key list (main then extra entries,
+// main.width + extra.width wide): split k has entries k * split_entries ..
+// (k + 1) * split_entries - 1 (the last one ends at the list's length);
+// splits == 1 is no split. With a split, boundaries fall on whole chunks of
+// the kernels' chunk_keys keys. Host code: the plan, without launching.
+struct DecodeSplit {
+  int splits;
+  int split_entries;
+  int chunk_keys;
+};
+DecodeSplit DecodeSplitOf(const DecodeParams& params, DecodeKernels kernels, int num_sms);
+
 // Spec section 5 with `kernels`. `scratch` is device memory of at least
 // DecodeScratchBytes() for the split-key partial results (may be null when
 // that is 0).
