@@ -2,7 +2,10 @@
 // each object by cuda_library) and fails the build's tests when a kernel
 // lost what its speed rests on, which otherwise shows only on a GPU:
 //   - spills or a stack frame (every kernel here is written to fit its
-//     registers; a frame also means an array indexed at run time);
+//     registers; a frame also means an array indexed at run time). The
+//     report does not count spills in code after a setmaxnreg that lowers
+//     the registers: kernels/cuda/run_on_device.sh checks the SASS for
+//     local loads and stores on the GPU machine, which has cuobjdump;
 //   - wgmma serialised by ptxas (info C7515), or a wait ptxas injected
 //     before registers an MMA writes (C7517): the MMAs no longer overlap
 //     the work around them (RESULTS.md measured 122 -> 152 us at H = 128
