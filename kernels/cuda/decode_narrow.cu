@@ -22,8 +22,11 @@
 //     the first key tile, WG3 and WG4 the odd ones into the second, so that
 //     two chunks' loads are in flight (eight more warps issuing them than in
 //     decode_wgmma.cu: what the gather sweep of RESULTS.md says pays). At
-//     N = 32 WG1 and WG2 fill both tiles (NarrowShape). Their row loads
-//     skip L1 (RowCaching::kNoL1), which that kernel's do not.
+//     N = 32 WG1 and WG2 fill both tiles (NarrowShape), with the next
+//     chunk's rows on their way into a raw chunk in shared memory
+//     (ProduceRing), so that two chunks' loads are in flight there too.
+//     Their row loads skip L1 (RowCaching::kNoL1), which that kernel's do
+//     not.
 // WG0's warps meet at named barrier 1 (only WG0 uses it). Numbers are those
 // of the other kernels: fp32 scores, the softmax in fp32 with the running sum
 // of unrounded probabilities, P rounded to bf16 for the product only.
@@ -63,6 +66,15 @@ __host__ __device__ constexpr uint32_t NarrowStepBytes(int step) {
   return step * 2 * (N * 16);
 }
 
+// A producer group's raw chunk in shared memory: 64 rows of the cache's 576
+// data bytes and one copy of the 8 scale bytes for each of the row's four
+// threads (each reads back only what it copied), padded to 624 bytes so that
+// the 8 rows of a warp's 16-byte accesses fall in distinct banks.
+constexpr uint32_t kRawRowBytes = 624;
+constexpr uint32_t kRawScales = kTokenDataBytes;  // [4 parts][8 bytes] after the data
+static_assert(kRawScales + 4 * 8 <= kRawRowBytes && kRawRowBytes % 16 == 0, "raw row");
+constexpr uint32_t kRawChunkBytes = kTileRows * kRawRowBytes;
+
 // Shared memory, in bytes from the start.
 template <int N>
 struct NarrowLayout {
@@ -77,8 +89,15 @@ struct NarrowLayout {
   static constexpr uint32_t kValid = kFactor + N * 4;               // [2][64] int
   static constexpr uint32_t kFull = kValid + 2 * kTileRows * 4;     // two mbarriers
   static constexpr uint32_t kEmpty = kFull + 16;                    // two mbarriers
-  static constexpr uint32_t kBytes = kEmpty + 16;
+  // The producer groups (NarrowShape) and, with one group, its raw chunk
+  // (ProduceRing).
+  static constexpr int kGroups = N <= 16 ? 2 : 1;
+  static constexpr bool kRing = kGroups == 1;
+  static constexpr uint32_t kRaw = kEmpty + 16;
+  static constexpr uint32_t kBytes = kRaw + (kRing ? kRawChunkBytes : 0);
 };
+static_assert(NarrowLayout<8>::kBytes <= 227 * 1024, "shared memory of the narrow CTA");
+static_assert(NarrowLayout<16>::kBytes <= 227 * 1024, "shared memory of the narrow CTA");
 static_assert(NarrowLayout<32>::kBytes <= 227 * 1024, "shared memory of the narrow CTA");
 
 // At the end O^T is staged over the key tiles as N head rows of 512 fp32,
@@ -392,6 +411,94 @@ __device__ void Consume(const DecodeParams& p, const WgTask& task, int splits,
   }
 }
 
+
+// The narrow kernel's producers: Produce's threads, rows and pieces (a
+// quarter row a thread, kGroups groups taking chunks g, g + kGroups, ...),
+// with a second chunk in flight. A thread holds chunk c's pieces in
+// registers and has chunk c + kGroups on its way into its part of the
+// group's raw chunk in shared memory (cp.async, no registers); once chunk c
+// is stored into the key tile, it takes c + kGroups from the raw chunk and
+// sends for c + 2 kGroups there. So a chunk's loads go out two of the
+// group's chunks before it is stored, not one: the narrow kernel's producers
+// waited on their row loads (RESULTS.md). A thread reads back only the bytes
+// it copied itself, so no barrier guards the raw chunk.
+// Used at N = 32 (one group): 0.4-6% faster at every V4 shape of the
+// benchmark. With two groups (N = 8, 16) it was faster at V4-Pro b >= 128
+// (to 6%) but slower where a CTA has 10 chunks or fewer (V4-Flash, or a
+// split at b = 64: to 10%), so those keep Produce (RESULTS.md).
+__device__ __forceinline__ void CopyRowAsync(const DecodeParams& p, const WgTask& task, int chunk,
+                                             int r, int32_t slot, int part, uint32_t raw_row) {
+  if (slot == -1) return;
+  const RowSource source = SourceOf(p, task, chunk, r, slot);
+  auto copy16 = [&](int piece) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(raw_row + 16 * piece),
+                 "l"(source.data + piece)
+                 : "memory");
+  };
+#pragma unroll
+  for (int q = 0; q < 7; ++q) copy16(part + 4 * q);
+  copy16(28 + part);
+  copy16(32 + part);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(raw_row + kRawScales + 8 * part),
+               "l"(source.scales)
+               : "memory");
+}
+__device__ __forceinline__ void ReadRawRow(const unsigned char* raw_row, int32_t slot, int part,
+                                           RowPieces& row) {
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+#pragma unroll
+  for (int q = 0; q < 9; ++q) row.pieces[q] = zero;
+  row.scales = make_uint2(kSkippedRowScales, kSkippedRowScales);
+  if (slot == -1) return;
+  auto piece = [&](int k) { return *reinterpret_cast<const uint4*>(raw_row + 16 * k); };
+#pragma unroll
+  for (int q = 0; q < 7; ++q) row.pieces[q] = piece(part + 4 * q);
+  row.pieces[7] = piece(28 + part);
+  row.pieces[8] = piece(32 + part);
+  row.scales = *reinterpret_cast<const uint2*>(raw_row + kRawScales + 8 * part);
+}
+
+// The caller passes wt = u % 256 and group = u / 256 (< kGroups).
+template <typename Layout, int kGroups>
+__device__ void ProduceRing(const DecodeParams& p, const WgTask& task, unsigned char* smem,
+                            int wt, int group) {
+  static_assert(kGroups == 1 || kGroups == 2, "two tiles: one or two producer groups");
+  const int part = (wt & 31) >> 3;
+  const int r = (wt >> 5) * 8 + (wt & 7);
+  const uint32_t base = SharedAddress(smem);
+  const uint32_t raw_offset = Layout::kRaw + group * kRawChunkBytes + r * kRawRowBytes;
+  if (group >= task.num_chunks) return;
+  int32_t slot = SlotOf(p, task, group, r);
+  int32_t next = SlotOf(p, task, group + kGroups, r);
+  int32_t after = SlotOf(p, task, group + 2 * kGroups, r);
+  RowPieces row;
+  WaitForPreviousGrid();  // the cache rows may be the previous kernel's
+  LoadRow<RowCaching::kNoL1>(p, task, group, r, slot, part, row);
+  CopyRowAsync(p, task, group + kGroups, r, next, part, base + raw_offset);
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+  for (int chunk = group; chunk < task.num_chunks; chunk += kGroups) {
+    const int buffer = chunk & 1;
+    const int32_t later = SlotOf(p, task, chunk + 3 * kGroups, r);
+    // The consumers are done with this buffer's previous chunk (none before
+    // chunk 2: the wait on the phase before the first returns at once).
+    MbarrierWait(base + Layout::kEmpty + 8 * buffer, ((chunk >> 1) & 1) ^ 1);
+    unsigned char* tile = smem + Layout::kKeys + buffer * kTileBytes;
+    StoreRow(row, r, part, tile);
+    if (part == 0) reinterpret_cast<int*>(smem + Layout::kValid)[buffer * kTileRows + r] = slot != -1;
+    FenceForWgmma();
+    MbarrierArrive(base + Layout::kFull + 8 * buffer);
+    if (chunk + kGroups < task.num_chunks) {
+      asm volatile("cp.async.wait_all;\n" ::: "memory");
+      ReadRawRow(smem + raw_offset, next, part, row);
+      CopyRowAsync(p, task, chunk + 2 * kGroups, r, after, part, base + raw_offset);
+      asm volatile("cp.async.commit_group;\n" ::: "memory");
+    }
+    slot = next;
+    next = after;
+    after = later;
+  }
+}
+
 // The CTA's shape: WG0 the consumer and one or two groups of two producer
 // warpgroups. At N = 32 a second group made it slower (63.5 against
 // 62.5 us), and so did a second consumer in its place (RESULTS.md), so
@@ -403,7 +510,7 @@ __device__ void Consume(const DecodeParams& p, const WgTask& task, int splits,
 // at 192 does not spill at N = 16).
 template <int N>
 struct NarrowShape {
-  static constexpr int kGroups = N <= 16 ? 2 : 1;
+  static constexpr int kGroups = NarrowLayout<N>::kGroups;
   static constexpr int kThreads = 128 + 256 * kGroups;
   static constexpr int kLaunchRegisters = kGroups == 2 ? 96 : 168;
   static constexpr int kConsumerRegisters = kGroups == 2 ? 192 : 240;
@@ -435,8 +542,12 @@ __global__ void __launch_bounds__(NarrowShape<N>::kThreads, 1)
     Consume<N>(p, task, splits, partials, smem, tid);
   } else {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(NarrowShape<N>::kProducerRegisters));
-    Produce<L, NarrowShape<N>::kGroups, RowCaching::kNoL1>(p, task, smem, (tid - 128) & 255,
-                                                           (tid - 128) >> 8);
+    if constexpr (L::kRing) {
+      ProduceRing<L, NarrowShape<N>::kGroups>(p, task, smem, (tid - 128) & 255, (tid - 128) >> 8);
+    } else {
+      Produce<L, NarrowShape<N>::kGroups, RowCaching::kNoL1>(p, task, smem, (tid - 128) & 255,
+                                                             (tid - 128) >> 8);
+    }
   }
 }
 
