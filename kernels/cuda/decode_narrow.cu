@@ -477,16 +477,8 @@ __device__ void ProduceRing(const DecodeParams& p, const WgTask& task, unsigned 
   CopyRowAsync(p, task, group + kGroups, r, next, part, base + raw_offset);
   asm volatile("cp.async.commit_group;\n" ::: "memory");
   for (int chunk = group; chunk < task.num_chunks; chunk += kGroups) {
-    const int buffer = chunk & 1;
     const int32_t later = SlotOf(p, task, chunk + 3 * kGroups, r);
-    // The consumers are done with this buffer's previous chunk (none before
-    // chunk 2: the wait on the phase before the first returns at once).
-    MbarrierWait(base + Layout::kEmpty + 8 * buffer, ((chunk >> 1) & 1) ^ 1);
-    unsigned char* tile = smem + Layout::kKeys + buffer * kTileBytes;
-    StoreRow(row, r, part, tile);
-    if (part == 0) reinterpret_cast<int*>(smem + Layout::kValid)[buffer * kTileRows + r] = slot != -1;
-    FenceForWgmma();
-    MbarrierArrive(base + Layout::kFull + 8 * buffer);
+    FillTile<Layout>(smem, base, chunk, row, r, part, slot);
     if (chunk + kGroups < task.num_chunks) {
       asm volatile("cp.async.wait_all;\n" ::: "memory");
       ReadRawRow(smem + raw_offset, next, part, row);

@@ -390,6 +390,23 @@ __device__ __forceinline__ void StoreRow(const RowPieces& row, int r, int part,
   *reinterpret_cast<uint4*>(tile + TileOffset(r, kNopeDim + 8 * (part + 4))) = row.pieces[8];
 }
 
+// A producer thread's share of filling a key tile with `chunk`: once the
+// consumers are done with the buffer's previous chunk (none before chunk 2:
+// the wait on the phase before the first returns at once), its quarter row
+// (dequantised) and, for part 0, the row's valid flag; then the thread's
+// arrival on the tile's full barrier.
+template <typename Layout>
+__device__ __forceinline__ void FillTile(unsigned char* smem, uint32_t base, int chunk,
+                                         const RowPieces& row, int r, int part, int32_t slot) {
+  const int buffer = chunk & 1;
+  MbarrierWait(base + Layout::kEmpty + 8 * buffer, ((chunk >> 1) & 1) ^ 1);
+  unsigned char* tile = smem + Layout::kKeys + buffer * kTileBytes;
+  StoreRow(row, r, part, tile);
+  if (part == 0) reinterpret_cast<int*>(smem + Layout::kValid)[buffer * kTileRows + r] = slot != -1;
+  FenceForWgmma();
+  MbarrierArrive(base + Layout::kFull + 8 * buffer);
+}
+
 // The caller passes wt = u % 256 and group = u / 256 (< kGroups).
 template <typename Layout, int kGroups = 1, RowCaching kCaching = RowCaching::kL1>
 __device__ void Produce(const DecodeParams& p, const WgTask& task, unsigned char* smem, int wt,
@@ -405,16 +422,8 @@ __device__ void Produce(const DecodeParams& p, const WgTask& task, unsigned char
   WaitForPreviousGrid();  // the cache rows may be the previous kernel's
   LoadRow<kCaching>(p, task, group, r, slot, part, row);
   for (int chunk = group; chunk < task.num_chunks; chunk += kGroups) {
-    const int buffer = chunk & 1;
     const int32_t after = SlotOf(p, task, chunk + 2 * kGroups, r);
-    // The consumers are done with this buffer's previous chunk (none before
-    // chunk 2: the wait on the phase before the first returns at once).
-    MbarrierWait(base + Layout::kEmpty + 8 * buffer, ((chunk >> 1) & 1) ^ 1);
-    unsigned char* tile = smem + Layout::kKeys + buffer * kTileBytes;
-    StoreRow(row, r, part, tile);
-    if (part == 0) reinterpret_cast<int*>(smem + Layout::kValid)[buffer * kTileRows + r] = slot != -1;
-    FenceForWgmma();
-    MbarrierArrive(base + Layout::kFull + 8 * buffer);
+    FillTile<Layout>(smem, base, chunk, row, r, part, slot);
     // The tile is announced before the next chunk's loads go out: a fence
     // or release after them may wait for them (RESULTS.md).
     if (chunk + kGroups < task.num_chunks) {
