@@ -83,7 +83,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   if (!kernels.has_value()) {
     init_status_ = absl::InvalidArgumentError(
         absl::StrCat("MLA_CUDA_DECODE=", decode,
-                     " names no decode kernels: use wgmma (the default), padded, mma or simt"));
+                     " names no decode kernels: use ", cuda::DecodeKernelsChoices()));
     return;
   }
   decode_kernels_ = *kernels;

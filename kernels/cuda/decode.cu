@@ -32,6 +32,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
+#include <string>
 
 #include "kernels/cuda/decode_device.cuh"
 #include "kernels/cuda/kernels.h"
@@ -872,6 +874,17 @@ std::optional<DecodeKernels> DecodeKernelsFor(const char* value) {
     if (std::strcmp(value, known.name) == 0) return known.kernels;
   }
   return std::nullopt;
+}
+
+std::string DecodeKernelsChoices() {
+  std::string choices;
+  const int count = static_cast<int>(std::size(kDecodeKernelsNames));
+  for (int i = 0; i < count; ++i) {
+    if (i > 0) choices += i + 1 == count ? " or " : ", ";
+    choices += kDecodeKernelsNames[i].name;
+    if (kDecodeKernelsNames[i].kernels == DecodeKernels::kWgmma) choices += " (the default)";
+  }
+  return choices;
 }
 
 const char* DecodeKernelsName(DecodeKernels kernels) {

@@ -64,6 +64,20 @@ TEST(DecodeChoiceTest, BackendRefusesAnUnknownValue) {
   EXPECT_NE(backend->init_status().message().find("MLA_CUDA_DECODE=fastest names no decode kernels"),
             absl::string_view::npos)
       << backend->init_status();
+  // It lists what to use instead.
+  EXPECT_NE(backend->init_status().message().find(
+                "use wgmma (the default), padded, mma or simt"),
+            absl::string_view::npos)
+      << backend->init_status();
+}
+
+TEST(DecodeChoiceTest, TheChoicesListEveryValue) {
+  const std::string choices = cuda::DecodeKernelsChoices();
+  for (cuda::DecodeKernels kernels : {cuda::DecodeKernels::kWgmma, cuda::DecodeKernels::kPadded,
+                                      cuda::DecodeKernels::kMma, cuda::DecodeKernels::kSimt}) {
+    EXPECT_NE(choices.find(cuda::DecodeKernelsName(kernels)), std::string::npos) << choices;
+  }
+  EXPECT_EQ(choices, "wgmma (the default), padded, mma or simt");
 }
 
 }  // namespace

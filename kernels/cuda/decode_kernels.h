@@ -5,6 +5,7 @@
 #define MLA_OFFLOAD_KERNELS_CUDA_DECODE_KERNELS_H_
 
 #include <optional>
+#include <string>
 
 namespace mla {
 namespace cuda {
@@ -26,6 +27,9 @@ std::optional<DecodeKernels> DecodeKernelsFor(const char* value);
 
 // "wgmma", "padded", "mma" or "simt".
 const char* DecodeKernelsName(DecodeKernels kernels);
+
+// Every value, for an error message: "wgmma (the default), padded, mma or simt".
+std::string DecodeKernelsChoices();
 
 }  // namespace cuda
 }  // namespace mla
