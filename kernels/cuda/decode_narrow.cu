@@ -93,8 +93,9 @@ struct NarrowLayout {
   // (ProduceRing).
   static constexpr int kGroups = N <= 16 ? 2 : 1;
   static constexpr bool kRing = kGroups == 1;
+  static constexpr int kRawChunks = kRing ? kGroups : 0;
   static constexpr uint32_t kRaw = kEmpty + 16;
-  static constexpr uint32_t kBytes = kRaw + (kRing ? kRawChunkBytes : 0);
+  static constexpr uint32_t kBytes = kRaw + kRawChunks * kRawChunkBytes;
 };
 static_assert(NarrowLayout<8>::kBytes <= 227 * 1024, "shared memory of the narrow CTA");
 static_assert(NarrowLayout<16>::kBytes <= 227 * 1024, "shared memory of the narrow CTA");
@@ -421,10 +422,12 @@ __device__ void Consume(const DecodeParams& p, const WgTask& task, int splits,
 // sends for c + 2 kGroups there. So a chunk's loads go out two of the
 // group's chunks before it is stored, not one: the narrow kernel's producers
 // waited on their row loads (RESULTS.md). A thread reads back only the bytes
-// it copied itself, so no barrier guards the raw chunk.
+// it copied itself, so no barrier guards the raw chunk; it reads them back
+// before, in program order, its next copy into the same bytes, whose writes
+// count as its own weak writes (and land a global-memory latency later).
 // Used at N = 32 (one group): 0.4-6% faster at every V4 shape of the
 // benchmark. With two groups (N = 8, 16) it was faster at V4-Pro b >= 128
-// (to 6%) but slower where a CTA has 10 chunks or fewer (V4-Flash, or a
+// (up to 6.4%) but slower where a CTA has 10 chunks or fewer (V4-Flash, or a
 // split at b = 64: to 10%), so those keep Produce (RESULTS.md).
 __device__ __forceinline__ void CopyRowAsync(const DecodeParams& p, const WgTask& task, int chunk,
                                              int r, int32_t slot, int part, uint32_t raw_row) {
@@ -463,6 +466,7 @@ template <typename Layout, int kGroups>
 __device__ void ProduceRing(const DecodeParams& p, const WgTask& task, unsigned char* smem,
                             int wt, int group) {
   static_assert(kGroups == 1 || kGroups == 2, "two tiles: one or two producer groups");
+  static_assert(Layout::kRawChunks >= kGroups, "a raw chunk for every producer group");
   const int part = (wt & 31) >> 3;
   const int r = (wt >> 5) * 8 + (wt & 7);
   const uint32_t base = SharedAddress(smem);

@@ -89,6 +89,22 @@ TEST(DecodePlanTest, SplitsStayWithinOneWaveAndTheLimit) {
   }
 }
 
+// The keys a chunk of each kernel set at Hp: the 64-head kernels and the
+// narrow one 64; mma.sync 32 with 16 heads a CTA (Hp 8, 16), 64 with 32; the
+// CUDA-core kernel 512 / its heads a CTA (8 at Hp 8, else 16).
+int ChunkKeys(cuda::DecodeKernels kernels, int padded_heads) {
+  switch (kernels) {
+    case cuda::DecodeKernels::kWgmma:
+    case cuda::DecodeKernels::kPadded:
+      return 64;
+    case cuda::DecodeKernels::kMma:
+      return padded_heads >= 32 ? 64 : 32;
+    case cuda::DecodeKernels::kSimt:
+      return padded_heads >= 16 ? 32 : 64;
+  }
+  return 0;
+}
+
 // Every plan, of every kernel set, gives each entry of the widest list to
 // exactly one split: the splits cover the width, none is empty, and split
 // boundaries fall on the kernel's chunks. The scratch is for those splits.
@@ -108,6 +124,7 @@ TEST(DecodePlanTest, EverySplitPlanCoversTheListsOnceOnWholeChunks) {
                                       << " tokens, Hp " << heads << ", width " << width);
       ASSERT_GE(split.splits, 1);
       ASSERT_GE(split.split_entries, 1);
+      EXPECT_EQ(split.chunk_keys, ChunkKeys(kernels, heads));
       EXPECT_GE(int64_t{split.splits} * split.split_entries, width) << "entries past every split";
       if (split.splits == 1) {
         EXPECT_EQ(cuda::DecodeScratchBytes(p, kernels, kSms), 0u);

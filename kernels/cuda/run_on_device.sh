@@ -49,14 +49,18 @@ if [[ $steps == *all* || $steps == *test* ]]; then
   cuobjdump=$(command -v cuobjdump || ls /usr/local/cuda/bin/cuobjdump 2>/dev/null)
   if [ -n "$cuobjdump" ]; then
     echo "== local memory in the kernels' SASS (cuobjdump)"
-    "$cuobjdump" -sass ./cuda_backend_test > "$OUT/sass.txt" 2>&1
-    awk '/Function :/ {name = $3} /(STL|LDL)(\.[A-Z0-9]+)* / {count[name]++}
-         END {for (f in count) {print count[f], f; bad = 1}; exit bad}' "$OUT/sass.txt" \
-      > "$OUT/local_memory.txt"
-    if [ $? -eq 0 ]; then
+    # awk exits 1 when a kernel has local loads or stores, 2 when the dump
+    # has no function at all (cuobjdump failed: the check cannot pass then).
+    if ! "$cuobjdump" -sass ./cuda_backend_test > "$OUT/sass.txt" 2>&1; then
+      echo "FAILED: cuobjdump -sass ./cuda_backend_test (see sass.txt.gz)"
+      status=1
+    elif awk '/Function :/ {name = $3; functions++}
+              /[[:space:]](STL|LDL)(\.[A-Z0-9_]+)*[[:space:]]/ {count[name]++}
+              END {if (!functions) exit 2; for (f in count) {print count[f], f; bad = 1}; exit bad}' \
+           "$OUT/sass.txt" > "$OUT/local_memory.txt"; then
       echo "none"
     else
-      echo "FAILED: kernels with local loads or stores (count, function):"
+      echo "FAILED: no kernel functions in the dump, or kernels with local loads or stores (count, function):"
       head -20 "$OUT/local_memory.txt"
       status=1
     fi
