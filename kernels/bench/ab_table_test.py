@@ -11,10 +11,11 @@ import shutil
 import stat
 import subprocess
 import sys
-import tempfile
-import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import junit_tests  # pylint: disable=wrong-import-position
+
 TABLE = os.path.join(HERE, "ab_table.py")
 RUNNER = os.path.join(HERE, "..", "cuda", "ab_on_device.sh")
 
@@ -26,19 +27,12 @@ prologue H= 64 b= 128 (+32 compressed rows):      {prologue} us    2606 GB/s
 
 
 def table(*args):
-    return subprocess.run(["/usr/bin/python3", "-B", TABLE, *args], capture_output=True,
-                          text=True)
+    return junit_tests.run_python(TABLE, *args)
 
 
-class AbTableTest(unittest.TestCase):
-    def setUp(self):
-        self.work = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
-
+class AbTableTest(junit_tests.ScratchTest):
     def log(self, name, flash, pro, prologue="6.5"):
-        path = os.path.join(self.work, name)
-        with open(path, "w") as f:
-            f.write(RUN.format(flash=flash, pro=pro, prologue=prologue))
-        return path
+        return self.write(name, RUN.format(flash=flash, pro=pro, prologue=prologue))
 
     def test_one_row_a_shape_with_the_rounds_and_the_change(self):
         result = table(f"old={self.log('a1', '40.5', '106.9')}",
@@ -190,8 +184,6 @@ class AbTableTest(unittest.TestCase):
 
 
 def main():
-    sys.path.insert(0, HERE)
-    import junit_tests  # pylint: disable=import-outside-toplevel
     return junit_tests.run(AbTableTest)
 
 

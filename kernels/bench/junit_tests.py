@@ -1,11 +1,36 @@
 """Runs unittest cases as a Bazel test: one line per test on stdout and a
 JUnit XML report, one <testcase> per test method, to $XML_OUTPUT_FILE when
 Bazel sets it (tools/test_summary.py counts the cases). Shared by the
-Python tests of this folder."""
+Python tests of this folder, with what they share besides: running a script
+of the folder and a fresh folder of files for each test."""
 
 import os
+import subprocess
+import tempfile
 import unittest
 import xml.etree.ElementTree as ET
+
+
+def run_python(script, *args, env=None):
+    """Runs a Python script under Debian's python3 (-B: no .pyc beside it);
+    its CompletedProcess with stdout and stderr as text."""
+    return subprocess.run(["/usr/bin/python3", "-B", script, *args], capture_output=True,
+                          text=True, env=env)
+
+
+class ScratchTest(unittest.TestCase):
+    """A TestCase with a fresh folder, self.work, under Bazel's TEST_TMPDIR."""
+
+    def setUp(self):
+        self.work = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+
+    def write(self, name, content):
+        """Writes text or bytes to file `name` of self.work; its path."""
+        path = os.path.join(self.work, name)
+        mode = "wb" if isinstance(content, bytes) else "w"
+        with open(path, mode) as f:
+            f.write(content)
+        return path
 
 
 def run(*case_classes):

@@ -6,12 +6,12 @@ each kind of bad input. JUnit report through junit_tests.py."""
 
 import gzip
 import os
-import subprocess
 import sys
-import tempfile
-import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import junit_tests  # pylint: disable=wrong-import-position
+
 SCRIPT = os.path.join(HERE, "ncu_roles.py")
 
 HEADER = ["Address", "Source", "Warp Stall Sampling (All Samples)",
@@ -47,21 +47,10 @@ def page(code=CODE, header=HEADER, name="void DecodeWgmmaKernel<1>(DecodeParams)
 
 
 def run(*args):
-    return subprocess.run(["/usr/bin/python3", "-B", SCRIPT, *args], capture_output=True,
-                          text=True)
+    return junit_tests.run_python(SCRIPT, *args)
 
 
-class NcuRolesTest(unittest.TestCase):
-    def setUp(self):
-        self.work = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
-
-    def write(self, name, content):
-        path = os.path.join(self.work, name)
-        mode = "wb" if isinstance(content, bytes) else "w"
-        with open(path, mode) as f:
-            f.write(content)
-        return path
-
+class NcuRolesTest(junit_tests.ScratchTest):
     def test_splits_at_setmaxnreg_and_exit_with_samples_and_stalls(self):
         result = run(self.write("page.csv", page()), "--top", "3")
         self.assertEqual(result.returncode, 0, result.stderr)
@@ -147,8 +136,6 @@ class NcuRolesTest(unittest.TestCase):
 
 
 def main():
-    sys.path.insert(0, HERE)
-    import junit_tests  # pylint: disable=import-outside-toplevel
     return junit_tests.run(NcuRolesTest)
 
 

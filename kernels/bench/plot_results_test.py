@@ -6,31 +6,25 @@ them)."""
 
 import json
 import os
-import subprocess
 import sys
-import tempfile
-import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import junit_tests  # pylint: disable=wrong-import-position
+
 SCRIPT = os.path.join(HERE, "plot_results.py")
 RESULTS = os.path.join(HERE, "results.json")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def run(*args, env=None):
-    return subprocess.run(["/usr/bin/python3", "-B", SCRIPT, *args], capture_output=True,
-                          text=True, env=env)
+    return junit_tests.run_python(SCRIPT, *args, env=env)
 
 
-class PlotResultsTest(unittest.TestCase):
-    def setUp(self):
-        self.work = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
-
+class PlotResultsTest(junit_tests.ScratchTest):
     def write_results(self, content):
-        path = os.path.join(self.work, "results.json")
-        with open(path, "w") as f:
-            f.write(content if isinstance(content, str) else json.dumps(content))
-        return path
+        return self.write("results.json",
+                          content if isinstance(content, str) else json.dumps(content))
 
     def test_draws_every_shape_of_the_checked_in_results(self):
         out = os.path.join(self.work, "chart.png")
@@ -88,8 +82,6 @@ class PlotResultsTest(unittest.TestCase):
 
 
 def main():
-    sys.path.insert(0, HERE)
-    import junit_tests  # pylint: disable=import-outside-toplevel
     return junit_tests.run(PlotResultsTest)
 
 
