@@ -44,23 +44,34 @@ std::string TouchKey(const std::string& session_id, int32_t layer) {
 // instead of one per array). Each starts at a 16-byte boundary: the CUDA
 // prologue reads the compressed rows as 16-byte vectors. Offsets are
 // reserved first, then the buffer is made once and the arrays are views of
-// it, filled in place.
+// it, filled in place; the same offsets find them in the device's copy.
 class PackedArrays {
  public:
-  // The offset of an array of `count` T.
+  // An array of `count` T that starts as `fill`, `at` bytes into the buffer.
   template <typename T>
-  size_t Reserve(int64_t count) {
+  struct Place {
+    size_t at;
+    int64_t count;
+    T fill;
+  };
+  template <typename T>
+  Place<T> Reserve(int64_t count, T fill) {
     const size_t at = (bytes_ + 15) & ~size_t{15};
     bytes_ = at + sizeof(T) * static_cast<size_t>(count);
-    return at;
+    return Place<T>{at, count, fill};
   }
   void Allocate() { data_.reset(new uint8_t[std::max<size_t>(bytes_, 1)]); }
-  // The array at `at`, every element set to `fill`.
+  // The array, every element set to its fill.
   template <typename T>
-  absl::Span<T> Array(size_t at, int64_t count, T fill) {
-    T* first = reinterpret_cast<T*>(data_.get() + at);
-    std::fill(first, first + count, fill);
-    return absl::Span<T>(first, static_cast<size_t>(count));
+  absl::Span<T> Array(const Place<T>& place) {
+    T* first = reinterpret_cast<T*>(data_.get() + place.at);
+    std::fill(first, first + place.count, place.fill);
+    return absl::Span<T>(first, static_cast<size_t>(place.count));
+  }
+  // The array in a copy of the buffer at `copy` (null without one).
+  template <typename T>
+  static T* In(uint8_t* copy, const Place<T>& place) {
+    return copy == nullptr ? nullptr : reinterpret_cast<T*>(copy + place.at);
   }
   const uint8_t* data() const { return data_.get(); }
   size_t bytes() const { return bytes_; }
@@ -722,33 +733,27 @@ void Engine::RunGroup(LaunchGroup& group, std::vector<AttendResult>& results) {
   // Host-side arrays of the launch, in token order of the group, in one
   // buffer that goes to the device in one copy.
   PackedArrays packed;
-  const size_t positions_at = packed.Reserve<int32_t>(tokens);
-  const size_t swa_slots_at = packed.Reserve<int32_t>(tokens);
-  const size_t main_indices_at = packed.Reserve<int32_t>(tokens * kSwaWindow);
-  const size_t main_lengths_at = packed.Reserve<int32_t>(tokens);
-  const size_t extra_indices_at = packed.Reserve<int32_t>(tokens * extra_width);
-  const size_t extra_lengths_at = packed.Reserve<int32_t>(tokens);
-  const int64_t sink_count = any_sinks ? tokens * heads : 0;
-  const size_t sinks_at = packed.Reserve<float>(sink_count);
-  const size_t compressed_positions_at = packed.Reserve<int32_t>(compressed_rows);
-  const size_t compressed_slots_at = packed.Reserve<int32_t>(compressed_rows);
-  const size_t compressed_kv_at = packed.Reserve<uint8_t>(compressed_rows * kRowBytes);
+  const auto positions_p = packed.Reserve<int32_t>(tokens, 0);
+  const auto swa_slots_p = packed.Reserve<int32_t>(tokens, -1);
+  const auto main_indices_p = packed.Reserve<int32_t>(tokens * kSwaWindow, -1);
+  const auto main_lengths_p = packed.Reserve<int32_t>(tokens, 0);
+  const auto extra_indices_p = packed.Reserve<int32_t>(tokens * extra_width, -1);
+  const auto extra_lengths_p = packed.Reserve<int32_t>(tokens, 0);
+  const auto sinks_p = packed.Reserve<float>(any_sinks ? tokens * heads : 0, 0.0f);
+  const auto compressed_positions_p = packed.Reserve<int32_t>(compressed_rows, 0);
+  const auto compressed_slots_p = packed.Reserve<int32_t>(compressed_rows, -1);
+  const auto compressed_kv_p = packed.Reserve<uint8_t>(compressed_rows * kRowBytes, 0);
   packed.Allocate();
-  absl::Span<int32_t> positions = packed.Array<int32_t>(positions_at, tokens, 0);
-  absl::Span<int32_t> swa_slots = packed.Array<int32_t>(swa_slots_at, tokens, -1);
-  absl::Span<int32_t> main_indices =
-      packed.Array<int32_t>(main_indices_at, tokens * kSwaWindow, -1);
-  absl::Span<int32_t> main_lengths = packed.Array<int32_t>(main_lengths_at, tokens, 0);
-  absl::Span<int32_t> extra_indices =
-      packed.Array<int32_t>(extra_indices_at, tokens * extra_width, -1);
-  absl::Span<int32_t> extra_lengths = packed.Array<int32_t>(extra_lengths_at, tokens, 0);
-  absl::Span<float> sinks = packed.Array<float>(sinks_at, sink_count, 0.0f);
-  absl::Span<int32_t> compressed_positions =
-      packed.Array<int32_t>(compressed_positions_at, compressed_rows, 0);
-  absl::Span<int32_t> compressed_slots =
-      packed.Array<int32_t>(compressed_slots_at, compressed_rows, -1);
-  absl::Span<uint8_t> compressed_kv =
-      packed.Array<uint8_t>(compressed_kv_at, compressed_rows * kRowBytes, 0);
+  absl::Span<int32_t> positions = packed.Array(positions_p);
+  absl::Span<int32_t> swa_slots = packed.Array(swa_slots_p);
+  absl::Span<int32_t> main_indices = packed.Array(main_indices_p);
+  absl::Span<int32_t> main_lengths = packed.Array(main_lengths_p);
+  absl::Span<int32_t> extra_indices = packed.Array(extra_indices_p);
+  absl::Span<int32_t> extra_lengths = packed.Array(extra_lengths_p);
+  absl::Span<float> sinks = packed.Array(sinks_p);
+  absl::Span<int32_t> compressed_positions = packed.Array(compressed_positions_p);
+  absl::Span<int32_t> compressed_slots = packed.Array(compressed_slots_p);
+  absl::Span<uint8_t> compressed_kv = packed.Array(compressed_kv_p);
   // Host staging for a backend without host access: uninitialised (every
   // byte is written below), not zero-filled.
   std::unique_ptr<uint8_t[]> q_host, kv_host;
@@ -853,17 +858,16 @@ void Engine::RunGroup(LaunchGroup& group, std::vector<AttendResult>& results) {
     if (status.ok()) status = backend_->CopyToDevice(*reserved, packed.data(), packed.bytes());
     if (status.ok()) arrays = *reserved;
   }
-  auto device = [&](size_t at) { return arrays == nullptr ? nullptr : arrays + at; };
-  int32_t* positions_d = reinterpret_cast<int32_t*>(device(positions_at));
-  int32_t* swa_slots_d = reinterpret_cast<int32_t*>(device(swa_slots_at));
-  int32_t* main_indices_d = reinterpret_cast<int32_t*>(device(main_indices_at));
-  int32_t* main_lengths_d = reinterpret_cast<int32_t*>(device(main_lengths_at));
-  int32_t* extra_indices_d = reinterpret_cast<int32_t*>(device(extra_indices_at));
-  int32_t* extra_lengths_d = reinterpret_cast<int32_t*>(device(extra_lengths_at));
-  float* sinks_d = reinterpret_cast<float*>(device(sinks_at));
-  int32_t* compressed_positions_d = reinterpret_cast<int32_t*>(device(compressed_positions_at));
-  int32_t* compressed_slots_d = reinterpret_cast<int32_t*>(device(compressed_slots_at));
-  uint8_t* compressed_kv_d = device(compressed_kv_at);
+  int32_t* positions_d = PackedArrays::In(arrays, positions_p);
+  int32_t* swa_slots_d = PackedArrays::In(arrays, swa_slots_p);
+  int32_t* main_indices_d = PackedArrays::In(arrays, main_indices_p);
+  int32_t* main_lengths_d = PackedArrays::In(arrays, main_lengths_p);
+  int32_t* extra_indices_d = PackedArrays::In(arrays, extra_indices_p);
+  int32_t* extra_lengths_d = PackedArrays::In(arrays, extra_lengths_p);
+  float* sinks_d = PackedArrays::In(arrays, sinks_p);
+  int32_t* compressed_positions_d = PackedArrays::In(arrays, compressed_positions_p);
+  int32_t* compressed_slots_d = PackedArrays::In(arrays, compressed_slots_p);
+  uint8_t* compressed_kv_d = PackedArrays::In(arrays, compressed_kv_p);
   absl::StatusOr<uint8_t*> q_out = arena_->Reserve(DeviceArena::kQOut, tokens * padded * kRowBytes);
   if (status.ok()) status = q_out.status();
   if (status.ok()) {
