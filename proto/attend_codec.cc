@@ -67,8 +67,9 @@ uint64_t ToVarint(int64_t value) { return static_cast<uint64_t>(value); }
 // hands out are kept alive by `slices`.
 class Parser {
  public:
-  Parser(absl::Span<const Piece> pieces, std::shared_ptr<const void> slices)
-      : reader_(pieces), slices_(std::move(slices)) {}
+  Parser(absl::Span<const Piece> pieces, std::shared_ptr<const void> slices,
+         size_t max_segments)
+      : reader_(pieces), slices_(std::move(slices)), max_segments_(max_segments) {}
 
   absl::Status Request(const FieldPath& path, AttendRequestView* request);
   absl::Status Response(const FieldPath& path, AttendResponseView* response);
@@ -104,6 +105,7 @@ class Parser {
 
   WireReader reader_;
   std::shared_ptr<const void> slices_;
+  const size_t max_segments_;
 };
 
 template <typename ParseField>
@@ -200,6 +202,9 @@ absl::Status Parser::Dimension(const FieldPath& path,
   const int64_t dimension = FromVarint<int64_t>(raw);
   if (dimension < 0) {
     return Invalid(element, absl::StrCat("negative dimension ", dimension));
+  }
+  if (shape->size() >= kMaxTensorDims) {
+    return Invalid(element, absl::StrCat("more than ", kMaxTensorDims, " dimensions"));
   }
   shape->push_back(dimension);
   return absl::OkStatus();
@@ -336,6 +341,10 @@ absl::Status Parser::Request(const FieldPath& path,
       case AttendRequest::kLayerFieldNumber:
         return Varint(field, {&path, "layer"}, &request->layer);
       case AttendRequest::kSegmentsFieldNumber:
+        if (request->segments.size() >= max_segments_) {
+          return Invalid({&path, "segments"},
+                         absl::StrCat("more than ", max_segments_, " segments"));
+        }
         request->segments.emplace_back();
         return SegmentField(
             field,
@@ -388,7 +397,7 @@ absl::Status Parser::Response(const FieldPath& path,
 // keep-alive that the views will hold.
 template <typename View>
 absl::StatusOr<View> ParseMessage(
-    const grpc::ByteBuffer& buffer, size_t max_message_bytes,
+    const grpc::ByteBuffer& buffer, size_t max_message_bytes, size_t max_segments,
     absl::string_view message_name,
     absl::Status (Parser::*parse)(const FieldPath&, View*)) {
   const FieldPath path{nullptr, message_name};
@@ -410,7 +419,7 @@ absl::StatusOr<View> ParseMessage(
   for (const grpc::Slice& slice : *slices) {
     pieces.emplace_back(slice.begin(), slice.size());
   }
-  Parser parser(pieces, std::move(slices));
+  Parser parser(pieces, std::move(slices), max_segments);
   View view;
   if (absl::Status status = (parser.*parse)(path, &view); !status.ok()) {
     return status;
@@ -535,14 +544,14 @@ uint64_t LeadingRequestId(const grpc::ByteBuffer& buffer) {
 }
 
 absl::StatusOr<AttendRequestView> ParseAttendRequest(
-    const grpc::ByteBuffer& buffer, size_t max_message_bytes) {
-  return ParseMessage(buffer, max_message_bytes, "AttendRequest",
+    const grpc::ByteBuffer& buffer, size_t max_message_bytes, size_t max_segments) {
+  return ParseMessage(buffer, max_message_bytes, max_segments, "AttendRequest",
                       &Parser::Request);
 }
 
 absl::StatusOr<AttendResponseView> ParseAttendResponse(
     const grpc::ByteBuffer& buffer, size_t max_message_bytes) {
-  return ParseMessage(buffer, max_message_bytes, "AttendResponse",
+  return ParseMessage(buffer, max_message_bytes, 0, "AttendResponse",
                       &Parser::Response);
 }
 

@@ -28,7 +28,8 @@
 // groups included, are skipped and not kept. The parser is stricter than
 // protobuf in these ways, each an InvalidArgument: a known field with a wire
 // type other than its own (protobuf would treat it as unknown), a negative
-// shape dimension, unknown groups nested deeper than
+// shape dimension, a shape of more than kMaxTensorDims dimensions, more
+// segments than the caller's limit, unknown groups nested deeper than
 // WireReader::kMaxGroupDepth, a tag above 32 bits, and a message longer than
 // the caller's limit. An unknown dtype value is kept as it is (proto3 enums
 // are open); CheckTensorBytes rejects it.
@@ -61,6 +62,11 @@
 namespace mla::wire {
 
 using DType = ::mla_offload::v1::DType;
+
+// No tensor of the contract has more dimensions; a longer shape is refused
+// while parsing (each dimension would cost 8 bytes of memory for 1 on the
+// wire).
+inline constexpr size_t kMaxTensorDims = 8;
 
 // Bytes per element of a known dtype; 0 for DTYPE_UNSPECIFIED and unknown
 // values.
@@ -142,10 +148,13 @@ struct AttendResponseView {
 };
 
 // Messages longer than max_message_bytes are rejected before any field is
-// read. An uninitialised ByteBuffer is an error; an empty one is the empty
-// message.
+// read, and a request with more than max_segments segments as soon as the
+// next one appears (each costs memory far beyond its bytes on the wire; a
+// server passes its token limit, since a segment has at least one token). An
+// uninitialised ByteBuffer is an error; an empty one is the empty message.
 absl::StatusOr<AttendRequestView> ParseAttendRequest(
-    const grpc::ByteBuffer& buffer, size_t max_message_bytes);
+    const grpc::ByteBuffer& buffer, size_t max_message_bytes,
+    size_t max_segments = SIZE_MAX);
 absl::StatusOr<AttendResponseView> ParseAttendResponse(
     const grpc::ByteBuffer& buffer, size_t max_message_bytes);
 

@@ -281,6 +281,7 @@ void CheckAgainstGenerated(const std::string& wire,
     EXPECT_THAT(std::string(view.status().message()),
                 ::testing::AnyOf(::testing::HasSubstr(" is expected"),
                                  ::testing::HasSubstr("negative dimension"),
+                                 ::testing::HasSubstr("dimensions"),
                                  ::testing::HasSubstr("nested deeper"),
                                  ::testing::HasSubstr("does not fit 32 bits")));
   }

@@ -192,6 +192,33 @@ TEST(AttendCodecTest, ShapePackedAndUnpacked) {
   ExpectRequestParsesLikeGenerated(LengthDelimited(5, LengthDelimited(2, "")));
 }
 
+// The parser's memory bounds: a shape of more than kMaxTensorDims
+// dimensions, and more segments than the caller allows, are refused at the
+// element that breaks the limit (each would cost far more memory than bytes).
+TEST(AttendCodecTest, ShapesAndSegmentsAreBounded) {
+  std::string dims;
+  for (size_t d = 0; d < kMaxTensorDims; ++d) dims += Varint(1);
+  const std::string longest = LengthDelimited(5, LengthDelimited(2, dims));
+  absl::StatusOr<AttendRequestView> view = ParseAttendRequest(StaticBuffer(longest), kNoLimit);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->q->shape.size(), kMaxTensorDims);
+  const std::string too_long = LengthDelimited(5, LengthDelimited(2, dims + Varint(1)));
+  view = ParseAttendRequest(StaticBuffer(too_long), kNoLimit);
+  EXPECT_EQ(view.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(view.status().message()),
+              ::testing::HasSubstr("AttendRequest.q.shape[8]: more than 8 dimensions"));
+
+  const std::string segment = LengthDelimited(3, VarintField(3, 1));
+  const std::string three = segment + segment + segment;
+  view = ParseAttendRequest(StaticBuffer(three), kNoLimit, 3);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->segments.size(), 3u);
+  view = ParseAttendRequest(StaticBuffer(three + VarintField(2, 4) + segment), kNoLimit, 3);
+  EXPECT_EQ(view.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(view.status().message()),
+              ::testing::HasSubstr("AttendRequest.segments: more than 3 segments"));
+}
+
 // Unknown fields of every wire type, groups nested in groups included.
 std::string UnknownFields(uint32_t field) {
   return VarintField(field, ~uint64_t{0}) + Fixed64Field(field + 1, 42) +
