@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "proto/mla_offload.grpc.pb.h"
+#include "proto/transport_settings.h"
 #include "proto/wire_reader.h"
 #include "proto/wire_writer.h"
 
@@ -783,11 +784,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
       static_cast<int>(std::min<int64_t>(options.max_message_bytes, INT32_MAX));
   args.SetMaxReceiveMessageSize(max_bytes);
   args.SetMaxSendMessageSize(max_bytes);
-  // The server's settings (server/mla_offload_server.cc): large tensor
-  // messages must not stall on flow control every 64 KiB.
-  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20);
-  args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 16 << 20);
-  args.SetInt(GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, 8 << 20);
+  // The server's settings: large tensor messages must not stall on flow
+  // control every 64 KiB.
+  DefaultTransport().Apply([&args](const char* name, int value) { args.SetInt(name, value); });
   if (options.own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   if (options.use_tls) {

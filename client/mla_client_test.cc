@@ -768,9 +768,10 @@ TEST_F(ClientTest, StepDeadlineEndsTheStream) {
             absl::StatusCode::kDeadlineExceeded);
 }
 
-// A message over the server's --max_message_mb ends the whole stream with
-// RESOURCE_EXHAUSTED (the server's rule), and every later call on the
-// stream reports the stream's end.
+// A message over gRPC's own limit on the server (twice --max_message_mb
+// and 1 MiB more; below it the server answers in-band) ends the whole
+// stream with RESOURCE_EXHAUSTED, and every later call on the stream reports
+// the stream's end.
 TEST_F(ClientTest, AStreamTheServerEndsFailsWithItsStatus) {
   ASSERT_NO_FATAL_FAILURE(StartServer({"--max_message_mb=1"}));
   Sequence seq = MakeSequence(81);
@@ -787,9 +788,9 @@ TEST_F(ClientTest, AStreamTheServerEndsFailsWithItsStatus) {
   ASSERT_TRUE(first.ok()) << first.status();
   ExpectAnswer(*first, good, mirror, "the message before the oversized one");
 
-  const std::vector<uint16_t> big(int64_t{256} * kHeads * kHeadDim, 0x3f80);  // 2 MiB of q
+  const std::vector<uint16_t> big(int64_t{512} * kHeads * kHeadDim, 0x3f80);  // 4 MiB of q
   AttendInput oversized = InputOf(seq, good);
-  oversized.segments[0].num_tokens = 256;
+  oversized.segments[0].num_tokens = 512;
   oversized.q = big;
   oversized.kv = {};
   absl::StatusOr<uint64_t> sent = (*stream)->Send(oversized);

@@ -20,6 +20,9 @@ namespace mla {
 namespace {
 
 constexpr int64_t kRowBytes = int64_t{kHeadDim} * 2;  // one bf16 row of 512
+// An AttendResponse's bytes besides out and lse: request id, tensor headers,
+// timing and status, well below this.
+constexpr int64_t kAnswerFramingBytes = 1024;
 
 std::string NewSessionId() {
   // 128 bits from the OS entropy source: ids are unguessable, so knowing an
@@ -28,6 +31,15 @@ std::string NewSessionId() {
   std::string id;
   for (int i = 0; i < 4; ++i) absl::StrAppendFormat(&id, "%08x", entropy());
   return id;
+}
+
+// Moves the last `count` compressed pages of `layer` to `pages`: those a
+// request took before it failed.
+void DetachLastPages(LayerKv& layer, int64_t count, std::vector<int32_t>& pages) {
+  for (int64_t i = 0; i < count; ++i) {
+    pages.push_back(layer.compressed_blocks.back());
+    layer.compressed_blocks.pop_back();
+  }
 }
 
 double MicrosSince(std::chrono::steady_clock::time_point start) {
@@ -129,6 +141,9 @@ struct Engine::Plan {
   std::vector<Session*> sessions;  // per segment
   std::vector<bool> inserts;       // per segment: write its rows (else another rank did)
   std::vector<int32_t> rows_after;  // per segment: compressed rows after this step
+  // Per segment: compressed pages this message added at the end of its
+  // layer's pages, given back if its launch fails.
+  std::vector<int64_t> pages_taken;
   int num_heads = 0;
   int padded_heads = 0;
   int64_t num_tokens = 0;
@@ -193,7 +208,7 @@ absl::StatusOr<Session*> Engine::FindSession(const std::string& id) {
   auto it = sessions_.find(id);
   if (it == sessions_.end()) {
     return absl::NotFoundError(absl::StrCat(
-        "session '", id, "' does not exist (closed, expired after its idle TTL, or never "
+        "session '", EchoClientText(id), "' does not exist (closed, expired after its idle TTL, or never "
         "created on this server); create a session and append its KV again"));
   }
   return it->second.get();
@@ -208,7 +223,7 @@ absl::StatusOr<CreateSessionResult> Engine::CreateSession(const CreateSessionInp
     if (candidate->name == input.model) profile = candidate;
   }
   if (profile == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("model: '", input.model,
+    return absl::InvalidArgumentError(absl::StrCat("model: '", EchoClientText(input.model),
                                                    "' is not served here; this server serves ",
                                                    absl::StrJoin(served, ", ")));
   }
@@ -225,6 +240,7 @@ absl::StatusOr<CreateSessionResult> Engine::CreateSession(const CreateSessionInp
   }
   const int layers = profile->num_attention_layers();
   int sink_heads = 0;
+  std::vector<float> sinks;
   if (input.sinks.present) {
     const bool whole = CheckTensor(input.sinks, "sinks", DType::kF32,
                                    {layers, profile->num_query_heads})
@@ -239,6 +255,16 @@ absl::StatusOr<CreateSessionResult> Engine::CreateSession(const CreateSessionInp
       }
     }
     sink_heads = whole ? profile->num_query_heads : input.num_heads;
+    sinks.resize(static_cast<size_t>(layers) * sink_heads);
+    input.sinks.CopyTo(sinks.data());
+    for (size_t i = 0; i < sinks.size(); ++i) {
+      // -inf is "no sink"; NaN or +inf would make every output of the head NaN or 0.
+      if (std::isnan(sinks[i]) || sinks[i] == std::numeric_limits<float>::infinity()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "sinks[", i / sink_heads, "][", i % sink_heads, "]: ", sinks[i],
+            " is not a sink logit; send a finite value, or -inf for no sink"));
+      }
+    }
   }
   absl::StatusOr<std::vector<int32_t>> blocks = pool_.Allocate(int64_t{layers} * kSwaRingBlocks);
   if (!blocks.ok()) return blocks.status();
@@ -249,10 +275,7 @@ absl::StatusOr<CreateSessionResult> Engine::CreateSession(const CreateSessionInp
   session->num_heads = input.num_heads;
   session->padded_heads = *padded;
   session->sink_heads = sink_heads;
-  if (input.sinks.present) {
-    session->sinks.resize(static_cast<size_t>(layers) * sink_heads);
-    input.sinks.CopyTo(session->sinks.data());
-  }
+  session->sinks = std::move(sinks);
   session->idle_ttl = input.idle_ttl_seconds > 0 ? absl::Seconds(input.idle_ttl_seconds)
                                                  : options_.default_idle_ttl;
   session->last_used = now;
@@ -339,8 +362,9 @@ absl::StatusOr<AppendResult> Engine::AppendKV(const AppendInput& input, absl::Ti
     const LayerKv& state = session.layers[rows.layer];
     const int32_t rows_after = ratio == 0 ? 0 : (first + count) / ratio;
     const int32_t expected = rows_after - state.compressed_rows;
+    // first_compressed_row matters only when the layer brings rows.
     if (ratio == 0 ? rows.compressed_kv.present && rows.compressed_kv.bytes() > 0
-                   : rows.first_compressed_row != state.compressed_rows) {
+                   : expected > 0 && rows.first_compressed_row != state.compressed_rows) {
       return absl::InvalidArgumentError(absl::StrCat(
           field, ".compressed_kv: ",
           ratio == 0 ? "an SWA-only layer has no compressed rows"
@@ -357,14 +381,16 @@ absl::StatusOr<AppendResult> Engine::AppendKV(const AppendInput& input, absl::Ti
             " exist"));
       }
     }
-    new_pages += PagesFor(rows_after) - static_cast<int64_t>(state.compressed_blocks.size());
+    new_pages += std::max<int64_t>(
+        0, PagesFor(rows_after) - static_cast<int64_t>(state.compressed_blocks.size()));
   }
-  absl::StatusOr<std::vector<int32_t>> pages = pool_.Allocate(std::max<int64_t>(new_pages, 0));
+  absl::StatusOr<std::vector<int32_t>> pages = pool_.Allocate(new_pages);
   if (!pages.ok()) return pages.status();
 
   // Only the last ring's worth of SWA rows can ever be attended again.
   const int32_t swa_from = std::max(first, first + count - kSwaRingRows);
   auto page = pages->begin();
+  std::vector<int64_t> pages_taken(layers, 0);  // per layer, given back on failure
   for (RopeKind rope : {RopeKind::kPlain, RopeKind::kYarn}) {
     std::vector<uint8_t> swa_rows, compressed_rows;
     std::vector<int32_t> swa_positions, swa_slots, compressed_positions, compressed_slots;
@@ -376,6 +402,7 @@ absl::StatusOr<AppendResult> Engine::AppendKV(const AppendInput& input, absl::Ti
       const int32_t rows_after = ratio == 0 ? 0 : (first + count) / ratio;
       while (static_cast<int64_t>(state.compressed_blocks.size()) < PagesFor(rows_after)) {
         state.compressed_blocks.push_back(*page++);
+        ++pages_taken[layer];
       }
       const size_t swa_offset = swa_rows.size();
       swa_rows.resize(swa_offset + (first + count - swa_from) * kRowBytes);
@@ -431,6 +458,12 @@ absl::StatusOr<AppendResult> Engine::AppendKV(const AppendInput& input, absl::Ti
     if (status.ok()) status = backend_->Prologue(params);
     status = Drained(status);
     if (!status.ok()) {
+      // Nothing written counts (no position advanced); the pages go back.
+      std::vector<int32_t> taken;
+      for (int layer = 0; layer < layers; ++layer) {
+        DetachLastPages(session.layers[layer], pages_taken[layer], taken);
+      }
+      pool_.Free(taken);
       return absl::InternalError(absl::StrCat("AppendKV failed in the backend: ", status.message()));
     }
   }
@@ -461,7 +494,7 @@ absl::StatusOr<Engine::Plan> Engine::PlanAttend(const AttendInput& input,
     for (size_t earlier = 0; earlier < s; ++earlier) {
       if (input.segments[earlier].session_id == segment.session_id) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "segments[", s, "]: session ", segment.session_id,
+            "segments[", s, "]: session ", EchoClientText(segment.session_id),
             " appears twice in one message; send its tokens as one segment"));
       }
     }
@@ -508,10 +541,20 @@ absl::StatusOr<Engine::Plan> Engine::PlanAttend(const AttendInput& input,
                                                    profile.num_attention_layers() - 1, " of ",
                                                    profile.name));
   }
-  if (input.head_offset < 0 || input.head_offset + plan.num_heads > profile.num_query_heads) {
+  if (input.head_offset < 0 ||
+      int64_t{input.head_offset} + plan.num_heads > profile.num_query_heads) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "head_offset: heads ", input.head_offset, "..", input.head_offset + plan.num_heads - 1,
-        " are outside the model's ", profile.num_query_heads, " query heads"));
+        "head_offset: heads ", input.head_offset, "..",
+        int64_t{input.head_offset} + plan.num_heads - 1, " are outside the model's ",
+        profile.num_query_heads, " query heads"));
+  }
+  const int64_t answer_bytes =
+      tokens * plan.num_heads * (kRowBytes + (input.return_lse ? 4 : 0)) + kAnswerFramingBytes;
+  if (options_.max_answer_bytes > 0 && answer_bytes > options_.max_answer_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the answer to this message would be about ", answer_bytes, " bytes (", tokens,
+        " tokens x ", plan.num_heads, " heads), above the server's limit of ",
+        options_.max_answer_bytes, " bytes (--max_message_mb); send fewer tokens a message"));
   }
   if (absl::Status status =
           CheckTensor(input.q, "q", DType::kBf16, {tokens, plan.num_heads, kHeadDim});
@@ -542,7 +585,7 @@ absl::StatusOr<Engine::Plan> Engine::PlanAttend(const AttendInput& input,
     } else {
       return absl::FailedPreconditionError(absl::StrCat(
           "segments[", s, "].position: layer ", input.layer, " of session ",
-          segment.session_id, " expects position ", state.next_position, " next (or ",
+          EchoClientText(segment.session_id), " expects position ", state.next_position, " next (or ",
           state.next_position - segment.num_tokens,
           " from a rank repeating the last step), got ", segment.position));
     }
@@ -553,9 +596,11 @@ absl::StatusOr<Engine::Plan> Engine::PlanAttend(const AttendInput& input,
       return absl::InvalidArgumentError(absl::StrCat(
           field, ".num_compressed_rows: layer ", input.layer, " is SWA-only and has none"));
     }
+    // Both counts are non-negative here, so the differences cannot
+    // overflow; first_compressed_row matters only when rows come.
     if (ratio != 0 && insert &&
-        (segment.first_compressed_row != rows_now ||
-         rows_now + segment.num_compressed_rows != rows_after)) {
+        (segment.num_compressed_rows != rows_after - rows_now ||
+         (segment.num_compressed_rows > 0 && segment.first_compressed_row != rows_now))) {
       return absl::InvalidArgumentError(absl::StrCat(
           field, ".first_compressed_row/num_compressed_rows: after position ", end - 1,
           " layer ", input.layer, " (compress ratio ", ratio, ") has ", rows_after,
@@ -564,7 +609,7 @@ absl::StatusOr<Engine::Plan> Engine::PlanAttend(const AttendInput& input,
           " from row ", segment.first_compressed_row));
     }
     if (ratio != 0 && !insert && segment.num_compressed_rows != 0 &&
-        segment.first_compressed_row + segment.num_compressed_rows != rows_after) {
+        segment.first_compressed_row != rows_after - segment.num_compressed_rows) {
       return absl::InvalidArgumentError(absl::StrCat(
           field, ".first_compressed_row: a repeated step may resend rows only up to row ",
           rows_after - 1));
@@ -620,7 +665,7 @@ absl::StatusOr<Engine::Plan> Engine::PlanAttend(const AttendInput& input,
           if (row < -1 || row >= rows) {
             return absl::InvalidArgumentError(absl::StrCat(
                 "topk[", t, "][", k, "]: ", row, " is not -1 and not a compressed row of ",
-                "session ", segment.session_id, " at position ", segment.position + i,
+                "session ", EchoClientText(segment.session_id), " at position ", segment.position + i,
                 " (rows 0..", rows - 1, " exist)"));
           }
         }
@@ -636,6 +681,7 @@ absl::StatusOr<Engine::Plan> Engine::PlanAttend(const AttendInput& input,
     new_pages += std::max<int64_t>(
         0, PagesFor(plan.rows_after[s]) - static_cast<int64_t>(state.compressed_blocks.size()));
   }
+  plan.pages_taken.assign(input.segments.size(), 0);
   if (new_pages > 0) {
     absl::StatusOr<std::vector<int32_t>> pages = pool_.Allocate(new_pages);
     if (!pages.ok()) return pages.status();
@@ -645,6 +691,7 @@ absl::StatusOr<Engine::Plan> Engine::PlanAttend(const AttendInput& input,
       LayerKv& state = plan.sessions[s]->layers[input.layer];
       while (static_cast<int64_t>(state.compressed_blocks.size()) < PagesFor(plan.rows_after[s])) {
         state.compressed_blocks.push_back(*page++);
+        ++plan.pages_taken[s];
       }
     }
   }
@@ -694,7 +741,10 @@ std::vector<AttendResult> Engine::Attend(const std::vector<const AttendInput*>& 
     }
     for (auto& [key, group] : groups) RunGroup(group, results);
     for (Plan& plan : plans) {
-      if (!results[plan.index].status.ok()) continue;
+      if (!results[plan.index].status.ok()) {
+        ReturnPages(plan);
+        continue;
+      }
       for (size_t s = 0; s < plan.sessions.size(); ++s) {
         LayerKv& state = plan.sessions[s]->layers[plan.input->layer];
         const SegmentInput& segment = plan.input->segments[s];
@@ -707,6 +757,14 @@ std::vector<AttendResult> Engine::Attend(const std::vector<const AttendInput*>& 
     pending = std::move(deferred);
   }
   return results;
+}
+
+void Engine::ReturnPages(const Plan& plan) {
+  std::vector<int32_t> pages;
+  for (size_t s = 0; s < plan.pages_taken.size(); ++s) {
+    DetachLastPages(plan.sessions[s]->layers[plan.input->layer], plan.pages_taken[s], pages);
+  }
+  pool_.Free(pages);
 }
 
 void Engine::RunGroup(LaunchGroup& group, std::vector<AttendResult>& results) {

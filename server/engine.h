@@ -41,6 +41,10 @@ struct EngineOptions {
   int32_t max_tokens_per_message = 1024;
   absl::Duration default_idle_ttl = absl::Minutes(10);
   std::vector<const ModelProfile*> models;  // models this server accepts
+  // An Attend message whose answer (out, lse and framing) would be larger is
+  // refused with RESOURCE_EXHAUSTED before anything changes: the service
+  // could not send it. 0: no limit.
+  int64_t max_answer_bytes = 0;
 };
 
 struct CreateSessionInput {
@@ -124,6 +128,9 @@ class Engine {
   absl::StatusOr<Plan> PlanAttend(const AttendInput& input,
                                   absl::flat_hash_set<std::string>& touched);
   void RunGroup(LaunchGroup& group, std::vector<AttendResult>& results);
+  // Detaches the pages a plan took and returns them to the pool (its launch
+  // failed: a failed request changes nothing).
+  void ReturnPages(const Plan& plan);
   RopeTableView rope_view(RopeKind kind) const;
 
   std::unique_ptr<ComputeBackend> backend_;

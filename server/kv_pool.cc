@@ -26,6 +26,9 @@ KvBlockPool::KvBlockPool(DeviceBuffer memory, int64_t num_blocks)
 }
 
 absl::StatusOr<std::vector<int32_t>> KvBlockPool::Allocate(int64_t count) {
+  if (count < 0) {
+    return absl::InternalError(absl::StrCat("KV pool: asked for ", count, " blocks"));
+  }
   if (count > free_blocks()) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "KV cache full: ", count, " blocks of ", kBlockTokens, " tokens needed, ", free_blocks(),

@@ -5,10 +5,6 @@
 #include <string>
 #include <thread>
 
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
-
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -19,13 +15,10 @@
 #include "kernels/backend_factory.h"
 #include "kernels/geometry.h"
 #include "kernels/model_profile.h"
-#include "server/engine.h"
 #include "server/host_memory.h"
 #include "server/metrics/http_exporter.h"
 #include "server/metrics/registry.h"
-#include "server/scheduler.h"
-#include "server/server_metrics.h"
-#include "server/service.h"
+#include "server/offload_server.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051",
           "HOST:PORT to serve gRPC on (port 0 picks a free port, printed at start).");
@@ -96,56 +89,27 @@ int Main() {
   if (!backend.ok()) return Fail(absl::InvalidArgumentError(absl::StrCat("--backend: ", backend.status().message())));
   const std::string backend_text = (*backend)->Describe();
 
-  EngineOptions engine_options;
-  engine_options.kv_blocks = kv_blocks;
-  engine_options.max_position = absl::GetFlag(FLAGS_max_position);
-  engine_options.max_tokens_per_message = absl::GetFlag(FLAGS_max_tokens_per_message);
-  engine_options.default_idle_ttl = absl::Seconds(absl::GetFlag(FLAGS_session_idle_ttl_s));
-  engine_options.models = models;
-  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*std::move(backend), engine_options);
-  if (!engine.ok()) return Fail(engine.status());
-
+  OffloadServerOptions options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.engine.kv_blocks = kv_blocks;
+  options.engine.max_position = absl::GetFlag(FLAGS_max_position);
+  options.engine.max_tokens_per_message = absl::GetFlag(FLAGS_max_tokens_per_message);
+  options.engine.default_idle_ttl = absl::Seconds(absl::GetFlag(FLAGS_session_idle_ttl_s));
+  options.engine.models = models;
+  options.scheduler.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  options.scheduler.batch_wait = absl::Microseconds(absl::GetFlag(FLAGS_batch_wait_us));
+  options.scheduler.max_queued_messages = absl::GetFlag(FLAGS_max_queued_messages);
+  options.service.max_messages_in_flight = absl::GetFlag(FLAGS_max_messages_in_flight);
+  options.service.max_message_bytes = int64_t{absl::GetFlag(FLAGS_max_message_mb)} << 20;
+  options.service.version = kVersion;
+  options.service.devices = backend_text;
   metrics::Registry registry;
-  absl::StatusOr<std::unique_ptr<ServerMetrics>> server_metrics = ServerMetrics::Create(registry);
-  if (!server_metrics.ok()) return Fail(server_metrics.status());
-
-  SchedulerOptions scheduler_options;
-  scheduler_options.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
-  scheduler_options.batch_wait = absl::Microseconds(absl::GetFlag(FLAGS_batch_wait_us));
-  scheduler_options.max_queued_messages = absl::GetFlag(FLAGS_max_queued_messages);
-  auto scheduler = std::make_unique<Scheduler>(*std::move(engine), scheduler_options);
-  ServerMetrics& metrics_ref = **server_metrics;
-  scheduler->SetBatchObserver([&metrics_ref](const BatchStats& stats) { metrics_ref.RecordBatch(stats); });
-
-  ServiceOptions service_options;
-  service_options.max_messages_in_flight = absl::GetFlag(FLAGS_max_messages_in_flight);
-  service_options.max_message_bytes = int64_t{absl::GetFlag(FLAGS_max_message_mb)} << 20;
-  service_options.version = kVersion;
-  service_options.devices = backend_text;
-  MlaOffloadService service(*scheduler, **server_metrics, service_options);
-  scheduler->SetStateObserver([&service](const Engine& engine) { service.PublishEngineState(engine); });
-
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  int port = 0;
-  const std::string listen = absl::GetFlag(FLAGS_listen);
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  const int max_bytes = static_cast<int>(std::min<int64_t>(service_options.max_message_bytes, INT32_MAX));
-  builder.SetMaxReceiveMessageSize(max_bytes);
-  builder.SetMaxSendMessageSize(max_bytes);
-  // Large tensor messages: big HTTP/2 windows and frames keep a stream from
-  // stalling on flow control every 64 KiB.
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 16 << 20);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, 8 << 20);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) {
-    return Fail(absl::UnavailableError(absl::StrCat(
-        "cannot listen on --listen=", listen, " (address in use or not local?)")));
-  }
-  server->GetHealthCheckService()->SetServingStatus(true);
+  absl::StatusOr<std::unique_ptr<OffloadServer>> started =
+      OffloadServer::Start(*std::move(backend), options, registry);
+  if (!started.ok()) return Fail(started.status());
+  OffloadServer& server = **started;
+  const std::string& listen = options.listen;
+  const int port = server.port();
 
   metrics::HttpExporter exporter(&registry);
   const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
@@ -154,7 +118,6 @@ int Main() {
     const std::string metrics_host = host == "localhost" ? "127.0.0.1" : host;
     if (absl::Status status = exporter.Start(metrics_host.empty() ? "0.0.0.0" : metrics_host, metrics_port);
         !status.ok()) {
-      server->Shutdown();
       return Fail(absl::Status(status.code(), absl::StrCat("--metrics_port: ", status.message())));
     }
   }
@@ -176,21 +139,9 @@ int Main() {
   std::printf("mla_offload_server: signal %d: draining (NOT_SERVING, no new sessions) for up to %d s\n",
               static_cast<int>(g_signal), drain_seconds);
   std::fflush(stdout);
-  // Drain: report NOT_SERVING and refuse new sessions while the server still
-  // answers, let open Attend streams finish, then stop taking calls; what is
-  // still open at the deadline is cancelled.
-  const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(drain_seconds);
-  service.StartDraining();
-  server->GetHealthCheckService()->SetServingStatus(false);
-  while (service.open_streams() > 0 && std::chrono::system_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  // With the streams gone only short unary calls can be in flight: give them
-  // a moment, not the rest of the drain.
-  server->Shutdown(std::min(deadline, std::chrono::system_clock::now() + std::chrono::milliseconds(500)));
+  server.Drain(absl::Seconds(drain_seconds));
   exporter.Stop();
-  // The engine thread calls into the service (state observer): stop it first.
-  scheduler.reset();
+  started->reset();
   std::printf("mla_offload_server: stopped\n");
   return 0;
 }

@@ -1,7 +1,10 @@
 #include "server/requests.h"
 
 #include <algorithm>
+#include <limits>
+#include <string>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -51,10 +54,10 @@ void TensorInput::CopyRange(int64_t offset, int64_t length, void* dst) const {
 absl::Status CheckTensor(const TensorInput& tensor, absl::string_view field, DType dtype,
                          const std::vector<int64_t>& shape) {
   bool shape_ok = tensor.shape.size() == shape.size();
-  int64_t elements = 1;
+  bool has_zero = false;
   for (size_t i = 0; shape_ok && i < shape.size(); ++i) {
     shape_ok = tensor.shape[i] >= 0 && (shape[i] < 0 || tensor.shape[i] == shape[i]);
-    elements *= tensor.shape[i];
+    has_zero = has_zero || tensor.shape[i] == 0;
   }
   if (tensor.dtype != static_cast<int>(dtype) || !shape_ok) {
     return absl::InvalidArgumentError(
@@ -62,12 +65,29 @@ absl::Status CheckTensor(const TensorInput& tensor, absl::string_view field, DTy
                      ShapeText(shape), ", got ", DTypeName(tensor.dtype), " ",
                      ShapeText(tensor.shape)));
   }
-  if (tensor.bytes() != elements * DTypeSize(dtype)) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": shape ", ShapeText(tensor.shape),
-                                                   " needs ", elements * DTypeSize(dtype),
-                                                   " bytes of data, got ", tensor.bytes()));
+  // The byte count of the shape, or -1 when it would not fit in int64 (no
+  // message can carry that many bytes). A dimension of 0 makes it 0 however
+  // large the others are.
+  int64_t needed = has_zero ? 0 : DTypeSize(dtype);
+  for (size_t i = 0; !has_zero && i < shape.size() && needed >= 0; ++i) {
+    needed = needed > std::numeric_limits<int64_t>::max() / tensor.shape[i]
+                 ? -1
+                 : needed * tensor.shape[i];
+  }
+  if (needed < 0 || tensor.bytes() != needed) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": shape ", ShapeText(tensor.shape), " needs ",
+        needed < 0 ? std::string("more than 2^63") : absl::StrCat(needed), " bytes of data, got ",
+        tensor.bytes()));
   }
   return absl::OkStatus();
+}
+
+std::string EchoClientText(absl::string_view text) {
+  constexpr size_t kMaxEchoed = 64;
+  if (text.size() <= kMaxEchoed) return absl::CHexEscape(text);
+  return absl::StrCat(absl::CHexEscape(text.substr(0, kMaxEchoed)), "... (", text.size(),
+                      " bytes)");
 }
 
 }  // namespace mla

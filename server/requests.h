@@ -47,9 +47,15 @@ struct TensorInput {
 };
 
 // Checks dtype and shape ({-1} entries match any size); InvalidArgument
-// naming the field otherwise. Also checks that the bytes match the shape.
+// naming the field otherwise. Also checks that the bytes match the shape
+// (a shape whose byte count overflows int64 matches no data).
 absl::Status CheckTensor(const TensorInput& tensor, absl::string_view field, DType dtype,
                          const std::vector<int64_t>& shape);
+
+// A string the client sent (a session id, a model name), fit to quote in an
+// error message: at most 64 bytes of it, C-escaped, then its length if it
+// was longer. Error messages travel in gRPC trailers, whose size is limited.
+std::string EchoClientText(absl::string_view text);
 
 struct SegmentInput {
   std::string session_id;

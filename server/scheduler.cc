@@ -1,5 +1,6 @@
 #include "server/scheduler.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -7,9 +8,14 @@
 namespace mla {
 namespace {
 
+// The tokens a message claims, for the batch's budget. Not yet validated
+// (the engine refuses a bad count), so a negative count counts as none: it
+// must not make room in the batch for others.
 int64_t TokensOf(const AttendInput& input) {
   int64_t tokens = 0;
-  for (const SegmentInput& segment : input.segments) tokens += segment.num_tokens;
+  for (const SegmentInput& segment : input.segments) {
+    tokens += std::max<int32_t>(segment.num_tokens, 0);
+  }
   return tokens;
 }
 
@@ -27,7 +33,8 @@ Scheduler::~Scheduler() {
   thread_.join();
 }
 
-absl::Status Scheduler::SubmitAttend(std::shared_ptr<const AttendInput> input, AttendDone done) {
+absl::Status Scheduler::SubmitAttend(std::shared_ptr<const AttendInput> input, AttendDone done,
+                                     std::shared_ptr<const std::atomic<bool>> cancelled) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopping_) return absl::UnavailableError("the server is shutting down");
@@ -37,7 +44,7 @@ absl::Status Scheduler::SubmitAttend(std::shared_ptr<const AttendInput> input, A
           " messages waiting); retry later, send fewer messages in flight, or add servers"));
     }
     const int64_t tokens = TokensOf(*input);
-    queue_.push_back(Item{std::move(input), tokens, std::move(done), nullptr});
+    queue_.push_back(Item{std::move(input), tokens, std::move(done), std::move(cancelled), nullptr});
     ++queued_attends_;
   }
   wake_.notify_one();
@@ -47,7 +54,15 @@ absl::Status Scheduler::SubmitAttend(std::shared_ptr<const AttendInput> input, A
 void Scheduler::Run(Task task) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    queue_.push_back(Item{nullptr, 0, nullptr, std::move(task)});
+    queue_.push_back(Item{nullptr, 0, nullptr, nullptr, std::move(task)});
+  }
+  wake_.notify_one();
+}
+
+void Scheduler::RunNext(Task task) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    next_.push_back(std::move(task));
   }
   wake_.notify_one();
 }
@@ -83,26 +98,33 @@ void Scheduler::Loop() {
   auto next_expiry = std::chrono::steady_clock::now();
   const auto expiry_interval = absl::ToChronoNanoseconds(options_.expiry_interval);
   std::unique_lock<std::mutex> lock(mutex_);
+  const auto work_waiting = [&] { return stopping_ || !queue_.empty() || !next_.empty(); };
   while (true) {
-    wake_.wait_until(lock, next_expiry, [&] { return stopping_ || !queue_.empty(); });
+    wake_.wait_until(lock, next_expiry, work_waiting);
     if (std::chrono::steady_clock::now() >= next_expiry) {
       lock.unlock();
-      if (!engine_->ExpireIdle(absl::Now()).empty()) NotifyState();
+      if (!engine_->ExpireIdle(options_.clock()).empty()) NotifyState();
       lock.lock();
       next_expiry = std::chrono::steady_clock::now() + expiry_interval;
     }
-    if (queue_.empty()) {
-      if (stopping_) return;
-      continue;
-    }
-    if (queue_.front().task) {
-      Task task = std::move(queue_.front().task);
+    Task task;
+    if (!next_.empty()) {
+      task = std::move(next_.front());
+      next_.pop_front();
+    } else if (!queue_.empty() && queue_.front().task) {
+      task = std::move(queue_.front().task);
       queue_.pop_front();
+    }
+    if (task) {
       lock.unlock();
       const Reply reply = task(*engine_);
       NotifyState();
       if (reply) reply();
       lock.lock();
+      continue;
+    }
+    if (queue_.empty()) {
+      if (stopping_) return;
       continue;
     }
     // Gather a batch: consecutive Attend messages up to the token budget,
@@ -119,9 +141,10 @@ void Scheduler::Loop() {
         queue_.pop_front();
         --queued_attends_;
       }
-      const bool blocked = !queue_.empty();  // by a task or the token budget
+      // Blocked by a task, the token budget or read-only work.
+      const bool blocked = !queue_.empty() || !next_.empty();
       if (blocked || stopping_ || tokens >= options_.max_batch_tokens) break;
-      if (!wake_.wait_until(lock, deadline, [&] { return stopping_ || !queue_.empty(); })) break;
+      if (!wake_.wait_until(lock, deadline, work_waiting)) break;
     }
     lock.unlock();
     RunBatch(batch);
@@ -130,16 +153,32 @@ void Scheduler::Loop() {
 }
 
 void Scheduler::RunBatch(std::vector<Item>& batch) {
+  // A cancelled stream's messages are answered without running: its client
+  // is gone and would never learn what they changed.
+  std::vector<Item> live;
+  live.reserve(batch.size());
+  for (Item& item : batch) {
+    if (item.cancelled == nullptr || !item.cancelled->load()) {
+      live.push_back(std::move(item));
+      continue;
+    }
+    AttendResult result;
+    result.request_id = item.attend->request_id;
+    result.status = absl::CancelledError(
+        "the stream was cancelled before this message ran; nothing of it was applied");
+    item.done(std::move(result));
+  }
+  if (live.empty()) return;
   const auto start = std::chrono::steady_clock::now();
   std::vector<const AttendInput*> inputs;
   BatchStats stats;
-  for (const Item& item : batch) {
+  for (const Item& item : live) {
     inputs.push_back(item.attend.get());
     stats.tokens += item.tokens;
   }
-  stats.messages = static_cast<int>(batch.size());
-  std::vector<AttendResult> results = engine_->Attend(inputs, absl::Now());
-  const absl::Time finished = absl::Now();
+  stats.messages = static_cast<int>(live.size());
+  std::vector<AttendResult> results = engine_->Attend(inputs, options_.clock());
+  const absl::Time finished = options_.clock();
   stats.run_us =
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
   std::function<void(const BatchStats&)> observer;
@@ -149,9 +188,9 @@ void Scheduler::RunBatch(std::vector<Item>& batch) {
   }
   if (observer) observer(stats);
   NotifyState();  // before the answers: whoever has one sees the pages it took
-  for (size_t i = 0; i < batch.size(); ++i) {
-    results[i].timing.total_us = absl::ToDoubleMicroseconds(finished - batch[i].attend->arrival);
-    batch[i].done(std::move(results[i]));
+  for (size_t i = 0; i < live.size(); ++i) {
+    results[i].timing.total_us = absl::ToDoubleMicroseconds(finished - live[i].attend->arrival);
+    live[i].done(std::move(results[i]));
   }
 }
 

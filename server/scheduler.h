@@ -12,10 +12,16 @@
 // RESOURCE_EXHAUSTED rather than letting latency grow without bound; a slow
 // consumer never blocks the engine, which hands each result to a callback.
 //
+// Read-only work (RunNext: server info, session lists) does not wait behind
+// queued batches: it runs before the next batch, behind at most the batch or
+// task running now. An Attend message whose stream was cancelled before its
+// batch began is answered CANCELLED without running: nothing of it is applied.
+//
 // Thread-safe. Callbacks run on the engine thread and must not block.
 #ifndef MLA_OFFLOAD_SERVER_SCHEDULER_H_
 #define MLA_OFFLOAD_SERVER_SCHEDULER_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -27,6 +33,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "server/clock.h"
 #include "server/engine.h"
 #include "server/requests.h"
 
@@ -37,6 +44,7 @@ struct SchedulerOptions {
   absl::Duration batch_wait = absl::Microseconds(200);
   int max_queued_messages = 4096;
   absl::Duration expiry_interval = absl::Seconds(1);  // how often idle sessions are closed
+  Clock clock = MonotonicNow;  // the engine's time: arrivals, last use, expiry
 };
 
 // What the scheduler reports about each batch it runs (for metrics).
@@ -62,10 +70,20 @@ class Scheduler {
   Scheduler& operator=(const Scheduler&) = delete;
 
   // Queues one Attend message; `done` is called exactly once with its result
-  // unless this returns an error (queue full, or stopped).
-  absl::Status SubmitAttend(std::shared_ptr<const AttendInput> input, AttendDone done);
-  // Queues work that needs the engine; it runs on the engine thread.
+  // unless this returns an error (queue full, or stopped). When `cancelled`
+  // (may be null) is true as its batch forms, the message is answered
+  // CANCELLED and not run.
+  absl::Status SubmitAttend(std::shared_ptr<const AttendInput> input, AttendDone done,
+                            std::shared_ptr<const std::atomic<bool>> cancelled = nullptr);
+  // Queues work that needs the engine; it runs on the engine thread, in FIFO
+  // order with the Attend messages.
   void Run(Task task);
+  // Queues work that only reads the engine: it runs on the engine thread
+  // before any queued batch or task (in the order RunNext was called), so it
+  // waits only for what runs now.
+  void RunNext(Task task);
+  // The time on the engine's clock (SchedulerOptions::clock).
+  absl::Time Now() const { return options_.clock(); }
   // Called on the engine thread after every batch.
   void SetBatchObserver(std::function<void(const BatchStats&)> observer);
   // Called on the engine thread after anything that may change the engine's
@@ -80,6 +98,7 @@ class Scheduler {
     std::shared_ptr<const AttendInput> attend;
     int64_t tokens = 0;
     AttendDone done;
+    std::shared_ptr<const std::atomic<bool>> cancelled;
     Task task;
   };
 
@@ -91,6 +110,7 @@ class Scheduler {
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<Item> queue_;
+  std::deque<Task> next_;  // RunNext's, ahead of queue_
   int queued_attends_ = 0;
   bool stopping_ = false;
   std::function<void(const BatchStats&)> batch_observer_;

@@ -1,5 +1,8 @@
 #include "server/service.h"
 
+#include <algorithm>
+#include <chrono>
+#include <climits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -10,14 +13,47 @@
 #include "kernels/geometry.h"
 #include "kernels/head_padding.h"
 #include "proto/attend_codec.h"
+#include "proto/unary_codec.h"
 
 namespace mla {
 namespace {
 
 namespace pb = ::mla_offload::v1;
 
+// gRPC sends a status message in the trailers, whose size is limited (8 KiB
+// by default); a longer message would replace the real error with "metadata
+// size exceeds limit". Messages echo client text only in bounded form
+// (EchoClientText), so this cut is a second line of defence.
+constexpr size_t kMaxStatusMessageBytes = 2048;
+
+std::string BoundedMessage(absl::string_view message) {
+  if (message.size() <= kMaxStatusMessageBytes) return std::string(message);
+  return absl::StrCat(message.substr(0, kMaxStatusMessageBytes), "... (",
+                      message.size() - kMaxStatusMessageBytes, " more bytes)");
+}
+
 grpc::Status ToGrpc(const absl::Status& status) {
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), BoundedMessage(status.message()));
+}
+
+absl::Status TooLarge(absl::string_view what, size_t bytes, int64_t limit) {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      what, " of ", bytes, " bytes is above the server's limit of ", limit,
+      " bytes (--max_message_mb); send less in one message (split the prompt over several "
+      "AppendKV calls, or the tokens over several Attend messages)"));
+}
+
+// DEADLINE_EXCEEDED or CANCELLED when the client no longer waits for the
+// call: then the engine must not start it.
+absl::Status StillWanted(const grpc::CallbackServerContext& context) {
+  if (context.deadline() <= std::chrono::system_clock::now()) {
+    return absl::DeadlineExceededError(
+        "the call's deadline passed before the server could start it; nothing was done");
+  }
+  if (context.IsCancelled()) {
+    return absl::CancelledError("the call was cancelled before the server started it; nothing was done");
+  }
+  return absl::OkStatus();
 }
 
 TensorInput FromProto(const pb::Tensor& tensor, bool present) {
@@ -48,7 +84,7 @@ struct ParsedAttend {
   AttendInput input;
 };
 
-std::shared_ptr<const AttendInput> ToAttendInput(wire::AttendRequestView view) {
+std::shared_ptr<const AttendInput> ToAttendInput(wire::AttendRequestView view, absl::Time arrival) {
   auto parsed = std::make_shared<ParsedAttend>();
   parsed->view = std::move(view);
   const wire::AttendRequestView& v = parsed->view;
@@ -66,7 +102,7 @@ std::shared_ptr<const AttendInput> ToAttendInput(wire::AttendRequestView view) {
   input.topk = FromView(v.topk);
   input.return_lse = v.return_lse;
   input.derotate_output = v.derotate_output;
-  input.arrival = absl::Now();
+  input.arrival = arrival;
   return std::shared_ptr<const AttendInput>(parsed, &parsed->input);
 }
 
@@ -74,7 +110,7 @@ grpc::ByteBuffer ErrorResponse(uint64_t request_id, const absl::Status& status) 
   wire::AttendResponseView response;
   response.request_id = request_id;
   response.status = wire::RequestStatusView{static_cast<int32_t>(status.code()),
-                                     std::string(status.message())};
+                                            BoundedMessage(status.message())};
   return wire::SerializeAttendResponse(response);
 }
 
@@ -119,33 +155,43 @@ class MlaOffloadService::AttendReactor final
       return;
     }
     uint64_t sequence;
-    // The message leaves read_buffer_ before reading_ drops: from then on the
-    // engine thread may start the next read into it.
+    // The message leaves read_buffer_ here, but reading_ stays true until it
+    // is queued: no other read can start, so no later message of this
+    // stream can reach the scheduler before it.
     grpc::ByteBuffer received;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       received.Swap(&read_buffer_);
-      reading_ = false;
       sequence = next_sequence_++;
       ++unanswered_;
       ++engine_pending_;
     }
+    const int64_t limit = service_.options_.max_message_bytes;
     absl::StatusOr<wire::AttendRequestView> view =
-        wire::ParseAttendRequest(received, service_.options_.max_message_bytes);
+        received.Length() > static_cast<size_t>(limit)
+            ? absl::StatusOr<wire::AttendRequestView>(
+                  TooLarge("this Attend message", received.Length(), limit))
+            : wire::ParseAttendRequest(
+                  received, static_cast<size_t>(limit),
+                  static_cast<size_t>(service_.options_.max_segments_per_message));
     absl::Status status = view.status();
     const uint64_t request_id = view.ok() ? view->request_id : wire::LeadingRequestId(received);
     if (status.ok()) {
+      if (service_.options_.before_queue_attend) service_.options_.before_queue_attend(sequence);
       status = service_.scheduler_.SubmitAttend(
-          ToAttendInput(*std::move(view)), [this, sequence](AttendResult result) {
+          ToAttendInput(*std::move(view), service_.scheduler_.Now()),
+          [this, sequence](AttendResult result) {
             service_.metrics_.RecordAttend(result);
             Deliver(sequence, ResultResponse(result));
-          });
+          },
+          cancelled_);
     }
     if (!status.ok()) {
       service_.metrics_.RecordRequest("Attend", status.code());
       Deliver(sequence, ErrorResponse(request_id, status));
     }
     std::unique_lock<std::mutex> lock(mutex_);
+    reading_ = false;
     Proceed(lock);
   }
 
@@ -153,19 +199,20 @@ class MlaOffloadService::AttendReactor final
     std::unique_lock<std::mutex> lock(mutex_);
     writing_ = false;
     --unanswered_;
-    if (!ok) broken_ = true;
+    if (!ok) Break();
     Proceed(lock);
   }
 
   void OnCancel() override {
     std::unique_lock<std::mutex> lock(mutex_);
-    broken_ = true;
+    Break();
     Proceed(lock);
   }
 
   void OnDone() override {
     service_.metrics_.StreamClosed();
     service_.open_streams_.fetch_sub(1);
+    cancelled_->store(true);
     std::unique_lock<std::mutex> lock(mutex_);
     done_ = true;
     const bool last = engine_pending_ == 0;
@@ -174,6 +221,13 @@ class MlaOffloadService::AttendReactor final
   }
 
  private:
+  // The client is gone: nothing more is written, and messages still queued
+  // are answered CANCELLED without running. Called with mutex_ held.
+  void Break() {
+    broken_ = true;
+    cancelled_->store(true);
+  }
+
   // An answer for message `sequence` is ready (from the engine thread, or
   // from OnReadDone for a message that never reached the engine).
   void Deliver(uint64_t sequence, grpc::ByteBuffer response) {
@@ -222,6 +276,7 @@ class MlaOffloadService::AttendReactor final
   }
 
   MlaOffloadService& service_;
+  const std::shared_ptr<std::atomic<bool>> cancelled_ = std::make_shared<std::atomic<bool>>(false);
   grpc::ByteBuffer read_buffer_;
   grpc::ByteBuffer write_buffer_;
   std::mutex mutex_;
@@ -238,11 +293,15 @@ class MlaOffloadService::AttendReactor final
   bool done_ = false;
 };
 
-// Echo: writes every message back unchanged, one at a time.
+// Echo: writes every message back unchanged, one at a time. Counted among
+// the open streams, so that a drain lets it end as it lets Attend streams.
 class MlaOffloadService::EchoReactor final
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  EchoReactor() { StartRead(&buffer_); }
+  explicit EchoReactor(MlaOffloadService& service) : service_(service) {
+    service_.open_streams_.fetch_add(1);
+    StartRead(&buffer_);
+  }
   void OnReadDone(bool ok) override {
     if (!ok) {
       Finish(grpc::Status::OK);
@@ -258,9 +317,13 @@ class MlaOffloadService::EchoReactor final
     buffer_.Clear();
     StartRead(&buffer_);
   }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    service_.open_streams_.fetch_sub(1);
+    delete this;
+  }
 
  private:
+  MlaOffloadService& service_;
   grpc::ByteBuffer buffer_;
 };
 
@@ -278,28 +341,13 @@ void MlaOffloadService::PublishEngineState(const Engine& engine) {
                           engine.kv_blocks_total() - engine.kv_blocks_used(),
                           engine.num_sessions());
   metrics_.SetQueued(scheduler_.queued_messages());
-}
-
-grpc::ServerUnaryReactor* MlaOffloadService::RunUnary(grpc::CallbackServerContext* context,
-                                                      const char* method,
-                                                      std::function<absl::Status(Engine&)> work) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  scheduler_.Run([this, reactor, method, work = std::move(work)](Engine& engine) {
-    const absl::Status status = work(engine);
-    metrics_.RecordRequest(method, status.code());
-    return [reactor, status] { reactor->Finish(ToGrpc(status)); };
-  });
-  return reactor;
-}
-
-grpc::ServerUnaryReactor* MlaOffloadService::GetServerInfo(
-    grpc::CallbackServerContext* context, const pb::GetServerInfoRequest*,
-    pb::ServerInfo* response) {
-  return RunUnary(context, "GetServerInfo", [this, response](Engine& engine) {
+  std::lock_guard<std::mutex> lock(info_mutex_);
+  if (info_.models().empty()) {
+    // What never changes, once.
     const EngineOptions& engine_options = engine.options();
-    response->set_version(options_.version);
+    info_.set_version(options_.version);
     for (const ModelProfile* profile : engine_options.models) {
-      pb::ModelInfo* model = response->add_models();
+      pb::ModelInfo* model = info_.add_models();
       model->set_name(profile->name);
       model->set_num_layers(profile->num_layers);
       model->set_num_attention_layers(profile->num_attention_layers());
@@ -310,105 +358,190 @@ grpc::ServerUnaryReactor* MlaOffloadService::GetServerInfo(
       for (int ratio : profile->compress_ratios) model->add_compress_ratios(ratio);
       model->set_softmax_scale(profile->softmax_scale);
     }
-    response->set_backend(engine.backend().Describe());
-    response->add_devices(options_.devices);
-    for (int heads : kSupportedHeadCounts) response->add_supported_head_counts(heads);
-    response->set_head_padding(absl::StrCat(
+    info_.set_backend(engine.backend().Describe());
+    info_.add_devices(options_.devices);
+    for (int heads : kSupportedHeadCounts) info_.add_supported_head_counts(heads);
+    info_.set_head_padding(absl::StrCat(
         "a rank's H query heads run at the smallest supported count >= H (H < 8 runs at 8; "
         "H > ", kMaxHeads, " is refused); padding heads are zero queries with -inf sinks and "
         "are never returned"));
-    response->set_kv_blocks_total(engine.kv_blocks_total());
-    response->set_kv_blocks_used(engine.kv_blocks_used());
-    response->set_kv_block_tokens(kBlockTokens);
-    response->set_kv_bytes_per_token(kTokenBytes);
-    response->set_max_tokens_per_message(engine_options.max_tokens_per_message);
-    response->set_max_message_bytes(options_.max_message_bytes);
-    response->set_max_position(engine_options.max_position);
-    response->set_sessions(static_cast<int32_t>(engine.num_sessions()));
-    return absl::OkStatus();
-  });
+    info_.set_kv_blocks_total(engine.kv_blocks_total());
+    info_.set_kv_block_tokens(kBlockTokens);
+    info_.set_kv_bytes_per_token(kTokenBytes);
+    info_.set_max_tokens_per_message(engine_options.max_tokens_per_message);
+    info_.set_max_message_bytes(options_.max_message_bytes);
+    info_.set_max_position(engine_options.max_position);
+  }
+  info_.set_kv_blocks_used(engine.kv_blocks_used());
+  info_.set_sessions(static_cast<int32_t>(engine.num_sessions()));
 }
 
-grpc::ServerUnaryReactor* MlaOffloadService::CreateSession(
-    grpc::CallbackServerContext* context, const pb::CreateSessionRequest* request,
-    pb::CreateSessionResponse* response) {
-  if (draining()) {
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    metrics_.RecordRequest("CreateSession", absl::StatusCode::kUnavailable);
-    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                 "the server is draining and takes no new sessions; "
-                                 "create the session on another server"));
-    return reactor;
+int TransportMessageLimit(int64_t max_message_bytes) {
+  const int64_t slack = int64_t{1} << 20;
+  if (max_message_bytes >= (int64_t{INT32_MAX} - slack) / 2) return INT32_MAX;
+  return static_cast<int>(2 * std::max<int64_t>(max_message_bytes, 0) + slack);
+}
+
+grpc::ServerUnaryReactor* MlaOffloadService::FinishNow(grpc::CallbackServerContext* context,
+                                                    const char* method,
+                                                    const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  metrics_.RecordRequest(method, status.code());
+  reactor->Finish(ToGrpc(status));
+  return reactor;
+}
+
+template <typename Request, typename Response>
+grpc::ServerUnaryReactor* MlaOffloadService::RunUnary(grpc::CallbackServerContext* context,
+                                                      const char* method,
+                                                      const grpc::ByteBuffer* request_bytes,
+                                                      grpc::ByteBuffer* response_bytes,
+                                                      Queue queue,
+                                                      Work<Request, Response> work) {
+  const int64_t limit = options_.max_message_bytes;
+  if (request_bytes->Length() > static_cast<size_t>(limit)) {
+    return FinishNow(context, method,
+                  TooLarge(absl::StrCat("this ", method, " request"), request_bytes->Length(), limit));
   }
-  return RunUnary(context, "CreateSession", [request, response](Engine& engine) {
-    CreateSessionInput input;
-    input.model = request->model();
-    input.num_heads = request->num_heads();
-    input.sinks = FromProto(request->sinks(), request->has_sinks());
-    input.idle_ttl_seconds = request->idle_ttl_seconds();
-    absl::StatusOr<CreateSessionResult> result = engine.CreateSession(input, absl::Now());
-    if (!result.ok()) return result.status();
-    response->set_session_id(result->session_id);
-    response->set_num_heads(result->num_heads);
-    response->set_padded_heads(result->padded_heads);
-    return absl::OkStatus();
-  });
+  auto request = std::make_shared<Request>();
+  if (absl::Status parsed = wire::ParseUnaryMessage(*request_bytes, request.get()); !parsed.ok()) {
+    return FinishNow(context, method, parsed);
+  }
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  Scheduler::Task task = [this, context, reactor, method, request, response_bytes,
+                          work = std::move(work)](Engine& engine) {
+    Response response;
+    absl::Status status = StillWanted(*context);
+    if (status.ok()) status = work(engine, *context, *request, response);
+    if (status.ok() && response.ByteSizeLong() > static_cast<size_t>(options_.max_message_bytes)) {
+      status = TooLarge(absl::StrCat("the answer to ", method), response.ByteSizeLong(),
+                        options_.max_message_bytes);
+    }
+    if (status.ok()) *response_bytes = wire::SerializeUnaryMessage(response);
+    metrics_.RecordRequest(method, status.code());
+    return [reactor, status] { reactor->Finish(ToGrpc(status)); };
+  };
+  if (queue == Queue::kNext) {
+    scheduler_.RunNext(std::move(task));
+  } else {
+    scheduler_.Run(std::move(task));
+  }
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* MlaOffloadService::GetServerInfo(grpc::CallbackServerContext* context,
+                                                           const grpc::ByteBuffer* request_bytes,
+                                                           grpc::ByteBuffer* response_bytes) {
+  pb::GetServerInfoRequest request;
+  if (absl::Status parsed = wire::ParseUnaryMessage(*request_bytes, &request); !parsed.ok()) {
+    return FinishNow(context, "GetServerInfo", parsed);
+  }
+  // The engine's last published state: no wait behind batches.
+  {
+    std::lock_guard<std::mutex> lock(info_mutex_);
+    if (info_.models().empty()) {
+      return FinishNow(context, "GetServerInfo",
+                    absl::UnavailableError("the server is still starting; retry"));
+    }
+    *response_bytes = wire::SerializeUnaryMessage(info_);
+  }
+  return FinishNow(context, "GetServerInfo", absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* MlaOffloadService::CreateSession(grpc::CallbackServerContext* context,
+                                                           const grpc::ByteBuffer* request,
+                                                           grpc::ByteBuffer* response) {
+  if (draining()) {
+    return FinishNow(context, "CreateSession",
+                  absl::UnavailableError("the server is draining and takes no new sessions; "
+                                         "create the session on another server"));
+  }
+  return RunUnary<pb::CreateSessionRequest, pb::CreateSessionResponse>(
+      context, "CreateSession", request, response, Queue::kFifo,
+      [this](Engine& engine, grpc::CallbackServerContext& call,
+             const pb::CreateSessionRequest& request, pb::CreateSessionResponse& response) {
+        CreateSessionInput input;
+        input.model = request.model();
+        input.num_heads = request.num_heads();
+        input.sinks = FromProto(request.sinks(), request.has_sinks());
+        input.idle_ttl_seconds = request.idle_ttl_seconds();
+        absl::StatusOr<CreateSessionResult> result =
+            engine.CreateSession(input, scheduler_.Now());
+        if (!result.ok()) return result.status();
+        // A client that has given up would never learn the id: undo.
+        if (absl::Status wanted = StillWanted(call); !wanted.ok()) {
+          engine.CloseSession(result->session_id).IgnoreError();
+          return absl::Status(wanted.code(),
+                              "the call's deadline passed (or it was cancelled) while the session "
+                              "was created; it was closed again, so nothing was done");
+        }
+        response.set_session_id(result->session_id);
+        response.set_num_heads(result->num_heads);
+        response.set_padded_heads(result->padded_heads);
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* MlaOffloadService::AppendKV(grpc::CallbackServerContext* context,
-                                                      const pb::AppendKVRequest* request,
-                                                      pb::AppendKVResponse* response) {
+                                                      const grpc::ByteBuffer* request,
+                                                      grpc::ByteBuffer* response) {
   if (draining()) {
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    metrics_.RecordRequest("AppendKV", absl::StatusCode::kUnavailable);
-    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                 "the server is draining and takes no new prompts"));
-    return reactor;
+    return FinishNow(context, "AppendKV",
+                  absl::UnavailableError("the server is draining and takes no new prompts"));
   }
-  return RunUnary(context, "AppendKV", [request, response](Engine& engine) {
-    AppendInput input;
-    input.session_id = request->session_id();
-    input.first_position = request->first_position();
-    input.num_positions = request->num_positions();
-    for (const pb::LayerRows& rows : request->layers()) {
-      input.layers.push_back({rows.layer(), FromProto(rows.swa_kv(), rows.has_swa_kv()),
-                              FromProto(rows.compressed_kv(), rows.has_compressed_kv()),
-                              rows.first_compressed_row()});
-    }
-    absl::StatusOr<AppendResult> result = engine.AppendKV(input, absl::Now());
-    if (!result.ok()) return result.status();
-    response->set_next_position(result->next_position);
-    response->set_kv_blocks_used(result->session_blocks);
-    return absl::OkStatus();
-  });
+  return RunUnary<pb::AppendKVRequest, pb::AppendKVResponse>(
+      context, "AppendKV", request, response, Queue::kFifo,
+      [this](Engine& engine, grpc::CallbackServerContext&, const pb::AppendKVRequest& request,
+             pb::AppendKVResponse& response) {
+        AppendInput input;
+        input.session_id = request.session_id();
+        input.first_position = request.first_position();
+        input.num_positions = request.num_positions();
+        for (const pb::LayerRows& rows : request.layers()) {
+          input.layers.push_back({rows.layer(), FromProto(rows.swa_kv(), rows.has_swa_kv()),
+                                  FromProto(rows.compressed_kv(), rows.has_compressed_kv()),
+                                  rows.first_compressed_row()});
+        }
+        absl::StatusOr<AppendResult> result = engine.AppendKV(input, scheduler_.Now());
+        if (!result.ok()) return result.status();
+        response.set_next_position(result->next_position);
+        response.set_kv_blocks_used(result->session_blocks);
+        return absl::OkStatus();
+      });
 }
 
-grpc::ServerUnaryReactor* MlaOffloadService::CloseSession(
-    grpc::CallbackServerContext* context, const pb::CloseSessionRequest* request,
-    pb::CloseSessionResponse* response) {
-  return RunUnary(context, "CloseSession", [request, response](Engine& engine) {
-    absl::StatusOr<int64_t> freed = engine.CloseSession(request->session_id());
-    if (!freed.ok()) return freed.status();
-    response->set_kv_blocks_freed(*freed);
-    return absl::OkStatus();
-  });
+grpc::ServerUnaryReactor* MlaOffloadService::CloseSession(grpc::CallbackServerContext* context,
+                                                          const grpc::ByteBuffer* request,
+                                                          grpc::ByteBuffer* response) {
+  return RunUnary<pb::CloseSessionRequest, pb::CloseSessionResponse>(
+      context, "CloseSession", request, response, Queue::kFifo,
+      [](Engine& engine, grpc::CallbackServerContext&, const pb::CloseSessionRequest& request,
+         pb::CloseSessionResponse& response) {
+        absl::StatusOr<int64_t> freed = engine.CloseSession(request.session_id());
+        if (!freed.ok()) return freed.status();
+        response.set_kv_blocks_freed(*freed);
+        return absl::OkStatus();
+      });
 }
 
-grpc::ServerUnaryReactor* MlaOffloadService::ListSessions(
-    grpc::CallbackServerContext* context, const pb::ListSessionsRequest*,
-    pb::ListSessionsResponse* response) {
-  return RunUnary(context, "ListSessions", [response](Engine& engine) {
-    for (const SessionSummary& summary : engine.ListSessions(absl::Now())) {
-      pb::SessionInfo* info = response->add_sessions();
-      info->set_session_id(summary.session_id);
-      info->set_model(summary.model);
-      info->set_num_heads(summary.num_heads);
-      info->set_next_position(summary.next_position);
-      info->set_kv_blocks(summary.blocks);
-      info->set_idle_seconds(summary.idle_seconds);
-    }
-    return absl::OkStatus();
-  });
+grpc::ServerUnaryReactor* MlaOffloadService::ListSessions(grpc::CallbackServerContext* context,
+                                                          const grpc::ByteBuffer* request,
+                                                          grpc::ByteBuffer* response) {
+  return RunUnary<pb::ListSessionsRequest, pb::ListSessionsResponse>(
+      context, "ListSessions", request, response, Queue::kNext,
+      [this](Engine& engine, grpc::CallbackServerContext&, const pb::ListSessionsRequest&,
+             pb::ListSessionsResponse& response) {
+        for (const SessionSummary& summary : engine.ListSessions(scheduler_.Now())) {
+          pb::SessionInfo* info = response.add_sessions();
+          info->set_session_id(summary.session_id);
+          info->set_model(summary.model);
+          info->set_num_heads(summary.num_heads);
+          info->set_next_position(summary.next_position);
+          info->set_kv_blocks(summary.blocks);
+          info->set_idle_seconds(summary.idle_seconds);
+        }
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* MlaOffloadService::Attend(
@@ -418,7 +551,7 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* MlaOffloadService::
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* MlaOffloadService::Echo(
     grpc::CallbackServerContext*) {
-  return new EchoReactor();
+  return new EchoReactor(*this);
 }
 
 }  // namespace mla

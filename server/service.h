@@ -11,13 +11,33 @@
 // answers in the order the messages came; a bad message is answered with its
 // status in the response and the stream goes on.
 //
+// Unary calls are raw methods too (proto/unary_codec.h), so that a request
+// that does not parse is answered INVALID_ARGUMENT naming what did not
+// parse, and a request above max_message_bytes RESOURCE_EXHAUSTED (gRPC's
+// own transport limit is set above the service's, see TransportMessageLimit,
+// so that the service's limit is answered per call and per Attend message,
+// never by ending a stream). GetServerInfo is answered on the gRPC thread
+// from the state the engine last published; ListSessions runs on the engine
+// thread before any queued batch (Scheduler::RunNext); the calls that change
+// sessions run in FIFO order with the Attend messages. A unary call whose
+// deadline has passed (or that was cancelled) by the time the engine reaches
+// it is answered DEADLINE_EXCEEDED (CANCELLED) and does nothing; a
+// CreateSession whose deadline passed while it ran is undone.
+//
+// Order: the messages of one Attend stream are queued in the order they
+// were read (the next read starts only once the message before it is
+// queued), so they run and are answered in that order.
+//
 // Draining (StartDraining, on SIGTERM): CreateSession and AppendKV are
-// refused with UNAVAILABLE; Attend streams go on until the server shuts down.
+// refused with UNAVAILABLE; Attend and Echo streams go on until the server
+// shuts down.
 #ifndef MLA_OFFLOAD_SERVER_SERVICE_H_
 #define MLA_OFFLOAD_SERVER_SERVICE_H_
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <mutex>
 #include <string>
 
 #include "absl/status/status.h"
@@ -29,16 +49,30 @@ namespace mla {
 
 struct ServiceOptions {
   int max_messages_in_flight = 8;  // per Attend stream
+  // The largest request the service takes and answer it sends, per call and
+  // per Attend message.
   int64_t max_message_bytes = int64_t{256} << 20;
+  // Segments one Attend message may carry (each has a token, so the engine's
+  // token limit): more are refused while parsing.
+  int64_t max_segments_per_message = 1024;
   std::string version;
   std::string devices;
+  // For tests: called on the gRPC thread that read message `sequence` (0, 1,
+  // ...) of an Attend stream, after it was parsed and before it is queued.
+  std::function<void(uint64_t sequence)> before_queue_attend;
 };
 
+// gRPC's own message limit for a service limit of `max_message_bytes`: twice
+// it and 1 MiB more (at most INT32_MAX), so that a message over the
+// service's limit reaches the service, which answers it in-band. Only a
+// message over this limit ends its stream (RESOURCE_EXHAUSTED from gRPC).
+int TransportMessageLimit(int64_t max_message_bytes);
+
 using MlaOffloadApi = mla_offload::v1::MlaOffload;
-using MlaOffloadBase = MlaOffloadApi::WithCallbackMethod_GetServerInfo<
-    MlaOffloadApi::WithCallbackMethod_CreateSession<MlaOffloadApi::WithCallbackMethod_AppendKV<
-        MlaOffloadApi::WithRawCallbackMethod_Attend<MlaOffloadApi::WithCallbackMethod_CloseSession<
-            MlaOffloadApi::WithCallbackMethod_ListSessions<
+using MlaOffloadBase = MlaOffloadApi::WithRawCallbackMethod_GetServerInfo<
+    MlaOffloadApi::WithRawCallbackMethod_CreateSession<MlaOffloadApi::WithRawCallbackMethod_AppendKV<
+        MlaOffloadApi::WithRawCallbackMethod_Attend<MlaOffloadApi::WithRawCallbackMethod_CloseSession<
+            MlaOffloadApi::WithRawCallbackMethod_ListSessions<
                 MlaOffloadApi::WithRawCallbackMethod_Echo<MlaOffloadApi::Service>>>>>>>;
 
 class MlaOffloadService final : public MlaOffloadBase {
@@ -47,27 +81,28 @@ class MlaOffloadService final : public MlaOffloadBase {
 
   void StartDraining();
   bool draining() const { return draining_.load(); }
-  // Attend streams open now (a drain waits for them to end).
+  // Attend and Echo streams open now (a drain waits for them to end).
   int open_streams() const { return open_streams_.load(); }
-  // Publishes the engine's pool and session counts as metrics; call on the
-  // engine thread (Scheduler::SetStateObserver).
+  // Publishes the engine's pool and session counts as metrics and as the
+  // state GetServerInfo reports; call on the engine thread
+  // (Scheduler::SetStateObserver) before the first GetServerInfo.
   void PublishEngineState(const Engine& engine);
 
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
-                                          const mla_offload::v1::GetServerInfoRequest* request,
-                                          mla_offload::v1::ServerInfo* response) override;
-  grpc::ServerUnaryReactor* CreateSession(
-      grpc::CallbackServerContext* context, const mla_offload::v1::CreateSessionRequest* request,
-      mla_offload::v1::CreateSessionResponse* response) override;
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* CreateSession(grpc::CallbackServerContext* context,
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* AppendKV(grpc::CallbackServerContext* context,
-                                     const mla_offload::v1::AppendKVRequest* request,
-                                     mla_offload::v1::AppendKVResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* CloseSession(grpc::CallbackServerContext* context,
-                                         const mla_offload::v1::CloseSessionRequest* request,
-                                         mla_offload::v1::CloseSessionResponse* response) override;
+                                         const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* context,
-                                         const mla_offload::v1::ListSessionsRequest* request,
-                                         mla_offload::v1::ListSessionsResponse* response) override;
+                                         const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Attend(
       grpc::CallbackServerContext* context) override;
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Echo(
@@ -77,15 +112,31 @@ class MlaOffloadService final : public MlaOffloadBase {
   class AttendReactor;
   class EchoReactor;
 
-  // Runs `work` on the engine thread, then finishes the call with its status.
+  // How a unary call reaches the engine.
+  enum class Queue { kFifo, kNext };
+  template <typename Request, typename Response>
+  using Work = std::function<absl::Status(Engine&, grpc::CallbackServerContext&, const Request&,
+                                          Response&)>;
+
+  // Parses the request, runs `work` on the engine thread (unless the call's
+  // deadline passed first), then finishes the call with the response or the
+  // status.
+  template <typename Request, typename Response>
   grpc::ServerUnaryReactor* RunUnary(grpc::CallbackServerContext* context, const char* method,
-                                     std::function<absl::Status(Engine&)> work);
+                                     const grpc::ByteBuffer* request_bytes,
+                                     grpc::ByteBuffer* response_bytes, Queue queue,
+                                     Work<Request, Response> work);
+  // Finishes a unary call at once with `status` (counted in the metrics).
+  grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context, const char* method,
+                                   const absl::Status& status);
 
   Scheduler& scheduler_;
   ServerMetrics& metrics_;
   const ServiceOptions options_;
   std::atomic<bool> draining_{false};
   std::atomic<int> open_streams_{0};
+  std::mutex info_mutex_;
+  mla_offload::v1::ServerInfo info_;  // guarded by info_mutex_
 };
 
 }  // namespace mla

@@ -76,11 +76,10 @@
 #include "proto/attend_codec.h"
 #include "proto/mla_offload.grpc.pb.h"
 #include "server/bench/plain_echo.grpc.pb.h"
-#include "server/engine.h"
 #include "server/host_memory.h"
 #include "server/metrics/registry.h"
-#include "server/scheduler.h"
 #include "server/server_metrics.h"
+#include "server/offload_server.h"
 #include "server/service.h"
 
 ABSL_FLAG(double, seconds, 2.0, "Timed seconds per row (whole chunks of messages).");
@@ -188,31 +187,10 @@ std::vector<int> ParseIntList(const std::string& text, const char* flag) {
   return values;
 }
 
-// HTTP/2 and TCP settings of one end; -1 leaves gRPC's default.
-struct TransportConfig {
+// HTTP/2 and TCP settings of one end (proto/transport_settings.h), named
+// for the report.
+struct TransportConfig : TransportSettings {
   std::string name;
-  int lookahead_bytes = -1;
-  int max_frame_size = -1;
-  int write_buffer_size = -1;
-  int bdp_probe = -1;
-  int tcp_min_read_chunk = -1;
-  int tcp_max_read_chunk = -1;
-
-  void Apply(const std::function<void(const char*, int)>& set) const {
-    if (lookahead_bytes >= 0) set(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, lookahead_bytes);
-    if (max_frame_size >= 0) set(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, max_frame_size);
-    if (write_buffer_size >= 0) set(GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, write_buffer_size);
-    if (bdp_probe >= 0) set(GRPC_ARG_HTTP2_BDP_PROBE, bdp_probe);
-    if (tcp_min_read_chunk >= 0) set(GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, tcp_min_read_chunk);
-    if (tcp_max_read_chunk >= 0) set(GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, tcp_max_read_chunk);
-  }
-  std::string Describe() const {
-    auto text = [](int value) { return value < 0 ? std::string("default") : absl::StrCat(value); };
-    return absl::StrCat("lookahead=", text(lookahead_bytes), " frame=", text(max_frame_size),
-                        " write_buffer=", text(write_buffer_size), " bdp_probe=", text(bdp_probe),
-                        " tcp_read_chunk=[", text(tcp_min_read_chunk), ",",
-                        text(tcp_max_read_chunk), "]");
-  }
 };
 
 // The settings server/mla_offload_server.cc builds its server with, as the
@@ -229,13 +207,12 @@ TransportConfig FlagTransport() {
   return config;
 }
 
-// The ServerBuilder setup of server/mla_offload_server.cc (listening port,
-// message size limits, HTTP/2 windows, frames and write buffer), copied
-// here; it should become one function of the server that both call.
+// The plain echo's server: the offload server's message limits and this
+// run's HTTP/2 settings.
 void ConfigureServerBuilder(grpc::ServerBuilder& builder, int64_t max_message_bytes,
                             const TransportConfig& transport, int* port) {
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), port);
-  const int max_bytes = static_cast<int>(std::min<int64_t>(max_message_bytes, INT32_MAX));
+  const int max_bytes = TransportMessageLimit(max_message_bytes);
   builder.SetMaxReceiveMessageSize(max_bytes);
   builder.SetMaxSendMessageSize(max_bytes);
   transport.Apply([&builder](const char* name, int value) { builder.AddChannelArgument(name, value); });
@@ -304,81 +281,45 @@ struct OffloadOptions {
   TransportConfig transport;
 };
 
-// The real service stack of server/mla_offload_server.cc in this process:
-// CPU backend, engine, scheduler, metrics and MlaOffloadService.
-class OffloadServer {
+// The real service stack of server/mla_offload_server.cc in this process
+// (server/offload_server.h), with this run's HTTP/2 settings.
+class OffloadServerHandle {
  public:
-  static absl::StatusOr<std::unique_ptr<OffloadServer>> Start(const OffloadOptions& options) {
-    std::unique_ptr<OffloadServer> server(new OffloadServer());
+  static absl::StatusOr<std::unique_ptr<OffloadServerHandle>> Start(const OffloadOptions& options) {
     BackendOptions backend_options;
     backend_options.cpu_threads = options.cpu_threads;
     backend_options.device = options.device;
-    absl::StatusOr<std::unique_ptr<ComputeBackend>> created =
+    absl::StatusOr<std::unique_ptr<ComputeBackend>> backend =
         CreateBackend(options.backend, backend_options);
-    if (!created.ok()) return created.status();
-    std::unique_ptr<ComputeBackend> backend = *std::move(created);
-    server->backend_text_ = backend->Describe();
-    EngineOptions engine_options;
-    engine_options.kv_blocks = options.kv_blocks;
-    engine_options.max_position = 4096;
-    engine_options.max_tokens_per_message = 1024;
-    engine_options.models = {options.model};
-    absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(std::move(backend), engine_options);
-    if (!engine.ok()) return engine.status();
-    absl::StatusOr<std::unique_ptr<ServerMetrics>> metrics = ServerMetrics::Create(server->registry_);
-    if (!metrics.ok()) return metrics.status();
-    server->metrics_ = *std::move(metrics);
-
-    SchedulerOptions scheduler_options;
-    scheduler_options.max_batch_tokens = options.max_batch_tokens;
-    scheduler_options.batch_wait = absl::Microseconds(options.batch_wait_us);
-    server->scheduler_ = std::make_unique<Scheduler>(*std::move(engine), scheduler_options);
-    ServerMetrics& metrics_ref = *server->metrics_;
-    server->scheduler_->SetBatchObserver(
-        [&metrics_ref](const BatchStats& stats) { metrics_ref.RecordBatch(stats); });
-
-    ServiceOptions service_options;
-    service_options.max_messages_in_flight = options.max_messages_in_flight;
-    service_options.max_message_bytes = options.max_message_bytes;
-    service_options.version = "transport_bench";
-    service_options.devices = server->backend_text_;
-    server->service_ =
-        std::make_unique<MlaOffloadService>(*server->scheduler_, *server->metrics_, service_options);
-    MlaOffloadService& service_ref = *server->service_;
-    server->scheduler_->SetStateObserver(
-        [&service_ref](const Engine& engine) { service_ref.PublishEngineState(engine); });
-
-    grpc::ServerBuilder builder;
-    ConfigureServerBuilder(builder, options.max_message_bytes, options.transport, &server->port_);
-    builder.RegisterService(server->service_.get());
-    server->server_ = builder.BuildAndStart();
-    if (server->server_ == nullptr || server->port_ == 0) {
-      return absl::UnavailableError("cannot start the offload server on 127.0.0.1:0");
-    }
-    return server;
+    if (!backend.ok()) return backend.status();
+    OffloadServerOptions server_options;
+    server_options.engine.kv_blocks = options.kv_blocks;
+    server_options.engine.max_position = 4096;
+    server_options.engine.max_tokens_per_message = 1024;
+    server_options.engine.models = {options.model};
+    server_options.scheduler.max_batch_tokens = options.max_batch_tokens;
+    server_options.scheduler.batch_wait = absl::Microseconds(options.batch_wait_us);
+    server_options.service.max_messages_in_flight = options.max_messages_in_flight;
+    server_options.service.max_message_bytes = options.max_message_bytes;
+    server_options.service.version = "transport_bench";
+    server_options.transport = options.transport;
+    std::unique_ptr<OffloadServerHandle> handle(new OffloadServerHandle());
+    server_options.service.devices = (*backend)->Describe();
+    absl::StatusOr<std::unique_ptr<OffloadServer>> server =
+        OffloadServer::Start(*std::move(backend), server_options, handle->registry_);
+    if (!server.ok()) return server.status();
+    handle->server_ = *std::move(server);
+    return handle;
   }
-  // The scheduler goes before the service: its engine thread still calls the
-  // service's state observer and the reactors' callbacks while it drains.
-  ~OffloadServer() {
-    if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-    server_.reset();
-    scheduler_.reset();
-    service_.reset();
-  }
-  int port() const { return port_; }
-  const std::string& backend_text() const { return backend_text_; }
+  int port() const { return server_->port(); }
+  const std::string& backend_text() const { return server_->backend_text(); }
 
  private:
-  OffloadServer() = default;
+  OffloadServerHandle() = default;
 
-  // The metrics outlive everything that records into them.
+  // The metrics outlive the server that records into them.
   metrics::Registry registry_;
-  std::unique_ptr<ServerMetrics> metrics_;
-  std::unique_ptr<Scheduler> scheduler_;
-  std::unique_ptr<MlaOffloadService> service_;
-  std::unique_ptr<grpc::Server> server_;
-  std::string backend_text_;
-  int port_ = 0;
+  std::unique_ptr<OffloadServer> server_;
 };
 
 // ----------------------------------------------------------------------------
@@ -1069,8 +1010,8 @@ OffloadOptions MakeOffloadOptions(const Setup& setup, const TransportConfig& tra
   return options;
 }
 
-std::unique_ptr<OffloadServer> StartOffload(const OffloadOptions& options) {
-  absl::StatusOr<std::unique_ptr<OffloadServer>> server = OffloadServer::Start(options);
+std::unique_ptr<OffloadServerHandle> StartOffload(const OffloadOptions& options) {
+  absl::StatusOr<std::unique_ptr<OffloadServerHandle>> server = OffloadServerHandle::Start(options);
   if (!server.ok()) {
     std::fprintf(stderr,
                  "transport_bench: %s (the KV pool is %.1f GB: every session holds a 4-block SWA "
@@ -1081,7 +1022,7 @@ std::unique_ptr<OffloadServer> StartOffload(const OffloadOptions& options) {
   return *std::move(server);
 }
 
-RowResult RunEchoRow(const std::string& name, const OffloadServer& server,
+RowResult RunEchoRow(const std::string& name, const OffloadServerHandle& server,
                      const TransportConfig& transport, const Setup& setup, int streams,
                      int in_flight) {
   EchoWorkload workload(streams, setup.payload_bytes, setup.client_copy);
@@ -1089,7 +1030,7 @@ RowResult RunEchoRow(const std::string& name, const OffloadServer& server,
                 setup.seconds, setup.warmup, setup.shared_connection);
 }
 
-RowResult RunAttendRow(const std::string& name, const OffloadServer& server,
+RowResult RunAttendRow(const std::string& name, const OffloadServerHandle& server,
                        const TransportConfig& transport, const Setup& setup, int streams,
                        int in_flight) {
   AttendWorkload workload(MakeChannel(server.port(), setup.max_message_bytes, transport, true),
@@ -1216,7 +1157,7 @@ int Main() {
     std::fflush(stdout);
     rows.push_back(std::move(row));
   };
-  std::unique_ptr<OffloadServer> offload;
+  std::unique_ptr<OffloadServerHandle> offload;
   if (want("echo") || want("attend")) {
     offload = StartOffload(MakeOffloadOptions(setup, ours, max_streams));
     std::printf("offload server on port %d, backend %s\n", offload->port(),
@@ -1271,7 +1212,7 @@ int Main() {
   if (absl::GetFlag(FLAGS_sweep)) {
     std::printf("\nsweep: transport variants on our server and raw clients (1 stream)\n");
     for (const TransportConfig& variant : SweepVariants()) {
-      std::unique_ptr<OffloadServer> server = StartOffload(MakeOffloadOptions(setup, variant, 1));
+      std::unique_ptr<OffloadServerHandle> server = StartOffload(MakeOffloadOptions(setup, variant, 1));
       std::printf("  %-36s", variant.name.c_str());
       for (int in_flight : {1, 2}) {
         RowResult echo = median([&] {

@@ -1465,11 +1465,13 @@ TEST_F(ServerE2eTest, MessagesOverMaxMessageMbAreRefusedAndChangeNothing) {
   Seq seq;
   ASSERT_NO_FATAL_FAILURE(Create(&seq, kFlash, 8, 51));
 
-  // 44 layers x 64 positions x 1 KiB = 2.75 MiB.
+  // 44 layers x 48 positions x 1 KiB = 2.1 MiB: answered by the server's
+  // own limit (gRPC's transport limit, 3 MiB, is above it), naming the flag.
   pb::AppendKVResponse appended;
   const grpc::Status too_big =
-      Call(*stub_, &pb::MlaOffload::Stub::AppendKV, PromptRequest(seq, 0, 64), &appended);
-  EXPECT_EQ(too_big.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << too_big.error_message();
+      Call(*stub_, &pb::MlaOffload::Stub::AppendKV, PromptRequest(seq, 0, 48), &appended);
+  ExpectStatus(too_big, grpc::StatusCode::RESOURCE_EXHAUSTED, "--max_message_mb",
+               "an oversized AppendKV");
   ExpectListed(seq, "after the oversized AppendKV");
   for (int chunk = 0; chunk < 4; ++chunk) ASSERT_NO_FATAL_FAILURE(Append(&seq, 16));
   ExpectListed(seq, "after four AppendKV calls of 16 positions");
@@ -1489,22 +1491,79 @@ TEST_F(ServerE2eTest, MessagesOverMaxMessageMbAreRefusedAndChangeNothing) {
       ExpectAnswer(stream.RoundTrip(step.request), step, absl::StrCat("layer ", layer, " at 64"));
       Applied(step);
     }
-    // The next step of layer 0 with 1.2 MB of extra (unused) top-k bytes.
-    Step step = step_at(0, 65);
-    SetTensor(step.request.mutable_topk(), pb::DTYPE_I32, {1, 300000},
+    // In flight together: a good step, the next step of layer 0 with 1.2 MB
+    // of extra (unused) top-k bytes, and a good step of another layer. The
+    // oversized one is answered in-band, in its place, and changes nothing;
+    // the stream goes on.
+    const Step before = step_at(2, 65);
+    Step oversized = step_at(0, 65);
+    SetTensor(oversized.request.mutable_topk(), pb::DTYPE_I32, {1, 300000},
               std::string(1200000, '\xff'));
-    EXPECT_TRUE(stream.Write(step.request));
+    const Step after = step_at(3, 65);
+    for (const Step* step : {&before, static_cast<const Step*>(&oversized), &after}) ASSERT_TRUE(stream.Write(step->request));
     pb::AttendResponse response;
-    const bool answered = stream.Read(&response);
-    EXPECT_FALSE(answered) << "an oversized message was answered: " << response.status().message();
-    const grpc::Status status = answered ? stream.Close() : stream.Finish();
-    EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+    ASSERT_TRUE(stream.Read(&response));
+    ExpectAnswer(response, before, "the step before the oversized one");
+    Applied(before);
+    ASSERT_TRUE(stream.Read(&response));
+    ExpectError(response, oversized.request.request_id(), grpc::StatusCode::RESOURCE_EXHAUSTED,
+                "--max_message_mb", "the oversized message");
+    ASSERT_TRUE(stream.Read(&response));
+    ExpectAnswer(response, after, "the step after the oversized one");
+    Applied(after);
+    const Step retried = step_at(0, 65);
+    ExpectAnswer(stream.RoundTrip(retried.request), retried, "layer 0 at 65 on the same stream");
+    Applied(retried);
+    EXPECT_TRUE(stream.Close().ok());
   }
   ExpectListed(seq, "after the oversized Attend message");
+  {
+    // Above gRPC's own limit (twice the server's and 1 MiB more) the
+    // transport ends the stream: the one case that is not answered in-band.
+    AttendStream stream(*stub_);
+    Step huge = step_at(0, 66);
+    SetTensor(huge.request.mutable_topk(), pb::DTYPE_I32, {1, 1 << 20},
+              std::string(4 << 20, '\xff'));
+    EXPECT_TRUE(stream.Write(huge.request));
+    pb::AttendResponse response;
+    EXPECT_FALSE(stream.Read(&response)) << "answered: " << response.status().message();
+    EXPECT_EQ(stream.Finish().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  }
+  ExpectListed(seq, "after the message above the transport's limit");
   AttendStream stream(*stub_);
-  const Step step = step_at(0, 65);
-  ExpectAnswer(stream.RoundTrip(step.request), step, "layer 0 at 65 on a new stream");
+  const Step step = step_at(0, 66);
+  ExpectAnswer(stream.RoundTrip(step.request), step, "layer 0 at 66 on a new stream");
   Applied(step);
+  EXPECT_TRUE(stream.Close().ok());
+}
+
+// A request that fits whose answer would not: 85 tokens x 12 heads of q
+// (1,044,480 bytes) with no kv (the step repeats an AppendKV'd position, as
+// another rank would) fits in 1 MiB; out plus lse (1,048,560 bytes and the
+// framing) does not. It is refused before anything runs; without lse it is
+// answered.
+TEST_F(ServerE2eTest, AnAnswerOverMaxMessageMbIsRefusedBeforeItRuns) {
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--max_message_mb=1"}));
+  Seq seq;
+  ASSERT_NO_FATAL_FAILURE(Create(&seq, kFlash, 12, 52));
+  for (int chunk = 0; chunk < 5; ++chunk) ASSERT_NO_FATAL_FAILURE(Append(&seq, 17));
+  ASSERT_EQ(seq.NextPosition(), 85);
+  StepSpec spec;
+  spec.request_id = 7;
+  spec.layer = 0;
+  spec.segments = {{&seq, 0, 85}};
+  spec.send_kv = false;
+  spec.lse = true;
+  Step with_lse = BuildStep(mirror_, spec);
+  ASSERT_LT(with_lse.request.ByteSizeLong(), size_t{1} << 20);
+  AttendStream stream(*stub_);
+  ExpectError(stream.RoundTrip(with_lse.request), 7, grpc::StatusCode::RESOURCE_EXHAUSTED,
+              "--max_message_mb", "an answer over the limit");
+  ExpectListed(seq, "after the refused step");
+  spec.lse = false;
+  spec.request_id = 8;
+  const Step without_lse = BuildStep(mirror_, spec);
+  ExpectAnswer(stream.RoundTrip(without_lse.request), without_lse, "the same step without lse");
   EXPECT_TRUE(stream.Close().ok());
 }
 

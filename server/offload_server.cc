@@ -1,0 +1,89 @@
+#include "server/offload_server.h"
+
+#include <chrono>
+#include <future>
+#include <thread>
+#include <utility>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace mla {
+
+absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(
+    std::unique_ptr<ComputeBackend> backend, const OffloadServerOptions& options,
+    metrics::Registry& registry) {
+  std::unique_ptr<OffloadServer> server(new OffloadServer());
+  server->backend_text_ = backend->Describe();
+  EngineOptions engine_options = options.engine;
+  engine_options.max_answer_bytes = options.service.max_message_bytes;
+  absl::StatusOr<std::unique_ptr<Engine>> engine =
+      Engine::Create(std::move(backend), engine_options);
+  if (!engine.ok()) return engine.status();
+  absl::StatusOr<std::unique_ptr<ServerMetrics>> metrics = ServerMetrics::Create(registry);
+  if (!metrics.ok()) return metrics.status();
+  server->metrics_ = *std::move(metrics);
+
+  // The service exists before the scheduler whose thread calls into it.
+  auto scheduler = std::make_unique<Scheduler>(*std::move(engine), options.scheduler);
+  ServiceOptions service_options = options.service;
+  service_options.max_segments_per_message = engine_options.max_tokens_per_message;
+  server->service_ =
+      std::make_unique<MlaOffloadService>(*scheduler, *server->metrics_, service_options);
+  ServerMetrics& metrics_ref = *server->metrics_;
+  MlaOffloadService& service_ref = *server->service_;
+  scheduler->SetBatchObserver([&metrics_ref](const BatchStats& stats) { metrics_ref.RecordBatch(stats); });
+  scheduler->SetStateObserver([&service_ref](const Engine& engine) { service_ref.PublishEngineState(engine); });
+  // SetStateObserver's first publication is queued; wait for it.
+  std::promise<void> published;
+  scheduler->Run([&published](Engine&) {
+    published.set_value();
+    return Scheduler::Reply();
+  });
+  published.get_future().wait();
+  server->scheduler_ = std::move(scheduler);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
+  builder.RegisterService(server->service_.get());
+  const int transport_limit = TransportMessageLimit(options.service.max_message_bytes);
+  builder.SetMaxReceiveMessageSize(transport_limit);
+  builder.SetMaxSendMessageSize(transport_limit);
+  options.transport.Apply(
+      [&builder](const char* name, int value) { builder.AddChannelArgument(name, value); });
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr || server->port_ == 0) {
+    server->server_.reset();
+    return absl::UnavailableError(absl::StrCat("cannot listen on --listen=", options.listen,
+                                               " (address in use or not local?)"));
+  }
+  server->server_->GetHealthCheckService()->SetServingStatus(true);
+  return server;
+}
+
+void OffloadServer::Drain(absl::Duration drain) {
+  const auto deadline = std::chrono::system_clock::now() + absl::ToChronoNanoseconds(drain);
+  service_->StartDraining();
+  server_->GetHealthCheckService()->SetServingStatus(false);
+  while (service_->open_streams() > 0 && std::chrono::system_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  // With the streams gone only short unary calls can be in flight: give them
+  // a moment, not the rest of the drain.
+  server_->Shutdown(std::min(deadline, std::chrono::system_clock::now() + std::chrono::milliseconds(500)));
+  stopped_ = true;
+}
+
+OffloadServer::~OffloadServer() {
+  if (server_ != nullptr && !stopped_) {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  }
+  server_.reset();
+  scheduler_.reset();
+}
+
+}  // namespace mla

@@ -1,0 +1,81 @@
+// One mla-offload server in a process: the engine on its compute backend,
+// the scheduler that feeds it, the MlaOffloadService, and the gRPC server
+// they answer on, wired the one way that the binary
+// (mla_offload_server.cc), the in-process tests and transport_bench share.
+//
+// Start builds everything, waits until the engine has published its state
+// (so the first GetServerInfo is answered), and starts listening. Drain is
+// SIGTERM's sequence: NOT_SERVING, no new sessions or prompts, open streams
+// given until the drain's end, then the gRPC server stops; destroying an
+// OffloadServer that was not drained stops it at once (what is still open
+// is cancelled). The engine thread stops after the gRPC server, and the
+// service after the engine thread, which calls into it.
+//
+// Thread-safe after Start; Drain is called once.
+#ifndef MLA_OFFLOAD_SERVER_OFFLOAD_SERVER_H_
+#define MLA_OFFLOAD_SERVER_OFFLOAD_SERVER_H_
+
+#include <memory>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "kernels/backend.h"
+#include "proto/transport_settings.h"
+#include "server/engine.h"
+#include "server/metrics/registry.h"
+#include "server/scheduler.h"
+#include "server/server_metrics.h"
+#include "server/service.h"
+
+namespace mla {
+
+struct OffloadServerOptions {
+  std::string listen = "127.0.0.1:0";  // HOST:PORT; port 0 picks a free one
+  EngineOptions engine;  // max_answer_bytes is set from service.max_message_bytes
+  SchedulerOptions scheduler;
+  ServiceOptions service;
+  TransportSettings transport = DefaultTransport();
+};
+
+class OffloadServer {
+ public:
+  // `registry` receives the server's metrics and must outlive it.
+  static absl::StatusOr<std::unique_ptr<OffloadServer>> Start(
+      std::unique_ptr<ComputeBackend> backend, const OffloadServerOptions& options,
+      metrics::Registry& registry);
+  ~OffloadServer();
+  OffloadServer(const OffloadServer&) = delete;
+  OffloadServer& operator=(const OffloadServer&) = delete;
+
+  int port() const { return port_; }
+  // The backend's description (ServerInfo.backend).
+  const std::string& backend_text() const { return backend_text_; }
+  Scheduler& scheduler() { return *scheduler_; }
+  MlaOffloadService& service() { return *service_; }
+  grpc::Server& grpc_server() { return *server_; }
+
+  // Reports NOT_SERVING, refuses new sessions and prompts, waits up to
+  // `drain` for the open streams to end, then stops the gRPC server
+  // (cancelling what is still open).
+  void Drain(absl::Duration drain);
+
+ private:
+  OffloadServer() = default;
+
+  std::string backend_text_;
+  // Destroyed bottom-up: the gRPC server, then the engine thread, then the
+  // service and the metrics they both use.
+  std::unique_ptr<ServerMetrics> metrics_;
+  std::unique_ptr<MlaOffloadService> service_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  bool stopped_ = false;
+};
+
+}  // namespace mla
+
+#endif  // MLA_OFFLOAD_SERVER_OFFLOAD_SERVER_H_
