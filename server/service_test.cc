@@ -1,0 +1,419 @@
+// Tests of the gRPC service (server/service.h) that need the server in this
+// process: the whole stack of server/offload_server.h on the CPU backend,
+// talked to over loopback with the generated stubs, with the engine thread
+// held where a test needs an interleaving (a task queued on the scheduler
+// that waits for the test to let it go) and the service's hook between
+// parsing an Attend message and queueing it. Nothing here sleeps to make a
+// race likely: each interleaving is forced.
+//
+// What the answers contain is tested elsewhere (tests/integration against
+// the float64 reference); here only codes, messages, order and whether state
+// changed are checked.
+#include "server/service.h"
+
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu_backend.h"
+#include "kernels/geometry.h"
+#include "kernels/model_profile.h"
+#include "proto/mla_offload.grpc.pb.h"
+#include "server/metrics/registry.h"
+#include "server/offload_server.h"
+#include "tests/support/test_rows.h"
+
+namespace mla {
+namespace {
+
+namespace pb = ::mla_offload::v1;
+using ::testing::HasSubstr;
+
+constexpr char kFlash[] = "deepseek-v4-flash";
+constexpr int kHeads = 8;
+constexpr int kSwaLayer = 0;  // V4-Flash layer 0 is SWA-only
+
+std::string Bytes(const std::vector<uint16_t>& values) {
+  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * 2);
+}
+
+void SetTensor(pb::Tensor* tensor, pb::DType dtype, std::vector<int64_t> shape, std::string data) {
+  tensor->set_dtype(dtype);
+  for (int64_t dim : shape) tensor->add_shape(dim);
+  tensor->set_data(std::move(data));
+}
+
+// A one-token step of `session` at `position` on the SWA layer.
+pb::AttendRequest Step(const std::string& session, int32_t position) {
+  pb::AttendRequest request;
+  request.set_request_id(1000 + position);
+  request.set_layer(kSwaLayer);
+  pb::Segment* segment = request.add_segments();
+  segment->set_session_id(session);
+  segment->set_position(position);
+  segment->set_num_tokens(1);
+  SetTensor(request.mutable_q(), pb::DTYPE_BF16, {1, kHeads, kHeadDim},
+            Bytes(TestRows(7000 + position, kHeads)));
+  SetTensor(request.mutable_kv(), pb::DTYPE_BF16, {1, kHeadDim}, Bytes(TestRows(9000 + position, 1)));
+  return request;
+}
+
+// Holds the engine thread: Hold() queues a task that waits until Release().
+class EngineHold {
+ public:
+  explicit EngineHold(Scheduler& scheduler) {
+    scheduler.Run([this](Engine&) {
+      holding_.set_value();
+      released_.get_future().wait();
+      return Scheduler::Reply();
+    });
+    holding_.get_future().wait();
+  }
+  ~EngineHold() { Release(); }
+  void Release() {
+    if (!released_once_.exchange(true)) released_.set_value();
+  }
+
+ private:
+  std::promise<void> holding_;
+  std::promise<void> released_;
+  std::atomic<bool> released_once_{false};
+};
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  void Start(const std::function<void(OffloadServerOptions&)>& change = nullptr) {
+    OffloadServerOptions options;
+    options.engine.kv_blocks = 2000;
+    options.engine.max_position = 4096;
+    options.engine.models = {*FindModelProfile(kFlash)};
+    options.scheduler.batch_wait = absl::ZeroDuration();
+    options.service.version = "service_test";
+    if (change) change(options);
+    absl::StatusOr<std::unique_ptr<OffloadServer>> server =
+        OffloadServer::Start(std::make_unique<CpuBackend>(2), options, registry_);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
+                                   grpc::InsecureChannelCredentials());
+    stub_ = pb::MlaOffload::NewStub(channel_);
+  }
+
+  void TearDown() override {
+    stub_.reset();
+    channel_.reset();
+    server_.reset();
+  }
+
+  static void Deadline(grpc::ClientContext& context, absl::Duration timeout) {
+    context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(timeout));
+  }
+
+  std::string CreateSession() {
+    pb::CreateSessionRequest request;
+    request.set_model(kFlash);
+    request.set_num_heads(kHeads);
+    pb::CreateSessionResponse response;
+    grpc::ClientContext context;
+    Deadline(context, absl::Seconds(10));
+    const grpc::Status status = stub_->CreateSession(&context, request, &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return response.session_id();
+  }
+
+  pb::ListSessionsResponse List() {
+    pb::ListSessionsResponse response;
+    grpc::ClientContext context;
+    Deadline(context, absl::Seconds(10));
+    const grpc::Status status = stub_->ListSessions(&context, pb::ListSessionsRequest(), &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return response;
+  }
+
+  pb::ServerInfo Info(absl::Duration timeout = absl::Seconds(10)) {
+    pb::ServerInfo info;
+    grpc::ClientContext context;
+    Deadline(context, timeout);
+    const grpc::Status status = stub_->GetServerInfo(&context, pb::GetServerInfoRequest(), &info);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return info;
+  }
+
+  // Waits until every call queued on the engine in FIFO order before it has
+  // run: a CloseSession of no session is answered in order.
+  void Barrier() {
+    pb::CloseSessionRequest request;
+    request.set_session_id("no such session");
+    pb::CloseSessionResponse response;
+    grpc::ClientContext context;
+    Deadline(context, absl::Seconds(10));
+    EXPECT_EQ(stub_->CloseSession(&context, request, &response).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+  }
+
+  // A raw call of `method` with `bytes` as the request.
+  grpc::Status RawUnary(const std::string& method, const std::string& bytes) {
+    grpc::GenericStub generic(channel_);
+    grpc::ClientContext context;
+    Deadline(context, absl::Seconds(10));
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer request(&slice, 1), response;
+    std::promise<grpc::Status> done;
+    generic.UnaryCall(&context, absl::StrCat("/mla_offload.v1.MlaOffload/", method), {}, &request,
+                      &response, [&done](grpc::Status status) { done.set_value(status); });
+    return done.get_future().get();
+  }
+
+  metrics::Registry registry_;
+  std::unique_ptr<OffloadServer> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<pb::MlaOffload::Stub> stub_;
+};
+
+// Eight steps of one layer in flight on one stream. While message 1 sits
+// between parsing and queueing, message 0 is answered; the service must not
+// read message 2 until message 1 is queued (before the fix it did, message
+// 2 ran first and failed FAILED_PRECONDITION, and so did every later step).
+// The hook gives message 2 a second to overtake; with the fix it never can.
+TEST_F(ServiceTest, AStreamsMessagesRunInTheOrderTheyWereSent) {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::vector<uint64_t> queued;
+  Start([&](OffloadServerOptions& options) {
+    options.service.before_queue_attend = [&](uint64_t sequence) {
+      std::unique_lock<std::mutex> lock(mutex);
+      if (sequence == 1) {
+        changed.wait_for(lock, std::chrono::seconds(1), [&] { return queued.size() > 1; });
+      }
+      queued.push_back(sequence);
+      changed.notify_all();
+    };
+  });
+  const std::string session = CreateSession();
+  grpc::ClientContext context;
+  Deadline(context, absl::Seconds(30));
+  auto stream = stub_->Attend(&context);
+  constexpr int kSteps = 8;
+  for (int p = 0; p < kSteps; ++p) ASSERT_TRUE(stream->Write(Step(session, p)));
+  stream->WritesDone();
+  for (int p = 0; p < kSteps; ++p) {
+    pb::AttendResponse response;
+    ASSERT_TRUE(stream->Read(&response)) << "answer " << p;
+    EXPECT_EQ(response.request_id(), 1000u + p);
+    EXPECT_EQ(response.status().code(), 0) << "step " << p << ": " << response.status().message();
+  }
+  EXPECT_TRUE(stream->Finish().ok());
+  std::lock_guard<std::mutex> lock(mutex);
+  EXPECT_THAT(queued, ::testing::ElementsAre(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// GetServerInfo is answered while the engine is busy (it waited behind
+// every queued batch before); its counts are the engine's last published
+// state.
+TEST_F(ServiceTest, ServerInfoDoesNotWaitForTheEngine) {
+  Start();
+  const std::string session = CreateSession();
+  EngineHold hold(server_->scheduler());
+  const absl::Time start = absl::Now();
+  const pb::ServerInfo info = Info(absl::Seconds(2));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  EXPECT_EQ(info.sessions(), 1);
+  EXPECT_EQ(info.version(), "service_test");
+  EXPECT_GT(info.kv_blocks_used(), 0);
+  ASSERT_EQ(info.models_size(), 1);
+  EXPECT_EQ(info.models(0).name(), kFlash);
+}
+
+// A unary call whose deadline passes while it waits for the engine does
+// nothing when the engine reaches it: no session is created (it held blocks
+// until its TTL before), no AppendKV applied.
+TEST_F(ServiceTest, CallsWhoseDeadlinePassedInTheQueueDoNothing) {
+  Start();
+  const std::string session = CreateSession();
+  const pb::ServerInfo before = Info();
+  {
+    EngineHold hold(server_->scheduler());
+    pb::CreateSessionRequest create;
+    create.set_model(kFlash);
+    create.set_num_heads(kHeads);
+    pb::CreateSessionResponse created;
+    grpc::ClientContext create_context;
+    Deadline(create_context, absl::Milliseconds(200));
+    EXPECT_EQ(stub_->CreateSession(&create_context, create, &created).error_code(),
+              grpc::StatusCode::DEADLINE_EXCEEDED);
+
+    pb::AppendKVRequest append;
+    append.set_session_id(session);
+    append.set_first_position(0);
+    append.set_num_positions(1);
+    const ModelProfile& profile = **FindModelProfile(kFlash);
+    for (int layer = 0; layer < profile.num_attention_layers(); ++layer) {
+      pb::LayerRows* rows = append.add_layers();
+      rows->set_layer(layer);
+      SetTensor(rows->mutable_swa_kv(), pb::DTYPE_BF16, {1, kHeadDim}, Bytes(TestRows(layer, 1)));
+    }
+    pb::AppendKVResponse appended;
+    grpc::ClientContext append_context;
+    Deadline(append_context, absl::Milliseconds(200));
+    EXPECT_EQ(stub_->AppendKV(&append_context, append, &appended).error_code(),
+              grpc::StatusCode::DEADLINE_EXCEEDED);
+  }
+  Barrier();
+  const pb::ListSessionsResponse sessions = List();
+  ASSERT_EQ(sessions.sessions_size(), 1);
+  EXPECT_EQ(sessions.sessions(0).session_id(), session);
+  EXPECT_EQ(sessions.sessions(0).next_position(), 0) << "the late AppendKV was applied";
+  EXPECT_EQ(Info().kv_blocks_used(), before.kv_blocks_used());
+}
+
+// Messages of a stream that was cancelled while they waited for the engine
+// are not run: the client that sent them will never see what they did.
+TEST_F(ServiceTest, ACancelledStreamsQueuedMessagesDoNotRun) {
+  Start();
+  const std::string session = CreateSession();
+  {
+    EngineHold hold(server_->scheduler());
+    grpc::ClientContext context;
+    auto stream = stub_->Attend(&context);
+    ASSERT_TRUE(stream->Write(Step(session, 0)));
+    // Queued once the server has read it: it is then counted.
+    const absl::Time give_up = absl::Now() + absl::Seconds(10);
+    while (server_->scheduler().queued_messages() == 0 && absl::Now() < give_up) {
+      std::this_thread::yield();
+    }
+    ASSERT_EQ(server_->scheduler().queued_messages(), 1);
+    context.TryCancel();
+    while (server_->service().open_streams() > 0 && absl::Now() < give_up) {
+      std::this_thread::yield();
+    }
+    ASSERT_EQ(server_->service().open_streams(), 0) << "the server did not see the cancel";
+    stream->Finish().IgnoreError();
+  }
+  Barrier();
+  const pb::ListSessionsResponse sessions = List();
+  ASSERT_EQ(sessions.sessions_size(), 1);
+  EXPECT_EQ(sessions.sessions(0).next_position(), 0) << "the cancelled stream's step ran";
+  // The step itself is still possible on a new stream.
+  grpc::ClientContext context;
+  Deadline(context, absl::Seconds(10));
+  auto stream = stub_->Attend(&context);
+  ASSERT_TRUE(stream->Write(Step(session, 0)));
+  pb::AttendResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  EXPECT_EQ(response.status().code(), 0) << response.status().message();
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+// A unary request that does not parse is INVALID_ARGUMENT naming what did
+// not parse (gRPC's own deserialisation answered with an empty message).
+TEST_F(ServiceTest, UnaryRequestsThatDoNotParseSayWhy) {
+  Start();
+  struct Case {
+    std::string method;
+    std::string bytes;
+    std::string field;
+  };
+  const std::vector<Case> cases = {
+      {"CreateSession", std::string("\x0a\x40" "abc", 5), "CreateSessionRequest.model"},
+      {"CreateSession", std::string("\x0a\x02\xc3\x28", 4), "CreateSessionRequest.model"},
+      {"AppendKV", std::string("\x22\x04\x12\x02\x10\xff", 6),
+       "AppendKVRequest.layers[0].swa_kv.shape[0]"},
+      {"CloseSession", std::string("\x0a", 1), "CloseSessionRequest"},
+      {"ListSessions", std::string("\x08\x80", 2), "ListSessionsRequest"},
+      {"GetServerInfo", std::string("\x0b", 1), "GetServerInfoRequest"},
+  };
+  for (const Case& c : cases) {
+    const grpc::Status status = RawUnary(c.method, c.bytes);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << c.method << ": " << status.error_message();
+    EXPECT_THAT(status.error_message(), HasSubstr(c.field)) << c.method;
+  }
+  EXPECT_EQ(List().sessions_size(), 0);
+}
+
+// Client strings are echoed in error messages at most 64 bytes long: a 16
+// KiB model name or session id used to push the real error out of the
+// trailers ("metadata size exceeds limit").
+TEST_F(ServiceTest, ErrorsEchoClientStringsBounded) {
+  Start();
+  const std::string huge(16 << 10, 'x');
+  pb::CreateSessionRequest create;
+  create.set_model(huge);
+  create.set_num_heads(kHeads);
+  pb::CreateSessionResponse created;
+  grpc::ClientContext create_context;
+  Deadline(create_context, absl::Seconds(10));
+  const grpc::Status bad_model = stub_->CreateSession(&create_context, create, &created);
+  EXPECT_EQ(bad_model.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << bad_model.error_message();
+  EXPECT_THAT(bad_model.error_message(), HasSubstr("is not served here"));
+  EXPECT_THAT(bad_model.error_message(), HasSubstr("(16384 bytes)"));
+  EXPECT_LT(bad_model.error_message().size(), 512u);
+
+  pb::CloseSessionRequest close;
+  close.set_session_id(huge);
+  pb::CloseSessionResponse closed;
+  grpc::ClientContext close_context;
+  Deadline(close_context, absl::Seconds(10));
+  const grpc::Status unknown = stub_->CloseSession(&close_context, close, &closed);
+  EXPECT_EQ(unknown.error_code(), grpc::StatusCode::NOT_FOUND) << unknown.error_message();
+  EXPECT_THAT(unknown.error_message(), HasSubstr("does not exist"));
+  EXPECT_LT(unknown.error_message().size(), 512u);
+
+  grpc::ClientContext context;
+  Deadline(context, absl::Seconds(10));
+  auto stream = stub_->Attend(&context);
+  ASSERT_TRUE(stream->Write(Step(huge, 0)));
+  pb::AttendResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  EXPECT_EQ(response.status().code(), static_cast<int>(grpc::StatusCode::NOT_FOUND));
+  EXPECT_THAT(response.status().message(), HasSubstr("does not exist"));
+  EXPECT_LT(response.status().message().size(), 512u);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+// A drain waits for Echo streams as it waits for Attend streams (it cut them
+// at once before): an Echo stream open when the drain begins still echoes,
+// and the drain ends when it closes.
+TEST_F(ServiceTest, ADrainLetsOpenEchoStreamsFinish) {
+  Start();
+  grpc::ClientContext context;
+  Deadline(context, absl::Seconds(30));
+  auto echo = stub_->Echo(&context);
+  pb::EchoMessage message;
+  message.set_payload("before the drain");
+  ASSERT_TRUE(echo->Write(message));
+  pb::EchoMessage back;
+  ASSERT_TRUE(echo->Read(&back));
+  EXPECT_EQ(server_->service().open_streams(), 1) << "an open Echo stream is not counted";
+
+  std::thread drain([this] { server_->Drain(absl::Seconds(20)); });
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (!server_->service().draining() && absl::Now() < give_up) std::this_thread::yield();
+  ASSERT_TRUE(server_->service().draining());
+  message.set_payload("while draining");
+  ASSERT_TRUE(echo->Write(message));
+  ASSERT_TRUE(echo->Read(&back));
+  EXPECT_EQ(back.payload(), "while draining");
+  echo->WritesDone();
+  EXPECT_TRUE(echo->Finish().ok());
+  drain.join();
+}
+
+}  // namespace
+}  // namespace mla
