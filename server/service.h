@@ -57,9 +57,12 @@ struct ServiceOptions {
   int64_t max_segments_per_message = 1024;
   std::string version;
   std::string devices;
-  // For tests: called on the gRPC thread that read message `sequence` (0, 1,
-  // ...) of an Attend stream, after it was parsed and before it is queued.
+  // For tests, to force interleavings: called on the gRPC thread that read
+  // message `sequence` (0, 1, ...) of an Attend stream after it was parsed
+  // and before it is queued, and on whichever thread starts the read of
+  // message `sequence`, just before it starts.
   std::function<void(uint64_t sequence)> before_queue_attend;
+  std::function<void(uint64_t sequence)> before_read_attend;
 };
 
 // gRPC's own message limit for a service limit of `max_message_bytes`: twice

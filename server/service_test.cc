@@ -14,6 +14,7 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -185,22 +186,34 @@ class ServiceTest : public ::testing::Test {
 };
 
 // Eight steps of one layer in flight on one stream. While message 1 sits
-// between parsing and queueing, message 0 is answered; the service must not
-// read message 2 until message 1 is queued (before the fix it did, message
-// 2 ran first and failed FAILED_PRECONDITION, and so did every later step).
-// The hook gives message 2 a second to overtake; with the fix it never can.
+// between parsing and queueing, message 0 is answered, which lets the
+// stream read on; the service must not start reading message 2 until
+// message 1 is queued. Before the fix it did: message 2 could then be
+// queued first, fail FAILED_PRECONDITION, and so did every later step.
+// The hook gives the read of message 2 a second to start; with the fix it
+// never can.
 TEST_F(ServiceTest, AStreamsMessagesRunInTheOrderTheyWereSent) {
   std::mutex mutex;
   std::condition_variable changed;
   std::vector<uint64_t> queued;
+  uint64_t reads_started = 0;
+  std::vector<std::string> violations;
   Start([&](OffloadServerOptions& options) {
+    options.service.before_read_attend = [&](uint64_t sequence) {
+      std::lock_guard<std::mutex> lock(mutex);
+      reads_started = std::max(reads_started, sequence + 1);
+      if (sequence > queued.size()) {
+        violations.push_back(absl::StrCat("the read of message ", sequence, " started while only ",
+                                          queued.size(), " were queued"));
+      }
+      changed.notify_all();
+    };
     options.service.before_queue_attend = [&](uint64_t sequence) {
       std::unique_lock<std::mutex> lock(mutex);
       if (sequence == 1) {
-        changed.wait_for(lock, std::chrono::seconds(1), [&] { return queued.size() > 1; });
+        changed.wait_for(lock, std::chrono::seconds(1), [&] { return reads_started > 2; });
       }
       queued.push_back(sequence);
-      changed.notify_all();
     };
   });
   const std::string session = CreateSession();
@@ -218,6 +231,7 @@ TEST_F(ServiceTest, AStreamsMessagesRunInTheOrderTheyWereSent) {
   }
   EXPECT_TRUE(stream->Finish().ok());
   std::lock_guard<std::mutex> lock(mutex);
+  EXPECT_THAT(violations, ::testing::IsEmpty());
   EXPECT_THAT(queued, ::testing::ElementsAre(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
