@@ -176,6 +176,11 @@ TEST(ToleranceTest, DecodeAndLseRules) {
   EXPECT_EQ(DecodeOutExcess(std::nan(""), 0.0, 1.0), kInf);
   EXPECT_LE(LseExcess(2.0009, 2.0), 1.0);
   EXPECT_GT(LseExcess(2.0011, 2.0), 1.0);
+  // At |lse| in the thousands the relative term dominates: 1e-3 + 2e-6 * 3000.
+  EXPECT_LE(LseExcess(3000.0069, 3000.0), 1.0);
+  EXPECT_GT(LseExcess(3000.0071, 3000.0), 1.0);
+  EXPECT_LE(LseExcess(-3000.0069, -3000.0), 1.0);
+  EXPECT_GT(LseExcess(-2999.9929, -3000.0), 1.0);
   EXPECT_EQ(LseExcess(kInf, kInf), 0.0);
   EXPECT_EQ(LseExcess(1e30, kInf), kInf);
   EXPECT_EQ(LseExcess(kInf, 3.0), kInf);

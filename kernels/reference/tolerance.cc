@@ -70,7 +70,8 @@ double DecodeOutExcess(double actual, double expected, double max_abs_value) {
 double LseExcess(double actual, double expected) {
   if (std::isnan(actual) || std::isnan(expected)) return kInf;
   if (std::isinf(expected) || std::isinf(actual)) return actual == expected ? 0.0 : kInf;
-  return std::fabs(actual - expected) / kLseTolerance;
+  const double allowed = kLseAbsoluteTolerance + kLseRelativeTolerance * std::fabs(expected);
+  return std::fabs(actual - expected) / allowed;
 }
 
 ComparisonReport::ComparisonReport(std::string subject) : subject_(std::move(subject)) {}

@@ -32,8 +32,10 @@ namespace reference {
 // Decode out: |out - ref| <= 2e-3 * max(1, A_t) + 1e-2 * |ref|.
 inline constexpr double kDecodeAbsoluteTolerance = 2e-3;
 inline constexpr double kDecodeRelativeTolerance = 1e-2;
-// lse: 1e-3 absolute.
-inline constexpr double kLseTolerance = 1e-3;
+// lse: |lse - ref| <= 1e-3 + 2e-6 * |ref|. The relative term is float32's
+// accumulation at |lse| in the thousands, where 1e-3 alone is below it.
+inline constexpr double kLseAbsoluteTolerance = 1e-3;
+inline constexpr double kLseRelativeTolerance = 2e-6;
 // A rotated element may be off by this fraction of |a| + |b| of its pair
 // before rotation (float32 rotations cancel near zero): 2^-16.
 inline constexpr double kRopePairTolerance = 1.0 / 65536.0;
@@ -62,7 +64,8 @@ double CacheRopeExcess(uint16_t actual, double expected, double pair_magnitude);
 double DecodeOutExcess(double actual, double expected, double max_abs_value);
 
 // A decode lse against its reference: +inf exactly where the reference is
-// +inf (empty key set), otherwise within kLseTolerance.
+// +inf (empty key set), otherwise within kLseAbsoluteTolerance +
+// kLseRelativeTolerance * |expected|.
 double LseExcess(double actual, double expected);
 
 // ---- Reports.
