@@ -129,6 +129,12 @@ struct DecodeInputs {
   bool derotate = false;
   absl::Span<const int32_t> positions;  // [N]; read only when derotate
   const RopeTable* rope = nullptr;      // read only when derotate
+  // For section 7's composition clause, when q is the checker's own q_out
+  // rather than the one the backend used: [N, Hp, 512], how far (in value,
+  // one bf16 ulp) the backend's q_out may differ from q at each element, 0
+  // where it may not (tolerance.h's TieQuerySlack, DifferingQuerySlack).
+  // Empty: the backend used q itself.
+  absl::Span<const double> q_slack;
 };
 
 struct DecodeReference {
@@ -140,6 +146,10 @@ struct DecodeReference {
   // scales the absolute tolerance of section 7.
   std::vector<double> max_abs_values;
   std::vector<int64_t> num_keys;  // [N]: |J|, duplicates counted
+  // [N, H]: delta_t of the composition clause, softmax_scale times the
+  // largest sum over e of q_slack[e] * |K_j,e| among the keys j; all 0 when
+  // q_slack is empty or J is.
+  std::vector<double> composition_deltas;
 };
 
 absl::StatusOr<DecodeReference> ReferenceDecode(const DecodeInputs& inputs);
