@@ -2,10 +2,10 @@
 // prologue, sparse MLA decode with attention sink), for holding compute
 // backends to the contract.
 //
-// Everything here was written from spec/dsv4-attention.md alone and shares no
-// code with the backends: bf16 rounding, the e4m3 encoder (nearest of the 127
-// finite magnitudes rather than bit manipulation), UE8M0 exponents, cache slot
-// offsets and dequantisation are re-derived. The only inputs shared with the
+// Everything here was written from docs/spec/dsv4-attention.md alone and
+// shares no code with the backends: bf16 rounding, the e4m3 encoder (nearest
+// of the 127 finite magnitudes rather than bit manipulation), UE8M0
+// exponents, cache slot offsets and dequantisation are re-derived. The only inputs shared with the
 // backends are the geometry constants (kernels/geometry.h) and the RoPE table
 // (kernels/rope.h), which the spec says both sides read.
 //

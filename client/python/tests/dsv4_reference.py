@@ -1,4 +1,4 @@
-"""A numpy float64 model of spec/dsv4-attention.md sections 2-5 and 7, for tests.
+"""A numpy float64 model of docs/spec/dsv4-attention.md sections 2-5 and 7, for tests.
 
 Written from the spec alone (not from the server's code): RoPE tables from
 the pinned float32 frequencies (section 2), the prologue's q RMSNorm + RoPE
