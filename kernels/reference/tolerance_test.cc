@@ -21,6 +21,34 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kSoftmaxScale = 0.04419417382415922;  // 512^-0.5
 
+// A pool whose slots 0..K-1 hold `rows` ([K, 512] bf16) inserted at position
+// 0 (RoPE is the identity there).
+std::vector<uint8_t> PoolOf(const std::vector<uint16_t>& rows) {
+  static const RopeTable* table = new RopeTable(RopeKind::kPlain, 1);
+  const int64_t count = static_cast<int64_t>(rows.size()) / kHeadDim;
+  std::vector<uint8_t> pool((count + kBlockTokens - 1) / kBlockTokens * kBlockBytes, 0);
+  for (int64_t k = 0; k < count; ++k) {
+    absl::StatusOr<KvRowReference> kv =
+        ReferenceKvRow(absl::MakeConstSpan(rows).subspan(k * kHeadDim, kHeadDim), 0, *table);
+    EXPECT_TRUE(kv.ok()) << kv.status();
+    if (kv.ok()) EXPECT_TRUE(WriteCacheRow(*kv, k, absl::MakeSpan(pool)).ok());
+  }
+  return pool;
+}
+
+// A decode of one token over the keys `indices` of `pool`, no sink.
+DecodeInputs OneToken(int heads, int padded_heads, absl::Span<const uint16_t> q,
+                      absl::Span<const int32_t> indices, absl::Span<const uint8_t> pool) {
+  DecodeInputs inputs;
+  inputs.num_tokens = 1;
+  inputs.num_heads = heads;
+  inputs.padded_heads = padded_heads;
+  inputs.q = q;
+  inputs.softmax_scale = kSoftmaxScale;
+  inputs.main = {static_cast<int>(indices.size()), indices, {}, pool};
+  return inputs;
+}
+
 TEST(Bf16UlpTest, IsTheStepToTheNextLargerMagnitude) {
   EXPECT_EQ(Bf16Ulp(0x3f80), std::ldexp(1.0, -7));  // 1
   EXPECT_EQ(Bf16Ulp(0xbf80), std::ldexp(1.0, -7));  // -1
@@ -97,25 +125,21 @@ class CompositionTest : public ::testing::Test {
     std::vector<float> lse;
   };
 
-  CompositionTest() : table_(RopeKind::kPlain, kKeys), pool_(kBlockBytes, 0) {
+  CompositionTest() {
     std::mt19937_64 rng(2026);
     std::normal_distribution<double> normal;
-    auto nonzero = [&](double scale) {
+    auto nonzero = [&] {
       uint16_t bits;
       do {
-        bits = RoundToBf16(normal(rng) * scale);
+        bits = RoundToBf16(normal(rng));
       } while ((bits & 0x7fff) == 0);
       return bits;
     };
-    for (int k = 0; k < kKeys; ++k) {
-      std::vector<uint16_t> row(kHeadDim);
-      for (uint16_t &value : row) value = nonzero(1.0);
-      if (k == kDominant) row[kTieDim] = RoundToBf16(2.0);
-      absl::StatusOr<KvRowReference> kv = ReferenceKvRow(row, k, table_);
-      EXPECT_TRUE(kv.ok()) << kv.status();
-      EXPECT_TRUE(WriteCacheRow(*kv, k, absl::MakeSpan(pool_)).ok());
-      indices_.push_back(k);
-    }
+    std::vector<uint16_t> rows(kKeys * kHeadDim);
+    for (uint16_t& value : rows) value = nonzero();
+    rows[kDominant * kHeadDim + kTieDim] = RoundToBf16(2.0);
+    pool_ = PoolOf(rows);
+    for (int k = 0; k < kKeys; ++k) indices_.push_back(k);
     absl::StatusOr<std::array<double, kHeadDim>> dominant = DequantizeSlot(pool_, kDominant);
     EXPECT_TRUE(dominant.ok()) << dominant.status();
 
@@ -126,7 +150,7 @@ class CompositionTest : public ::testing::Test {
     query_.pair_magnitudes.assign(kPadded * kRopePairs, 0.0);
     for (int d = 0; d < kHeadDim; ++d) {
       query_.values[d] = 3.0 * (*dominant)[d] + 0.3 * normal(rng);
-      query_.values[kHeadDim + d] = Bf16Value(nonzero(1.0));
+      query_.values[kHeadDim + d] = Bf16Value(nonzero());
     }
     query_.values[kTieDim] = kTie;
     for (int i = 0; i < kHeads * kHeadDim; ++i) mine_.push_back(RoundToBf16(query_.values[i]));
@@ -138,14 +162,8 @@ class CompositionTest : public ::testing::Test {
 
   DecodeReference Decode(absl::Span<const uint16_t> q, absl::Span<const int32_t> indices,
                          absl::Span<const float> sinks, absl::Span<const double> q_slack) {
-    DecodeInputs inputs;
-    inputs.num_tokens = 1;
-    inputs.num_heads = kHeads;
-    inputs.padded_heads = kPadded;
-    inputs.q = q;
-    inputs.softmax_scale = kSoftmaxScale;
+    DecodeInputs inputs = OneToken(kHeads, kPadded, q, indices, pool_);
     inputs.sinks = sinks;
-    inputs.main = {kKeys, indices, {}, pool_};
     inputs.q_slack = q_slack;
     absl::StatusOr<DecodeReference> reference = ReferenceDecode(inputs);
     EXPECT_TRUE(reference.ok()) << reference.status();
@@ -164,7 +182,6 @@ class CompositionTest : public ::testing::Test {
   // The checker's reference: its own q_out, widened by the tie it sees.
   DecodeReference Composed() { return Decode(mine_, indices_, sinks_, TieQuerySlack(query_)); }
 
-  const RopeTable table_;
   std::vector<uint8_t> pool_;
   std::vector<int32_t> indices_;
   const std::vector<float> sinks_ = {2.0f, 3.5f};
@@ -239,13 +256,7 @@ TEST_F(CompositionTest, AMissingSinkStillFails) {
 }
 
 TEST_F(CompositionTest, ASlackOfTheWrongSizeIsAnError) {
-  DecodeInputs inputs;
-  inputs.num_tokens = 1;
-  inputs.num_heads = kHeads;
-  inputs.padded_heads = kPadded;
-  inputs.q = mine_;
-  inputs.softmax_scale = kSoftmaxScale;
-  inputs.main = {kKeys, indices_, {}, pool_};
+  DecodeInputs inputs = OneToken(kHeads, kPadded, mine_, indices_, pool_);
   const std::vector<double> slack(kHeadDim, 0.0);
   inputs.q_slack = slack;
   EXPECT_FALSE(ReferenceDecode(inputs).ok());
@@ -254,30 +265,17 @@ TEST_F(CompositionTest, ASlackOfTheWrongSizeIsAnError) {
 // Keys of size about 8 and a query of twice one of them: lse about 2900,
 // where float32 keeps 2.4e-4 and the relative term allows 6.8e-3 in all.
 TEST(LargeLseTest, PassesWithinTheRelativeTerm) {
-  const RopeTable table(RopeKind::kPlain, 4);
-  std::vector<uint8_t> pool(kBlockBytes, 0);
   std::mt19937_64 rng(7);
   std::normal_distribution<double> normal;
-  for (int k = 0; k < 4; ++k) {
-    std::vector<uint16_t> row(kHeadDim);
-    for (uint16_t &value : row) value = RoundToBf16(8.0 * normal(rng) + 0.01);
-    absl::StatusOr<KvRowReference> kv = ReferenceKvRow(row, 0, table);
-    ASSERT_TRUE(kv.ok()) << kv.status();
-    ASSERT_TRUE(WriteCacheRow(*kv, k, absl::MakeSpan(pool)).ok());
-  }
+  std::vector<uint16_t> rows(4 * kHeadDim);
+  for (uint16_t& value : rows) value = RoundToBf16(8.0 * normal(rng) + 0.01);
+  const std::vector<uint8_t> pool = PoolOf(rows);
   absl::StatusOr<std::array<double, kHeadDim>> key = DequantizeSlot(pool, 2);
   ASSERT_TRUE(key.ok()) << key.status();
   std::vector<uint16_t> q(8 * kHeadDim, 0);
   for (int d = 0; d < kHeadDim; ++d) q[d] = RoundToBf16(2.0 * (*key)[d]);
   const std::vector<int32_t> indices = {0, 1, 2, 3};
-  DecodeInputs inputs;
-  inputs.num_tokens = 1;
-  inputs.num_heads = 1;
-  inputs.padded_heads = 8;
-  inputs.q = q;
-  inputs.softmax_scale = kSoftmaxScale;
-  inputs.main = {4, indices, {}, pool};
-  absl::StatusOr<DecodeReference> expected = ReferenceDecode(inputs);
+  absl::StatusOr<DecodeReference> expected = ReferenceDecode(OneToken(1, 8, q, indices, pool));
   ASSERT_TRUE(expected.ok()) << expected.status();
   ASSERT_GT(expected->lse[0], 2000.0);
 
