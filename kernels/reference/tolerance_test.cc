@@ -1,12 +1,14 @@
-// Tests of section 7's composition clause and lse rule (tolerance.h): a
-// correct backend whose q_out rounded a tie the other way passes once the
-// check widens by the clause, while real errors (a wrong key, a missing sink)
-// still fail; an lse in the thousands passes by the relative term.
+// Tests of the section 7 rules and comparators (tolerance.h), the composition
+// clause among them: a correct backend whose q_out rounded a tie the other
+// way passes once the check widens by the clause, while real errors (a wrong
+// key, a missing sink) still fail; an lse in the thousands passes by the
+// relative term.
 #include "kernels/reference/tolerance.h"
 
 #include <cmath>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -47,6 +49,77 @@ DecodeInputs OneToken(int heads, int padded_heads, absl::Span<const uint16_t> q,
   inputs.softmax_scale = kSoftmaxScale;
   inputs.main = {static_cast<int>(indices.size()), indices, {}, pool};
   return inputs;
+}
+
+TEST(ToleranceTest, QueryRuleAllowsOneUlpOrTheRopeClause) {
+  EXPECT_EQ(QueryOutExcess(0x3f80, 1.0, 0.0), 0.0);
+  EXPECT_EQ(QueryOutExcess(0x3f81, 1.0, 0.0), 1.0);
+  EXPECT_GT(QueryOutExcess(0x3f82, 1.0, 0.0), 1.0);
+  EXPECT_EQ(QueryOutExcess(0x0000, -std::ldexp(1.0, -133), 0.0), 1.0);  // across zero
+  // 2^-20 vs 2^-24: many ulps apart, but within 2^-16 * (|a| + |b|) = 2^-16.
+  EXPECT_LE(QueryOutExcess(RoundToBf16(std::ldexp(1.0, -20)), std::ldexp(1.0, -24), 1.0), 1.0);
+  EXPECT_GT(QueryOutExcess(RoundToBf16(std::ldexp(1.0, -14)), std::ldexp(1.0, -24), 1.0), 1.0);
+  EXPECT_EQ(QueryOutExcess(0x7fc0, 1.0, 1.0), kInf);
+  EXPECT_EQ(QueryOutExcess(0x3f80, std::nan(""), 1.0), kInf);
+  EXPECT_EQ(QueryOutExcess(0x7f80, 3.39e38, 1.0), kInf);
+}
+
+TEST(ToleranceTest, DecodeAndLseRules) {
+  EXPECT_LE(DecodeOutExcess(1.0 + 0.0119, 1.0, 1.0), 1.0);  // 2e-3 + 1e-2 * 1
+  EXPECT_GT(DecodeOutExcess(1.0 + 0.0121, 1.0, 1.0), 1.0);
+  EXPECT_LE(DecodeOutExcess(0.019, 0.0, 10.0), 1.0);  // 2e-3 * A_t
+  EXPECT_GT(DecodeOutExcess(0.021, 0.0, 10.0), 1.0);
+  EXPECT_EQ(DecodeOutExcess(std::nan(""), 0.0, 1.0), kInf);
+  EXPECT_LE(LseExcess(2.0009, 2.0), 1.0);
+  EXPECT_GT(LseExcess(2.0011, 2.0), 1.0);
+  // At |lse| in the thousands the relative term dominates: 1e-3 + 2e-6 * 3000.
+  EXPECT_LE(LseExcess(3000.0069, 3000.0), 1.0);
+  EXPECT_GT(LseExcess(3000.0071, 3000.0), 1.0);
+  EXPECT_LE(LseExcess(-3000.0069, -3000.0), 1.0);
+  EXPECT_GT(LseExcess(-2999.9929, -3000.0), 1.0);
+  EXPECT_EQ(LseExcess(kInf, kInf), 0.0);
+  EXPECT_EQ(LseExcess(1e30, kInf), kInf);
+  EXPECT_EQ(LseExcess(kInf, 3.0), kInf);
+  EXPECT_EQ(LseExcess(std::nan(""), 3.0), kInf);
+}
+
+TEST(ToleranceTest, ReportKeepsTheFirstAndTheWorstFailure) {
+  ComparisonReport report("thing");
+  report.Check(0.5, [] { return std::string("a"); });
+  EXPECT_TRUE(report.ok());
+  EXPECT_TRUE(report.ToStatus().ok());
+  EXPECT_EQ(report.max_excess(), 0.5);
+  report.Check(2.0, [] { return std::string("b"); });
+  report.Check(std::nan(""), [] { return std::string("c"); });
+  report.Check(3.0, [] { return std::string("d"); });
+  EXPECT_FALSE(report.ok());
+  EXPECT_EQ(report.checked(), 4);
+  EXPECT_EQ(report.failed(), 3);
+  EXPECT_EQ(report.first_failure(), "b (excess 2)");
+  EXPECT_EQ(report.worst_failure(), "c (excess inf)");
+  EXPECT_EQ(report.ToStatus().code(), absl::StatusCode::kInternal);
+  EXPECT_NE(report.ToString().find("3 of 4"), std::string::npos) << report.ToString();
+}
+
+TEST(ToleranceTest, QueryComparatorNamesTheElementAndChecksPadding) {
+  const RopeTable table(RopeKind::kPlain, 10);
+  std::vector<uint16_t> q(2 * kHeadDim);
+  for (int i = 0; i < 2 * kHeadDim; ++i) q[i] = RoundToBf16(std::sin(i + 1.0));
+  absl::StatusOr<QueryReference> expected = ReferenceQuery(q, {3}, 2, 8, 1e-6, table);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  std::vector<uint16_t> q_out(8 * kHeadDim, 0);
+  for (int i = 0; i < 2 * kHeadDim; ++i) q_out[i] = RoundToBf16(expected->values[i]);
+  EXPECT_TRUE(CompareQueryOut(q_out, *expected).ok());
+
+  q_out[kHeadDim + 5] ^= 0x0002;     // two ulps off
+  q_out[7 * kHeadDim + 9] = 0x8000;  // -0 in a padding head
+  const ComparisonReport report = CompareQueryOut(q_out, *expected);
+  EXPECT_EQ(report.failed(), 2);
+  EXPECT_EQ(report.first_failure().rfind("token 0 head 1 dim 5:", 0), 0) << report.ToString();
+  EXPECT_EQ(report.worst_failure().rfind("token 0 head 7 (padding) dim 9:", 0), 0)
+      << report.ToString();
+  q_out.pop_back();
+  EXPECT_FALSE(CompareQueryOut(q_out, *expected).ok());
 }
 
 TEST(Bf16UlpTest, IsTheStepToTheNextLargerMagnitude) {
