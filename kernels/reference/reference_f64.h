@@ -5,9 +5,10 @@
 // Everything here was written from docs/spec/dsv4-attention.md alone and
 // shares no code with the backends: bf16 rounding, the e4m3 encoder (nearest
 // of the 127 finite magnitudes rather than bit manipulation), UE8M0
-// exponents, cache slot offsets and dequantisation are re-derived. The only inputs shared with the
-// backends are the geometry constants (kernels/geometry.h) and the RoPE table
-// (kernels/rope.h), which the spec says both sides read.
+// exponents, cache slot offsets and dequantisation are re-derived. The only
+// inputs shared with the backends are the geometry constants
+// (kernels/geometry.h) and the RoPE table (kernels/rope.h), which the spec
+// says both sides read.
 //
 // The reference computes in float64 and returns unrounded values, so that
 // kernels/reference/tolerance.h can apply the rules of spec section 7; only
