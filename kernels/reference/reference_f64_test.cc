@@ -1,7 +1,8 @@
 // Tests of the reference's own building blocks (the tolerance rules are
-// tested in tolerance_test.cc). The number formats are also held against the backends' implementations in
-// kernels/ (bf16.h, fp8_e4m3.h, cache_format.h): the two were written apart,
-// with different algorithms, so agreement on many inputs is evidence for both.
+// tested in tolerance_test.cc). The number formats are also held against the
+// backends' implementations in kernels/ (bf16.h, fp8_e4m3.h, cache_format.h):
+// the two were written apart, with different algorithms, so agreement on many
+// inputs is evidence for both.
 #include "kernels/reference/reference_f64.h"
 
 #include <cmath>

@@ -157,10 +157,6 @@ def decode(q_out, keys, sinks, positions=None, compress_ratio=0, derotate=False)
     return out, lse
 
 
-def _bf16_value(bits):
-    return (np.asarray(bits, dtype=np.uint32) << 16).view(np.float32).astype(np.float64)
-
-
 def tie_slack(q_float64):
     """Section 7, composition, when only this side's q_out is known: for each
     element whose float64 value lies within 2^-20 of its magnitude of a bf16
@@ -172,9 +168,9 @@ def tie_slack(q_float64):
     nearest = round_to_bf16(magnitude)
     bits = (nearest.astype(np.float32).view(np.uint32) >> 16).astype(np.int64)
     beside = np.where(magnitude > nearest, bits + 1, np.maximum(bits - 1, 0))
-    midpoint = (nearest + _bf16_value(beside)) / 2.0
+    midpoint = (nearest + bf16_to_float64(beside)) / 2.0
     larger = np.maximum(bits, beside)
-    ulp = _bf16_value(larger + 1) - _bf16_value(larger)
+    ulp = bf16_to_float64(larger + 1) - bf16_to_float64(larger)
     tied = (np.abs(magnitude - midpoint) <= 2.0 ** -20 * magnitude) & (magnitude > 0)
     return np.where(tied, ulp, 0.0)
 
