@@ -5,7 +5,7 @@
 // row is a pure function of the session's salt, the layer and the position or
 // compressed row index, so a row can be sent again or looked up at any time)
 // and the queries of each message. For every Attend message it builds the
-// expected output from spec/dsv4-attention.md alone: the key lists of
+// expected output from docs/spec/dsv4-attention.md alone: the key lists of
 // sections 1 and 5 over a host pool whose slots the test chooses, the sinks
 // of the rank's heads, optional de-rotation, then reference::ReferenceDecode,
 // and compares under the tolerances of section 7. The engine's slots, rings

@@ -42,7 +42,7 @@ const RopeTable& Verifier::Table(RopeKind kind, int32_t position) {
   return *table;
 }
 
-absl::StatusOr<LocalAnswer> Verifier::Recompute(const SentToken& token) {
+absl::StatusOr<int> Verifier::PaddedHeads(const SentToken& token) const {
   const ModelProfile& model = workload_.model();
   if (token.layer < 0 || token.layer >= model.num_attention_layers()) {
     return absl::InvalidArgumentError(
@@ -53,6 +53,37 @@ absl::StatusOr<LocalAnswer> Verifier::Recompute(const SentToken& token) {
   if (token.q.size() != static_cast<size_t>(token.heads) * kHeadDim) {
     return absl::InvalidArgumentError("the query is not [H, 512]");
   }
+  return padded;
+}
+
+absl::StatusOr<LocalAnswer> Verifier::Recompute(const SentToken& token) {
+  absl::StatusOr<int> padded = PaddedHeads(token);
+  if (!padded.ok()) return padded.status();
+  const ModelProfile& model = workload_.model();
+  const RopeTable& table = Table(model.rope_kind(token.layer), token.position);
+
+  std::vector<uint16_t> q_out(static_cast<size_t>(*padded) * kHeadDim, 0xffff);
+  PrologueParams prologue;
+  prologue.num_tokens = 1;
+  prologue.num_heads = token.heads;
+  prologue.padded_heads = *padded;
+  prologue.q = token.q.data();
+  prologue.positions = &token.position;
+  prologue.q_out = q_out.data();
+  prologue.rms_norm_eps = model.rms_norm_eps;
+  prologue.rope = {table.data(), table.num_positions()};
+  if (absl::Status status = backend_.Prologue(prologue); !status.ok()) return status;
+  return RecomputeWith(token, q_out);
+}
+
+absl::StatusOr<LocalAnswer> Verifier::RecomputeWith(const SentToken& token,
+                                                    absl::Span<const uint16_t> q_out) {
+  absl::StatusOr<int> padded = PaddedHeads(token);
+  if (!padded.ok()) return padded.status();
+  if (q_out.size() != static_cast<size_t>(*padded) * kHeadDim) {
+    return absl::InvalidArgumentError(absl::StrCat("q_out is not [", *padded, ", 512]"));
+  }
+  const ModelProfile& model = workload_.model();
   const int32_t p = token.position;
   const int ratio = model.compress_ratio(token.layer);
   const RopeTable& table = Table(model.rope_kind(token.layer), p);
@@ -96,30 +127,19 @@ absl::StatusOr<LocalAnswer> Verifier::Recompute(const SentToken& token) {
                 inserts.positions.data(), inserts.slots.data(), pool_view};
   if (absl::Status status = backend_.Prologue(insert); !status.ok()) return status;
 
-  std::vector<uint16_t> q_out(static_cast<size_t>(*padded) * kHeadDim, 0xffff);
-  PrologueParams prologue;
-  prologue.num_tokens = 1;
-  prologue.num_heads = token.heads;
-  prologue.padded_heads = *padded;
-  prologue.q = token.q.data();
-  prologue.positions = &p;
-  prologue.q_out = q_out.data();
-  prologue.rms_norm_eps = model.rms_norm_eps;
-  prologue.rope = rope;
-  if (absl::Status status = backend_.Prologue(prologue); !status.ok()) return status;
-
   std::vector<float> sinks;
   for (int h = 0; h < token.heads; ++h)
     sinks.push_back(workload_.Sink(token.salt, token.layer, token.head_offset + h));
 
   LocalAnswer answer;
+  answer.q_out.assign(q_out.begin(), q_out.end());
   answer.out.assign(static_cast<size_t>(token.heads) * kHeadDim, 0xffff);
   answer.lse.assign(token.heads, std::nanf(""));
   DecodeParams decode;
   decode.num_tokens = 1;
   decode.num_heads = token.heads;
   decode.padded_heads = *padded;
-  decode.q = q_out.data();
+  decode.q = answer.q_out.data();
   decode.softmax_scale = model.softmax_scale;
   decode.sinks = sinks.data();
   decode.main = {kSwaWindow, main_indices.data(), &main_length, pool_view};
@@ -132,11 +152,19 @@ absl::StatusOr<LocalAnswer> Verifier::Recompute(const SentToken& token) {
   decode.lse = answer.lse.data();
   if (absl::Status status = backend_.Decode(decode); !status.ok()) return status;
 
+  // The server's q_out is its own, not this one: the composition clause of
+  // spec section 7 widens the check where the float64 q_out lies at a bf16
+  // rounding tie (only this side is known).
+  absl::StatusOr<reference::QueryReference> query = reference::ReferenceQuery(
+      token.q, absl::MakeConstSpan(&p, 1), token.heads, *padded, model.rms_norm_eps, table);
+  if (!query.ok()) return query.status();
+  const std::vector<double> q_slack = reference::TieQuerySlack(*query);
+
   reference::DecodeInputs inputs;
   inputs.num_tokens = 1;
   inputs.num_heads = token.heads;
   inputs.padded_heads = *padded;
-  inputs.q = q_out;
+  inputs.q = answer.q_out;
   inputs.softmax_scale = 1.0 / std::sqrt(static_cast<double>(kHeadDim));
   inputs.sinks = sinks;
   inputs.main = {kSwaWindow, main_indices, absl::MakeConstSpan(&main_length, 1), pool};
@@ -144,6 +172,7 @@ absl::StatusOr<LocalAnswer> Verifier::Recompute(const SentToken& token) {
   inputs.derotate = token.derotate;
   inputs.positions = absl::MakeConstSpan(&p, 1);
   inputs.rope = &table;
+  inputs.q_slack = q_slack;
   absl::StatusOr<reference::DecodeReference> ref = reference::ReferenceDecode(inputs);
   if (!ref.ok()) return ref.status();
   answer.reference = *std::move(ref);

@@ -6,12 +6,17 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/bf16.h"
+#include "kernels/geometry.h"
 #include "kernels/model_profile.h"
+#include "kernels/reference/reference_f64.h"
+#include "kernels/reference/tolerance.h"
+#include "kernels/rope.h"
 
 namespace mla::loadtest {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 const ModelProfile& Flash() { return **FindModelProfile("deepseek-v4-flash"); }
 
@@ -91,6 +96,130 @@ TEST_F(VerifierTest, TheAnswerOfAnotherTokenFails) {
   absl::StatusOr<LocalAnswer> wrong = verifier_.Recompute(shifted);
   ASSERT_TRUE(wrong.ok());
   EXPECT_FALSE(verifier_.Check(token, wrong->out, wrong->lse)->ok);
+}
+
+// A token of the C4A layer 2 at position 300 whose head 0 looks for its
+// first top-k row (one key dominates) and whose element `tie_dim` of head 0,
+// where that row is largest, has a float64 q_out of about 12 within 2^-20 of
+// a bf16 midpoint: one ulp there (0.0625) moves lse by several times its
+// plain allowance. `q_` holds the query the token views; its other heads are
+// the workload's own query rows.
+class TieTest : public VerifierTest {
+ protected:
+  static constexpr int kLayer = 2;
+  static constexpr int32_t kPosition = 300;
+
+  void SetUp() override {
+    token_ = Token(kLayer, kPosition);
+    const absl::Span<const uint16_t> sent = token_.q;
+    q_.assign(sent.begin(), sent.end());
+    const uint16_t* row = workload_.CompressedRow(token_.salt, kLayer, token_.topk[0]);
+    for (int d = 0; d < kNopeDim; ++d) {
+      if (std::fabs(Bf16ToFloat(row[d])) > std::fabs(Bf16ToFloat(row[tie_dim_]))) tie_dim_ = d;
+    }
+    // The smallest NoPE value of the row balances the norm: it moves the
+    // logit of the row least.
+    int ballast = tie_dim_ == 0 ? 1 : 0;
+    double rest = 0.0;
+    for (int d = 0; d < kNopeDim; ++d) {
+      if (d == tie_dim_) continue;
+      if (std::fabs(Bf16ToFloat(row[d])) < std::fabs(Bf16ToFloat(row[ballast]))) ballast = d;
+    }
+    for (int d = 0; d < kHeadDim; ++d) {
+      if (d != tie_dim_) rest += std::pow(Bf16ToFloat(row[d]), 2);
+    }
+    // The rest holds 512 - 144 of the squared norm, so q_e near 12 stays
+    // near 12 through the RMSNorm.
+    const float scale = static_cast<float>(std::sqrt(368.0 / rest));
+    for (int d = 0; d < kHeadDim; ++d) q_[d] = FloatToBf16(Bf16ToFloat(row[d]) * scale);
+    // q_e over the 32 bf16 values from 11 up, the ballast over 512 from 0.5
+    // up (to 8): the norm changes by up to 1/8, so q_out_e sweeps several
+    // ulps, and one candidate in about 2700 lands within 2^-20 of a midpoint.
+    const uint16_t sign = row[tie_dim_] & 0x8000;
+    const std::vector<int32_t> position = {kPosition};
+    const RopeTable table(Flash().rope_kind(kLayer), kPosition + 1);
+    for (int step = 0; step < 32 * 512 && !tied_; ++step) {
+      q_[tie_dim_] = static_cast<uint16_t>(sign | (FloatToBf16(11.0f) + step % 32));
+      q_[ballast] = static_cast<uint16_t>(FloatToBf16(0.5f) + step / 32);
+      absl::StatusOr<reference::QueryReference> head = reference::ReferenceQuery(
+          absl::MakeConstSpan(q_).first(kHeadDim), position, 1, 1, Flash().rms_norm_eps, table);
+      ASSERT_TRUE(head.ok()) << head.status();
+      tie_value_ = head->values[tie_dim_];
+      tied_ = reference::TieQuerySlack(*head)[tie_dim_] > 0.0;
+    }
+    token_.q = q_;
+  }
+
+  // The answer of a correct server whose prologue rounded the tie to the
+  // other side of its midpoint than the verifier's CPU prologue did.
+  absl::StatusOr<LocalAnswer> OtherServer() {
+    absl::StatusOr<LocalAnswer> local = verifier_.Recompute(token_);
+    if (!local.ok()) return local.status();
+    std::vector<uint16_t> q_out = local->q_out;
+    const bool below = std::fabs(Bf16ToFloat(q_out[tie_dim_])) < std::fabs(tie_value_);
+    q_out[tie_dim_] = below ? q_out[tie_dim_] + 1 : q_out[tie_dim_] - 1;
+    return verifier_.RecomputeWith(token_, q_out);
+  }
+
+  std::vector<uint16_t> q_;
+  SentToken token_;
+  int tie_dim_ = 0;
+  double tie_value_ = 0.0;
+  bool tied_ = false;
+};
+
+TEST_F(TieTest, AServerThatRoundedTheTieTheOtherWayPasses) {
+  ASSERT_TRUE(tied_) << "no tie found";
+  absl::StatusOr<LocalAnswer> local = verifier_.Recompute(token_);
+  ASSERT_TRUE(local.ok()) << local.status();
+  absl::StatusOr<LocalAnswer> server = OtherServer();
+  ASSERT_TRUE(server.ok()) << server.status();
+
+  // The tie alone moves lse beyond the plain clause, 1e-3 + 2e-6 |lse|.
+  const double lse = local->reference.lse[0];
+  EXPECT_GT(std::fabs(server->lse[0] - lse), 2 * (1e-3 + 2e-6 * std::fabs(lse)));
+  EXPECT_GT(local->reference.composition_deltas[0], 2e-3);
+
+  absl::StatusOr<TokenVerdict> verdict = verifier_.Check(token_, server->out, server->lse);
+  ASSERT_TRUE(verdict.ok()) << verdict.status();
+  EXPECT_TRUE(verdict->ok) << verdict->failure;
+  EXPECT_FALSE(verdict->bit_identical);
+}
+
+TEST_F(TieTest, AWrongKeyStillFails) {
+  ASSERT_TRUE(tied_) << "no tie found";
+  SentToken swapped = token_;
+  // The dominant row's index replaced by the next entry's: that row counts
+  // twice, the dominant one never.
+  swapped.topk[0] = token_.topk[1];
+  absl::StatusOr<LocalAnswer> wrong = verifier_.Recompute(swapped);
+  ASSERT_TRUE(wrong.ok()) << wrong.status();
+  absl::StatusOr<TokenVerdict> verdict = verifier_.Check(token_, wrong->out, wrong->lse);
+  ASSERT_TRUE(verdict.ok()) << verdict.status();
+  EXPECT_FALSE(verdict->ok);
+  EXPECT_THAT(verdict->failure, HasSubstr("decode out"));
+  EXPECT_THAT(verdict->failure, HasSubstr("decode lse"));
+}
+
+TEST_F(TieTest, AMissingSinkStillFails) {
+  ASSERT_TRUE(tied_) << "no tie found";
+  absl::StatusOr<LocalAnswer> server = OtherServer();
+  ASSERT_TRUE(server.ok()) << server.status();
+  // A server that left the sink out of the denominator: out larger by
+  // 1 + exp(sink - lse); lse (which excludes the sink) unchanged.
+  std::vector<uint16_t> out = server->out;
+  for (int h = 0; h < token_.heads; ++h) {
+    const float sink = workload_.Sink(token_.salt, kLayer, token_.head_offset + h);
+    const float factor = 1.0f + std::exp(sink - server->lse[h]);
+    for (int d = 0; d < kHeadDim; ++d) {
+      out[h * kHeadDim + d] = FloatToBf16(Bf16ToFloat(out[h * kHeadDim + d]) * factor);
+    }
+  }
+  absl::StatusOr<TokenVerdict> verdict = verifier_.Check(token_, out, server->lse);
+  ASSERT_TRUE(verdict.ok()) << verdict.status();
+  EXPECT_FALSE(verdict->ok);
+  EXPECT_THAT(verdict->failure, HasSubstr("decode out"));
+  EXPECT_THAT(verdict->failure, Not(HasSubstr("decode lse")));
 }
 
 TEST_F(VerifierTest, DerotatedOutputIsCheckedToo) {

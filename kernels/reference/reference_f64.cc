@@ -328,6 +328,12 @@ absl::StatusOr<DecodeReference> ReferenceDecode(const DecodeInputs& in) {
   if (absl::Status status = CheckKeyList("decode extra", in.extra, in.num_tokens); !status.ok()) {
     return status;
   }
+  if (!in.q_slack.empty()) {
+    if (absl::Status status = CheckSize("decode q_slack", in.q_slack.size(), in.q.size());
+        !status.ok()) {
+      return status;
+    }
+  }
   if (in.derotate) {
     if (in.rope == nullptr) return absl::InvalidArgumentError("decode: derotate needs a table");
     if (absl::Status status = CheckSize("decode positions", in.positions.size(), in.num_tokens);
@@ -343,6 +349,7 @@ absl::StatusOr<DecodeReference> ReferenceDecode(const DecodeInputs& in) {
   result.lse.assign(in.num_tokens * in.num_heads, kInf);
   result.max_abs_values.assign(in.num_tokens, 0.0);
   result.num_keys.assign(in.num_tokens, 0);
+  result.composition_deltas.assign(in.num_tokens * in.num_heads, 0.0);
 
   std::vector<std::array<double, kHeadDim>> keys;
   std::vector<double> scores;
@@ -402,6 +409,16 @@ absl::StatusOr<DecodeReference> ReferenceDecode(const DecodeInputs& in) {
         }
       }
       result.lse[t * in.num_heads + h] = lse;
+      if (!in.q_slack.empty()) {
+        const double* slack = in.q_slack.data() + (t * in.padded_heads + h) * kHeadDim;
+        double widest = 0.0;
+        for (const auto& key : keys) {
+          double shift = 0.0;
+          for (int d = 0; d < kHeadDim; ++d) shift += slack[d] * std::fabs(key[d]);
+          widest = std::max(widest, shift);
+        }
+        result.composition_deltas[t * in.num_heads + h] = in.softmax_scale * widest;
+      }
     }
   }
   return result;

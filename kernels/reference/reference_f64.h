@@ -2,12 +2,13 @@
 // prologue, sparse MLA decode with attention sink), for holding compute
 // backends to the contract.
 //
-// Everything here was written from spec/dsv4-attention.md alone and shares no
-// code with the backends: bf16 rounding, the e4m3 encoder (nearest of the 127
-// finite magnitudes rather than bit manipulation), UE8M0 exponents, cache slot
-// offsets and dequantisation are re-derived. The only inputs shared with the
-// backends are the geometry constants (kernels/geometry.h) and the RoPE table
-// (kernels/rope.h), which the spec says both sides read.
+// Everything here was written from docs/spec/dsv4-attention.md alone and
+// shares no code with the backends: bf16 rounding, the e4m3 encoder (nearest
+// of the 127 finite magnitudes rather than bit manipulation), UE8M0
+// exponents, cache slot offsets and dequantisation are re-derived. The only
+// inputs shared with the backends are the geometry constants
+// (kernels/geometry.h) and the RoPE table (kernels/rope.h), which the spec
+// says both sides read.
 //
 // The reference computes in float64 and returns unrounded values, so that
 // kernels/reference/tolerance.h can apply the rules of spec section 7; only
@@ -129,6 +130,12 @@ struct DecodeInputs {
   bool derotate = false;
   absl::Span<const int32_t> positions;  // [N]; read only when derotate
   const RopeTable* rope = nullptr;      // read only when derotate
+  // For section 7's composition clause, when q is the checker's own q_out
+  // rather than the one the backend used: [N, Hp, 512], how far (in value,
+  // one bf16 ulp) the backend's q_out may differ from q at each element, 0
+  // where it may not (tolerance.h's TieQuerySlack, DifferingQuerySlack).
+  // Empty: the backend used q itself.
+  absl::Span<const double> q_slack;
 };
 
 struct DecodeReference {
@@ -140,6 +147,10 @@ struct DecodeReference {
   // scales the absolute tolerance of section 7.
   std::vector<double> max_abs_values;
   std::vector<int64_t> num_keys;  // [N]: |J|, duplicates counted
+  // [N, H]: delta_t of the composition clause, softmax_scale times the
+  // largest sum over e of q_slack[e] * |K_j,e| among the keys j; all 0 when
+  // q_slack is empty or J is.
+  std::vector<double> composition_deltas;
 };
 
 absl::StatusOr<DecodeReference> ReferenceDecode(const DecodeInputs& inputs);

@@ -35,11 +35,37 @@ double RoundedExcess(uint16_t actual, double expected, double pair_magnitude) {
   return std::min(ulps, error / allowed);
 }
 
+// +inf; every finite positive bf16 pattern is below it.
+constexpr uint16_t kBf16Infinity = 0x7f80;
+
+// TieQuerySlack's rule for one element.
+double TieSlack(double value) {
+  const double magnitude = std::fabs(value);
+  if (!(magnitude > 0.0)) return 0.0;  // zero or NaN
+  const uint16_t nearest = RoundToBf16(magnitude);
+  if (nearest >= kBf16Infinity) return 0.0;
+  const double rounded = Bf16Value(nearest);
+  const uint16_t beside = magnitude > rounded ? nearest + 1 : nearest - 1;
+  const double midpoint = (rounded + Bf16Value(beside)) / 2.0;
+  if (!(std::fabs(magnitude - midpoint) <= kTieWindow * magnitude)) return 0.0;
+  return Bf16Ulp(std::max(nearest, beside));  // positive patterns order as their values
+}
+
 void CheckSizes(absl::string_view what, size_t actual, size_t expected, ComparisonReport& report) {
   if (actual == expected) return;
   report.Check(kInf, [&] {
     return absl::StrCat(what, " holds ", actual, " elements, the reference ", expected);
   });
+}
+
+// Token and head `i` of a reference's deltas; 0 in a reference made
+// without them.
+double CompositionDelta(const DecodeReference& expected, int64_t i) {
+  return expected.composition_deltas.empty() ? 0.0 : expected.composition_deltas[i];
+}
+
+std::string DeltaText(double delta) {
+  return delta > 0.0 ? absl::StrFormat(", composition delta %.3g", delta) : std::string();
 }
 
 }  // namespace
@@ -52,6 +78,13 @@ double Bf16UlpDistance(uint16_t a, uint16_t b) {
   return std::abs(OrderedBf16(a) - OrderedBf16(b));
 }
 
+double Bf16Ulp(uint16_t bits) {
+  const uint16_t magnitude = bits & 0x7fff;
+  if (magnitude >= kBf16Infinity) return 0.0;
+  if (magnitude + 1 == kBf16Infinity) return Bf16Value(magnitude) - Bf16Value(magnitude - 1);
+  return Bf16Value(magnitude + 1) - Bf16Value(magnitude);
+}
+
 double QueryOutExcess(uint16_t actual, double expected, double pair_magnitude) {
   return RoundedExcess(actual, expected, pair_magnitude);
 }
@@ -60,17 +93,41 @@ double CacheRopeExcess(uint16_t actual, double expected, double pair_magnitude) 
   return RoundedExcess(actual, expected, pair_magnitude);
 }
 
-double DecodeOutExcess(double actual, double expected, double max_abs_value) {
+double DecodeOutExcess(double actual, double expected, double max_abs_value,
+                       double composition_delta) {
   if (std::isnan(actual) || std::isnan(expected) || std::isinf(actual)) return kInf;
   const double allowed = kDecodeAbsoluteTolerance * std::max(1.0, max_abs_value) +
-                         kDecodeRelativeTolerance * std::fabs(expected);
+                         kDecodeRelativeTolerance * std::fabs(expected) +
+                         2.0 * composition_delta * max_abs_value;
   return std::fabs(actual - expected) / allowed;
 }
 
-double LseExcess(double actual, double expected) {
+double LseExcess(double actual, double expected, double composition_delta) {
   if (std::isnan(actual) || std::isnan(expected)) return kInf;
   if (std::isinf(expected) || std::isinf(actual)) return actual == expected ? 0.0 : kInf;
-  return std::fabs(actual - expected) / kLseTolerance;
+  const double allowed =
+      kLseAbsoluteTolerance + kLseRelativeTolerance * std::fabs(expected) + composition_delta;
+  return std::fabs(actual - expected) / allowed;
+}
+
+std::vector<double> TieQuerySlack(const QueryReference& expected) {
+  std::vector<double> slack(expected.values.size());
+  for (size_t i = 0; i < slack.size(); ++i) slack[i] = TieSlack(expected.values[i]);
+  return slack;
+}
+
+absl::StatusOr<std::vector<double>> DifferingQuerySlack(absl::Span<const uint16_t> a,
+                                                        absl::Span<const uint16_t> b) {
+  if (a.size() != b.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("q_out sides hold ", a.size(), " and ", b.size(), " elements"));
+  }
+  std::vector<double> slack(a.size(), 0.0);
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (Bf16Value(a[i]) == Bf16Value(b[i])) continue;
+    slack[i] = Bf16Ulp(std::max<uint16_t>(a[i] & 0x7fff, b[i] & 0x7fff));
+  }
+  return slack;
 }
 
 ComparisonReport::ComparisonReport(std::string subject) : subject_(std::move(subject)) {}
@@ -189,13 +246,14 @@ ComparisonReport CompareDecodeOut(absl::Span<const uint16_t> out, const DecodeRe
   for (int64_t t = 0; t < expected.num_tokens; ++t) {
     const double max_abs = expected.max_abs_values[t];
     for (int h = 0; h < expected.num_heads; ++h) {
+      const double delta = CompositionDelta(expected, t * expected.num_heads + h);
       for (int d = 0; d < kHeadDim; ++d) {
         const int64_t i = (t * expected.num_heads + h) * kHeadDim + d;
         const double actual = Bf16Value(out[i]);
-        report.Check(DecodeOutExcess(actual, expected.out[i], max_abs), [&] {
+        report.Check(DecodeOutExcess(actual, expected.out[i], max_abs, delta), [&] {
           return absl::StrFormat(
-              "token %d head %d dim %d: got 0x%04x (%.9g), want %.9g (A_t %.6g, %d keys)", t, h, d,
-              out[i], actual, expected.out[i], max_abs, expected.num_keys[t]);
+              "token %d head %d dim %d: got 0x%04x (%.9g), want %.9g (A_t %.6g, %d keys%s)", t, h,
+              d, out[i], actual, expected.out[i], max_abs, expected.num_keys[t], DeltaText(delta));
         });
       }
     }
@@ -210,9 +268,10 @@ ComparisonReport CompareLse(absl::Span<const float> lse, const DecodeReference& 
   for (int64_t t = 0; t < expected.num_tokens; ++t) {
     for (int h = 0; h < expected.num_heads; ++h) {
       const int64_t i = t * expected.num_heads + h;
-      report.Check(LseExcess(lse[i], expected.lse[i]), [&] {
-        return absl::StrFormat("token %d head %d: got %.9g, want %.9g (%d keys)", t, h, lse[i],
-                               expected.lse[i], expected.num_keys[t]);
+      const double delta = CompositionDelta(expected, i);
+      report.Check(LseExcess(lse[i], expected.lse[i], delta), [&] {
+        return absl::StrFormat("token %d head %d: got %.9g, want %.9g (%d keys%s)", t, h, lse[i],
+                               expected.lse[i], expected.num_keys[t], DeltaText(delta));
       });
     }
   }

@@ -9,6 +9,15 @@
 // byte, out and lse of an empty key set), so poisoned outputs that a backend
 // failed to write are caught.
 //
+// The decode rules assume the reference decoded the q_out the backend used.
+// A check that recomputes q_out itself (a client verifying a server, a
+// CPU-vs-GPU comparison of a whole layer step) applies section 7's
+// composition clause instead: it passes DecodeInputs::q_slack (from
+// TieQuerySlack when only its own side is known, DifferingQuerySlack when
+// both are), ReferenceDecode turns that into a delta per token and head, and
+// the decode comparators widen the lse allowance by delta and the out
+// allowance by 2 * delta * A_t. Without q_slack every delta is 0.
+//
 // A comparator returns a ComparisonReport: the counts, the first failing
 // element and the one furthest out of tolerance, each with its indices, and
 // the largest excess seen (a margin worth printing even when all pass). A
@@ -19,9 +28,11 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "kernels/reference/reference_f64.h"
@@ -32,17 +43,28 @@ namespace reference {
 // Decode out: |out - ref| <= 2e-3 * max(1, A_t) + 1e-2 * |ref|.
 inline constexpr double kDecodeAbsoluteTolerance = 2e-3;
 inline constexpr double kDecodeRelativeTolerance = 1e-2;
-// lse: 1e-3 absolute.
-inline constexpr double kLseTolerance = 1e-3;
+// lse: |lse - ref| <= 1e-3 + 2e-6 * |ref|. The relative term is float32's
+// accumulation at |lse| in the thousands, where 1e-3 alone is below it.
+inline constexpr double kLseAbsoluteTolerance = 1e-3;
+inline constexpr double kLseRelativeTolerance = 2e-6;
 // A rotated element may be off by this fraction of |a| + |b| of its pair
 // before rotation (float32 rotations cancel near zero): 2^-16.
 inline constexpr double kRopePairTolerance = 1.0 / 65536.0;
+
+// The composition clause counts a q_out element whose float64 value lies
+// within this fraction of its own magnitude of a bf16 rounding midpoint:
+// 2^-20, sixteen float32 ulps, more than a float32 prologue may be off.
+inline constexpr double kTieWindow = 1.0 / (1 << 20);
 
 // ---- Element rules.
 
 // Distance in bf16 ulps between two bf16 values (+0 and -0 are equal; the
 // count crosses zero); +inf when either is NaN.
 double Bf16UlpDistance(uint16_t a, uint16_t b);
+
+// ulp_bf16 of the composition clause: the distance from the bf16 value of
+// |bits| to the next larger bf16 (0 for NaN and infinities).
+double Bf16Ulp(uint16_t bits);
 
 // A prologue q_out element against its float64 reference: equal to the
 // reference rounded to bf16 or one ulp apart, or, for a RoPE element,
@@ -58,12 +80,31 @@ double QueryOutExcess(uint16_t actual, double expected, double pair_magnitude);
 double CacheRopeExcess(uint16_t actual, double expected, double pair_magnitude);
 
 // A decode out element (the bf16 output's value) against its float64
-// reference, with A_t the largest |V| among the token's keys.
-double DecodeOutExcess(double actual, double expected, double max_abs_value);
+// reference, with A_t the largest |V| among the token's keys, widened by
+// 2 * composition_delta * A_t (see the top of this file).
+double DecodeOutExcess(double actual, double expected, double max_abs_value,
+                       double composition_delta = 0.0);
 
 // A decode lse against its reference: +inf exactly where the reference is
-// +inf (empty key set), otherwise within kLseTolerance.
-double LseExcess(double actual, double expected);
+// +inf (empty key set), otherwise within kLseAbsoluteTolerance +
+// kLseRelativeTolerance * |expected| + composition_delta.
+double LseExcess(double actual, double expected, double composition_delta = 0.0);
+
+// ---- The composition clause's q_slack (DecodeInputs::q_slack).
+
+// Only the checker's own q_out is known: each element of `expected` [N, Hp,
+// 512] whose float64 value lies within kTieWindow * |value| of a bf16
+// rounding midpoint gets the Bf16Ulp of the larger of the two bf16 values
+// beside that midpoint (at least their distance: a backend's float32
+// prologue may round to either); every other element, the padding heads'
+// included, gets 0.
+std::vector<double> TieQuerySlack(const QueryReference& expected);
+
+// Both sides' q_out are known: each element where the bit patterns differ
+// gets the Bf16Ulp of the larger in magnitude, the others 0. InvalidArgument
+// when the sizes differ.
+absl::StatusOr<std::vector<double>> DifferingQuerySlack(absl::Span<const uint16_t> a,
+                                                        absl::Span<const uint16_t> b);
 
 // ---- Reports.
 
@@ -117,10 +158,12 @@ ComparisonReport CompareCacheRows(absl::Span<const uint8_t> pool, absl::Span<con
                                   absl::Span<const KvRowReference> expected,
                                   absl::string_view subject);
 
-// Decode out [N, H, 512] bf16 against ReferenceDecode, by DecodeOutExcess.
+// Decode out [N, H, 512] bf16 against ReferenceDecode, by DecodeOutExcess
+// with the reference's composition_deltas.
 ComparisonReport CompareDecodeOut(absl::Span<const uint16_t> out, const DecodeReference& expected);
 
-// Decode lse [N, H] against ReferenceDecode, by LseExcess.
+// Decode lse [N, H] against ReferenceDecode, by LseExcess with the
+// reference's composition_deltas.
 ComparisonReport CompareLse(absl::Span<const float> lse, const DecodeReference& expected);
 
 }  // namespace reference

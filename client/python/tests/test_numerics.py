@@ -103,19 +103,23 @@ class NumericsTest(ServerTestCase):
                         rows += [ref.cache_row(compressed[layer][j], 128 * j, r)
                                  for j in range((p + 1) // 128)]
                     keys.append(np.stack(rows))
-                q_out = ref.prologue_q(q, positions, r)
+                # q_out is computed here, not the server's own: the check
+                # carries section 7's composition clause.
+                q_float64 = ref.prologue_q_float64(q, positions, r)
+                q_out = ref.round_to_bf16(q_float64)
+                deltas = ref.composition_deltas(ref.tie_slack(q_float64), keys)
                 layer_sinks = sinks[layer, head_offset:head_offset + HEADS]
                 expected_out, expected_lse = ref.decode(q_out, keys, layer_sinks, positions, r,
                                                         derotate)
                 out = mo.bf16_to_float32(result.out)
                 problems = ref.decode_violations(out, result.lse, expected_out, expected_lse,
-                                                 keys)
+                                                 keys, deltas)
                 self.assertEqual(problems, [], "\n".join(problems))
                 # The check has teeth: without the sink the answer is far outside it.
                 no_sink, _ = ref.decode(q_out, keys, np.full(HEADS, -np.inf), positions, r,
                                         derotate)
                 self.assertNotEqual(
-                    ref.decode_violations(out, None, no_sink, expected_lse, keys), [])
+                    ref.decode_violations(out, None, no_sink, expected_lse, keys, deltas), [])
         self.client.close_session(session)
 
 
@@ -155,3 +159,80 @@ class ReferenceTest(unittest.TestCase):
         self.assertEqual(ref.round_to_bf16(1.0 + 2.0 ** -8 + 2.0 ** -40), 1.0 + 2.0 ** -7)
         self.assertEqual(ref.round_to_bf16(1.0 + 2.0 ** -8), 1.0)
         self.assertEqual(ref.round_to_bf16(-(1.0 + 2.0 ** -8 + 2.0 ** -40)), -(1.0 + 2.0 ** -7))
+
+
+class CompositionTest(unittest.TestCase):
+    """Section 7's lse rule and composition clause in decode_violations: one
+    token over 40 random keys, two heads. Head 0 looks for key 7 (lse about
+    70) and its element 100 lies exactly on the bf16 midpoint between 12 and
+    12.0625, where key 7 holds 2: one ulp there moves lse by about 5e-3. Head
+    1 attends broadly and its sink matters."""
+
+    TIE = 12.03125
+
+    def setUp(self):
+        rng = np.random.default_rng(2026)
+        rows = ref.round_to_bf16(rng.standard_normal((40, 512)))
+        rows[7, 100] = 2.0
+        self.keys = [rows]
+        q = np.zeros((1, 2, 512))
+        q[0, 0] = 3.0 * rows[7] + 0.3 * rng.standard_normal(512)
+        q[0, 0, 100] = self.TIE
+        q[0, 1] = ref.round_to_bf16(rng.standard_normal(512))
+        self.q_float64 = q
+        self.mine = ref.round_to_bf16(q)  # the tie goes to even: 12
+        self.theirs = self.mine.copy()
+        self.theirs[0, 0, 100] = 12.0625  # a server's float32 prologue landed above it
+        self.sinks = np.array([2.0, 3.5])
+        self.expected_out, self.expected_lse = ref.decode(self.mine, self.keys, self.sinks)
+        self.deltas = ref.composition_deltas(ref.tie_slack(q), self.keys)
+
+    def server(self, keys, sinks):
+        """A correct server's answer from its own q_out, rounded as sent."""
+        out, lse = ref.decode(self.theirs, keys, sinks)
+        return ref.round_to_bf16(out).astype(np.float32), lse.astype(np.float32)
+
+    def violations(self, answer, deltas):
+        out, lse = answer
+        return ref.decode_violations(out, lse, self.expected_out, self.expected_lse, self.keys,
+                                     deltas)
+
+    def test_tie_slack_counts_values_within_2_to_the_minus_20_of_a_midpoint(self):
+        w = 2.0 ** -20
+        values = np.array([self.TIE, self.TIE * (1 + w / 2), -self.TIE * (1 - w / 2),
+                           self.TIE * (1 + 2 * w), 12.0, 2.0 - 2.0 ** -8, 0.0, np.nan, np.inf])
+        np.testing.assert_array_equal(ref.tie_slack(values),
+                                      [0.0625, 0.0625, 0.0625, 0, 0, 2.0 ** -6, 0, 0, 0])
+
+    def test_a_tie_rounded_the_other_way_needs_the_composition_clause(self):
+        answer = self.server(self.keys, self.sinks)
+        self.assertGreater(abs(answer[1][0, 0] - self.expected_lse[0, 0]), 3e-3)
+        self.assertNotEqual(self.violations(answer, None), [])
+        self.assertGreater(self.deltas[0, 0], 3e-3)
+        self.assertEqual(self.deltas[0, 1], 0.0)
+        problems = self.violations(answer, self.deltas)
+        self.assertEqual(problems, [], "\n".join(problems))
+
+    def test_a_wrong_key_still_fails(self):
+        for swapped in (7, 20):  # head 0's own key; one of head 1's broad softmax
+            rows = self.keys[0].copy()
+            rows[swapped] = rows[swapped + 1]
+            self.assertNotEqual(self.violations(self.server([rows], self.sinks), self.deltas), [],
+                                f"key {swapped}")
+
+    def test_a_missing_sink_still_fails(self):
+        problems = self.violations(self.server(self.keys, np.full(2, -np.inf)), self.deltas)
+        self.assertEqual(len(problems), 1, problems)
+        self.assertIn("out outside tolerance", problems[0])
+
+    def test_lse_in_the_thousands_passes_by_the_relative_term(self):
+        rng = np.random.default_rng(7)
+        keys = [ref.round_to_bf16(8.0 * rng.standard_normal((4, 512)))]
+        q = ref.round_to_bf16(2.0 * keys[0][2])[None, None, :]
+        out, lse = ref.decode(q, keys, np.array([-np.inf]))
+        self.assertGreater(lse[0, 0], 2000.0)
+        sent = ref.round_to_bf16(out).astype(np.float32)
+        for error, passes in ((4e-3, True), (-8e-3, False)):
+            problems = ref.decode_violations(sent, (lse + error).astype(np.float32), out, lse,
+                                             keys)
+            self.assertEqual(problems == [], passes, f"{error}: {problems}")
