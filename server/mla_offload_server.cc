@@ -71,7 +71,44 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
+// The numeric flags, each in the range the server can run with; the error
+// names the flag and the range.
+absl::Status CheckFlags() {
+  struct IntFlag {
+    const char* name;
+    int64_t value, low, high;
+  };
+  const IntFlag int_flags[] = {
+      {"cpu_threads", absl::GetFlag(FLAGS_cpu_threads), 0, 4096},
+      {"device", absl::GetFlag(FLAGS_device), 0, 1023},
+      {"max_position", absl::GetFlag(FLAGS_max_position), 1, 1 << 24},
+      {"max_tokens_per_message", absl::GetFlag(FLAGS_max_tokens_per_message), 1, 1 << 16},
+      {"max_message_mb", absl::GetFlag(FLAGS_max_message_mb), 1, 1023},
+      {"max_batch_tokens", absl::GetFlag(FLAGS_max_batch_tokens), 1, 1 << 20},
+      {"batch_wait_us", absl::GetFlag(FLAGS_batch_wait_us), 0, 1000000},
+      {"max_queued_messages", absl::GetFlag(FLAGS_max_queued_messages), 1, 1 << 24},
+      {"max_messages_in_flight", absl::GetFlag(FLAGS_max_messages_in_flight), 1, 1024},
+      {"session_idle_ttl_s", absl::GetFlag(FLAGS_session_idle_ttl_s), 1, 365 * 24 * 3600},
+      {"metrics_port", absl::GetFlag(FLAGS_metrics_port), -1, 65535},
+      {"drain_seconds", absl::GetFlag(FLAGS_drain_seconds), 0, 24 * 3600},
+  };
+  for (const IntFlag& flag : int_flags) {
+    if (flag.value < flag.low || flag.value > flag.high) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag.name, "=", flag.value,
+                                                     " is outside ", flag.low, "..", flag.high));
+    }
+  }
+  const double gb = absl::GetFlag(FLAGS_kv_cache_gb);
+  if (!(gb * 1e9 >= kBlockBytes && gb <= 1e6)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv_cache_gb=", gb, " must hold at least one block of ", kBlockBytes,
+        " bytes and be at most 1e6"));
+  }
+  return absl::OkStatus();
+}
+
 int Main() {
+  if (absl::Status status = CheckFlags(); !status.ok()) return Fail(status);
   std::vector<const ModelProfile*> models;
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_model), ',', absl::SkipEmpty())) {
     absl::StatusOr<const ModelProfile*> profile = FindModelProfile(name);

@@ -1880,6 +1880,32 @@ TEST_F(DrainTest, HealthTurnsNotServingAndNewSessionsAreUnavailable) {
 // ---- 7. Ordering.
 
 // Echo, the transport baseline, sends every message back unchanged, in order.
+// Numeric flags outside what the server can run with are refused at start,
+// naming the flag and its range (a negative --max_message_mb used to mean
+// no limit at all; a NaN --kv_cache_gb was undefined behaviour).
+TEST(ServerFlagsTest, OutOfRangeFlagsAreRefusedByName) {
+  absl::StatusOr<std::string> binary = client::RunfilePath("server/mla_offload_server");
+  ASSERT_TRUE(binary.ok()) << binary.status();
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--max_message_mb=0", "--max_message_mb=0 is outside 1..1023"},
+      {"--max_message_mb=-1", "--max_message_mb=-1 is outside"},
+      {"--kv_cache_gb=nan", "--kv_cache_gb=nan"},
+      {"--kv_cache_gb=0", "--kv_cache_gb=0"},
+      {"--max_position=0", "--max_position=0 is outside"},
+      {"--batch_wait_us=-1", "--batch_wait_us=-1 is outside"},
+      {"--max_messages_in_flight=0", "--max_messages_in_flight=0 is outside"},
+      {"--session_idle_ttl_s=0", "--session_idle_ttl_s=0 is outside"},
+  };
+  for (const auto& [flag, message] : cases) {
+    absl::StatusOr<client::CommandResult> result =
+        client::RunCommand({*binary, "--listen=127.0.0.1:0", "--metrics_port=-1", flag});
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->exit_code, 1) << flag;
+    EXPECT_THAT(result->err, HasSubstr(message)) << flag;
+    EXPECT_THAT(result->out, ::testing::Not(HasSubstr("serving on"))) << flag;
+  }
+}
+
 TEST_F(ServerE2eTest, EchoReturnsEveryMessageUnchanged) {
   ASSERT_NO_FATAL_FAILURE(StartServer());
   grpc::ClientContext context;
