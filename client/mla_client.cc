@@ -924,9 +924,11 @@ absl::StatusOr<pb::CreateSessionResponse> Client::CreateSession(const SessionOpt
   request.set_idle_ttl_seconds(static_cast<int32_t>(absl::ToInt64Seconds(
       absl::Ceil(std::min(options.idle_ttl, longest), absl::Seconds(1)))));
   if (!options.sinks.empty()) {
-    if (options.sinks_shape.size() != 2 ||
-        options.sinks_shape[0] * options.sinks_shape[1] !=
-            static_cast<int64_t>(options.sinks.size())) {
+    // Divided, not multiplied: no product of the caller's numbers overflows.
+    const int64_t values = static_cast<int64_t>(options.sinks.size());
+    if (options.sinks_shape.size() != 2 || options.sinks_shape[0] < 1 ||
+        options.sinks_shape[1] < 1 || values % options.sinks_shape[0] != 0 ||
+        values / options.sinks_shape[0] != options.sinks_shape[1]) {
       return absl::InvalidArgumentError(absl::StrCat(
           "SessionOptions.sinks_shape must be [num_attention_layers, heads] with ",
           options.sinks.size(), " values in all (the size of sinks)"));

@@ -512,8 +512,15 @@ TEST_F(ClientTest, ErrorsCarryTheServersCodeAndMessage) {
   EXPECT_THAT(refused.status().message(), HasSubstr("no-such-model"));
 
   SessionOptions bad_sinks = SessionOf(MakeSequence(1));
-  bad_sinks.sinks_shape = {3, 3};
-  EXPECT_THAT(client_->CreateSession(bad_sinks).status().message(), HasSubstr("sinks_shape"));
+  const int64_t values = static_cast<int64_t>(bad_sinks.sinks.size());
+  // Shapes whose product is wrong, negative, or overflows int64 to the size.
+  for (const std::vector<int64_t>& shape :
+       std::vector<std::vector<int64_t>>{{3, 3}, {-1, -values}, {values, 1, 1},
+                                          {int64_t{1} << 62, 4 + values}}) {
+    bad_sinks.sinks_shape = shape;
+    EXPECT_THAT(client_->CreateSession(bad_sinks).status().message(), HasSubstr("sinks_shape"))
+        << shape[0] << " x " << shape[1];
+  }
 
   Sequence seq = MakeSequence(21);
   ASSERT_NO_FATAL_FAILURE(CreateAndAppend(&seq, 20));

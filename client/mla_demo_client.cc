@@ -90,11 +90,28 @@ int Main() {
                  absl::GetFlag(FLAGS_model).c_str());
     return 1;
   }
+  // The sizes below multiply what the server said and what the flags say:
+  // both are bounded first, so no product overflows.
+  if (model->num_attention_layers() < 1 || model->num_attention_layers() > 1024 ||
+      model->compress_ratios_size() != model->num_attention_layers() ||
+      model->num_query_heads() < 1 || model->num_query_heads() > 1024 ||
+      model->indexer_topk() < 1 || model->indexer_topk() > 65536) {
+    std::fprintf(stderr, "mla_demo_client: the server's profile of %s is not a DeepSeek-V4 model "
+                 "this client can drive (layers, ratios, heads or top-k out of range)\n",
+                 model->name().c_str());
+    return 1;
+  }
   const int tp = absl::GetFlag(FLAGS_tp);
-  const int heads = model->num_query_heads() / tp;
-  const int layers = model->num_attention_layers();
   const int num_sessions = absl::GetFlag(FLAGS_sessions);
   const int prompt = absl::GetFlag(FLAGS_prompt);
+  if (tp < 1 || model->num_query_heads() % tp != 0 || num_sessions < 1 || num_sessions > 1024 ||
+      prompt < 1 || prompt > (1 << 20)) {
+    std::fprintf(stderr, "mla_demo_client: --tp must divide the model's %d heads, --sessions be in "
+                 "1..1024 and --prompt in 1..%d\n", model->num_query_heads(), 1 << 20);
+    return 2;
+  }
+  const int heads = model->num_query_heads() / tp;
+  const int layers = model->num_attention_layers();
   std::printf("server   %s, backend %s, KV cache %lld blocks (%lld used)\n", info.version().c_str(),
               info.backend().c_str(), static_cast<long long>(info.kv_blocks_total()),
               static_cast<long long>(info.kv_blocks_used()));
