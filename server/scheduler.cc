@@ -34,7 +34,7 @@ Scheduler::~Scheduler() {
 }
 
 absl::Status Scheduler::SubmitAttend(std::shared_ptr<const AttendInput> input, AttendDone done,
-                                     std::shared_ptr<const std::atomic<bool>> cancelled) {
+                                     std::shared_ptr<const AttendStreamTag> stream) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopping_) return absl::UnavailableError("the server is shutting down");
@@ -44,7 +44,8 @@ absl::Status Scheduler::SubmitAttend(std::shared_ptr<const AttendInput> input, A
           " messages waiting); retry later, send fewer messages in flight, or add servers"));
     }
     const int64_t tokens = TokensOf(*input);
-    queue_.push_back(Item{std::move(input), tokens, std::move(done), std::move(cancelled), nullptr});
+    if (stream != nullptr) streams_[stream.get()] = StreamSeen{stream, options_.clock()};
+    queue_.push_back(Item{std::move(input), tokens, std::move(done), std::move(stream), nullptr});
     ++queued_attends_;
   }
   wake_.notify_one();
@@ -144,6 +145,7 @@ void Scheduler::Loop() {
       // Blocked by a task, the token budget or read-only work.
       const bool blocked = !queue_.empty() || !next_.empty();
       if (blocked || stopping_ || tokens >= options_.max_batch_tokens) break;
+      if (!OthersActive(batch)) break;
       if (!wake_.wait_until(lock, deadline, work_waiting)) break;
     }
     lock.unlock();
@@ -152,13 +154,30 @@ void Scheduler::Loop() {
   }
 }
 
+bool Scheduler::OthersActive(const std::vector<Item>& batch) {
+  const absl::Time quiet_since = options_.clock() - options_.active_stream_window;
+  absl::flat_hash_set<const AttendStreamTag*> in_batch;
+  for (const Item& item : batch) in_batch.insert(item.stream.get());
+  bool others = false;
+  for (auto it = streams_.begin(); it != streams_.end();) {
+    const std::shared_ptr<const AttendStreamTag> stream = it->second.stream.lock();
+    if (stream == nullptr || stream->cancelled.load() || it->second.last_message < quiet_since) {
+      streams_.erase(it++);
+      continue;
+    }
+    others |= !in_batch.contains(it->first);
+    ++it;
+  }
+  return others;
+}
+
 void Scheduler::RunBatch(std::vector<Item>& batch) {
   // A cancelled stream's messages are answered without running: its client
   // is gone and would never learn what they changed.
   std::vector<Item> live;
   live.reserve(batch.size());
   for (Item& item : batch) {
-    if (item.cancelled == nullptr || !item.cancelled->load()) {
+    if (item.stream == nullptr || !item.stream->cancelled.load()) {
       live.push_back(std::move(item));
       continue;
     }

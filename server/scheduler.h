@@ -17,6 +17,11 @@
 // task running now. An Attend message whose stream was cancelled before its
 // batch began is answered CANCELLED without running: nothing of it is applied.
 //
+// The batch wait: a batch waits for more messages only while another active
+// stream (one that sent a message within `active_stream_window`) has none in
+// it, and never longer than `batch_wait`. A lone stream is never held back;
+// streams stepping through layers together meet in one batch.
+//
 // Thread-safe. Callbacks run on the engine thread and must not block.
 #ifndef MLA_OFFLOAD_SERVER_SCHEDULER_H_
 #define MLA_OFFLOAD_SERVER_SCHEDULER_H_
@@ -31,6 +36,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "server/clock.h"
@@ -41,10 +48,17 @@ namespace mla {
 
 struct SchedulerOptions {
   int max_batch_tokens = 1024;
-  absl::Duration batch_wait = absl::Microseconds(200);
+  absl::Duration batch_wait = absl::Microseconds(200);  // the longest a batch waits
+  absl::Duration active_stream_window = absl::Milliseconds(100);
   int max_queued_messages = 4096;
   absl::Duration expiry_interval = absl::Seconds(1);  // how often idle sessions are closed
   Clock clock = MonotonicNow;  // the engine's time: arrivals, last use, expiry
+};
+
+// One Attend stream as the scheduler sees it. The service sets `cancelled`
+// when the stream's client has gone: its queued messages then do not run.
+struct AttendStreamTag {
+  std::atomic<bool> cancelled{false};
 };
 
 // What the scheduler reports about each batch it runs (for metrics).
@@ -69,12 +83,12 @@ class Scheduler {
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
-  // Queues one Attend message; `done` is called exactly once with its result
-  // unless this returns an error (queue full, or stopped). When `cancelled`
-  // (may be null) is true as its batch forms, the message is answered
-  // CANCELLED and not run.
+  // Queues one Attend message of `stream` (may be null: a stream of its
+  // own); `done` is called exactly once with its result unless this returns
+  // an error (queue full, or stopped). When the stream is cancelled as the
+  // message's batch forms, the message is answered CANCELLED and not run.
   absl::Status SubmitAttend(std::shared_ptr<const AttendInput> input, AttendDone done,
-                            std::shared_ptr<const std::atomic<bool>> cancelled = nullptr);
+                            std::shared_ptr<const AttendStreamTag> stream = nullptr);
   // Queues work that needs the engine; it runs on the engine thread, in FIFO
   // order with the Attend messages.
   void Run(Task task);
@@ -98,12 +112,19 @@ class Scheduler {
     std::shared_ptr<const AttendInput> attend;
     int64_t tokens = 0;
     AttendDone done;
-    std::shared_ptr<const std::atomic<bool>> cancelled;
+    std::shared_ptr<const AttendStreamTag> stream;
     Task task;
+  };
+  struct StreamSeen {
+    std::weak_ptr<const AttendStreamTag> stream;
+    absl::Time last_message;
   };
 
   void Loop();
   void RunBatch(std::vector<Item>& batch);
+  // Whether an active stream other than those of `batch` may still send a
+  // message for it; forgets streams that ended or went quiet. With mutex_.
+  bool OthersActive(const std::vector<Item>& batch);
 
   std::unique_ptr<Engine> engine_;
   const SchedulerOptions options_;
@@ -111,6 +132,7 @@ class Scheduler {
   std::condition_variable wake_;
   std::deque<Item> queue_;
   std::deque<Task> next_;  // RunNext's, ahead of queue_
+  absl::flat_hash_map<const AttendStreamTag*, StreamSeen> streams_;  // by their last message
   int queued_attends_ = 0;
   bool stopping_ = false;
   std::function<void(const BatchStats&)> batch_observer_;

@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -137,6 +138,102 @@ TEST(SchedulerTest, IdleExpiryFollowsTheSchedulersClock) {
   while (sessions() == 1 && absl::Now() < give_up) {
   }
   EXPECT_EQ(sessions(), 0) << "not expired 1.5 s after its 1 s TTL on the scheduler's clock";
+}
+
+// A message to no session (the engine refuses it; the scheduler batches it
+// all the same).
+std::shared_ptr<AttendInput> Message(uint64_t id) {
+  auto input = std::make_shared<AttendInput>();
+  input->request_id = id;
+  input->segments.push_back({"no such session", 0, 1, 0, 0});
+  return input;
+}
+
+// Batches of a scheduler, as its observer saw them.
+class Batches {
+ public:
+  explicit Batches(Scheduler& scheduler) {
+    scheduler.SetBatchObserver([this](const BatchStats& stats) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      sizes_.push_back(stats.messages);
+    });
+  }
+  std::vector<int> sizes() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return sizes_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<int> sizes_;
+};
+
+// Submits `input` for `stream` and returns a future of its answer.
+std::future<AttendResult> Submit(Scheduler& scheduler, std::shared_ptr<AttendInput> input,
+                                 std::shared_ptr<const AttendStreamTag> stream) {
+  auto answer = std::make_shared<std::promise<AttendResult>>();
+  std::future<AttendResult> future = answer->get_future();
+  EXPECT_TRUE(scheduler
+                  .SubmitAttend(std::move(input),
+                                [answer](AttendResult result) { answer->set_value(std::move(result)); },
+                                std::move(stream))
+                  .ok());
+  return future;
+}
+
+// With a batch wait of a minute, a lone stream's message runs at once: no
+// other stream is active, so there is nothing to wait for (before, every
+// batch waited the whole --batch_wait_us).
+TEST(SchedulerTest, ALoneStreamIsNotHeldByTheBatchWait) {
+  SchedulerOptions options;
+  options.batch_wait = absl::Minutes(1);
+  Scheduler scheduler(NewEngine(), options);
+  const auto stream = std::make_shared<AttendStreamTag>();
+  for (uint64_t step = 0; step < 3; ++step) {
+    std::future<AttendResult> answer = Submit(scheduler, Message(step), stream);
+    ASSERT_EQ(answer.wait_for(std::chrono::seconds(20)), std::future_status::ready)
+        << "step " << step << " waited for streams that are not there";
+    EXPECT_EQ(answer.get().request_id, step);
+  }
+}
+
+// Two active streams: the first one's message waits (up to the batch wait)
+// for the other's, and both run in one batch. A stream that has been quiet
+// longer than the active window holds nobody.
+TEST(SchedulerTest, ActiveStreamsMeetInOneBatchAndQuietOnesHoldNobody) {
+  std::atomic<int64_t> now_ms{1000};
+  SchedulerOptions options;
+  options.batch_wait = absl::Minutes(1);
+  options.active_stream_window = absl::Milliseconds(100);
+  options.clock = [&now_ms] { return absl::UnixEpoch() + absl::Milliseconds(now_ms.load()); };
+  Scheduler scheduler(NewEngine(), options);
+  Batches batches(scheduler);
+  const auto a = std::make_shared<AttendStreamTag>();
+  const auto b = std::make_shared<AttendStreamTag>();
+  // Both streams active: one batch of one message each.
+  std::future<AttendResult> a0 = Submit(scheduler, Message(1), a);
+  std::future<AttendResult> b0 = Submit(scheduler, Message(2), b);
+  a0.wait();
+  b0.wait();
+  // a's next message is gathered and waits for b (the queue empties when it
+  // is taken into the batch); then b's arrives and both run.
+  std::future<AttendResult> a1 = Submit(scheduler, Message(3), a);
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (scheduler.queued_messages() > 0 && absl::Now() < give_up) std::this_thread::yield();
+  EXPECT_EQ(a1.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout)
+      << "ran without waiting for the other active stream";
+  std::future<AttendResult> b1 = Submit(scheduler, Message(4), b);
+  ASSERT_EQ(a1.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  b1.wait();
+  // b goes quiet: a's messages no longer wait for it.
+  now_ms += 1000;
+  std::future<AttendResult> a2 = Submit(scheduler, Message(5), a);
+  ASSERT_EQ(a2.wait_for(std::chrono::seconds(20)), std::future_status::ready)
+      << "waited for a quiet stream";
+  const std::vector<int> sizes = batches.sizes();
+  ASSERT_GE(sizes.size(), 2u);
+  EXPECT_EQ(sizes[sizes.size() - 2], 2) << "a's and b's second messages ran apart";
+  EXPECT_EQ(sizes.back(), 1);
 }
 
 }  // namespace

@@ -184,7 +184,7 @@ class MlaOffloadService::AttendReactor final
             service_.metrics_.RecordAttend(result);
             Deliver(sequence, ResultResponse(result));
           },
-          cancelled_);
+          stream_tag_);
     }
     if (!status.ok()) {
       service_.metrics_.RecordRequest("Attend", status.code());
@@ -212,7 +212,7 @@ class MlaOffloadService::AttendReactor final
   void OnDone() override {
     service_.metrics_.StreamClosed();
     service_.open_streams_.fetch_sub(1);
-    cancelled_->store(true);
+    stream_tag_->cancelled.store(true);
     std::unique_lock<std::mutex> lock(mutex_);
     done_ = true;
     const bool last = engine_pending_ == 0;
@@ -225,7 +225,7 @@ class MlaOffloadService::AttendReactor final
   // are answered CANCELLED without running. Called with mutex_ held.
   void Break() {
     broken_ = true;
-    cancelled_->store(true);
+    stream_tag_->cancelled.store(true);
   }
 
   // An answer for message `sequence` is ready (from the engine thread, or
@@ -276,7 +276,7 @@ class MlaOffloadService::AttendReactor final
   }
 
   MlaOffloadService& service_;
-  const std::shared_ptr<std::atomic<bool>> cancelled_ = std::make_shared<std::atomic<bool>>(false);
+  const std::shared_ptr<AttendStreamTag> stream_tag_ = std::make_shared<AttendStreamTag>();
   grpc::ByteBuffer read_buffer_;
   grpc::ByteBuffer write_buffer_;
   std::mutex mutex_;
