@@ -39,7 +39,9 @@ ABSL_FLAG(int, max_message_mb, 256, "Largest gRPC message accepted or sent, in M
 ABSL_FLAG(int, max_batch_tokens, 1024,
           "Tokens the scheduler gathers into one kernel launch across streams.");
 ABSL_FLAG(int, batch_wait_us, 200,
-          "How long the scheduler waits for more Attend messages before launching a batch.");
+          "The longest a batch waits for Attend messages of other active streams (streams that "
+          "sent a message in the last 100 ms and have none in the batch yet); a lone stream's "
+          "batches never wait.");
 ABSL_FLAG(int, max_queued_messages, 4096,
           "Attend messages that may wait for the engine; beyond it new ones get "
           "RESOURCE_EXHAUSTED.");
