@@ -1921,7 +1921,7 @@ TEST(EngineTest, AFailedLaunchGivesBackItsPages) {
 // the pages it took for the compressed layers, which it had not handed out
 // yet. Disabled: an engine bug. AppendKV takes the pages of every layer at
 // once (server/engine.cc:387) but hands them to the layers one RoPE pass at
-// a time (:394-402, plain first); the failure path of a pass (:461-467)
+// a time (:394-406, plain first); the failure path of a pass (:460-467)
 // frees only the pages already handed out, so when the plain pass fails the
 // compressed layers' pages are lost to the pool (here 21, one per C4A
 // layer: used 176 -> 197, the session still at 176). Enable with the fix.
