@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -42,6 +43,7 @@
 #include "kernels/reference/reference_f64.h"
 #include "kernels/reference/tolerance.h"
 #include "kernels/rope.h"
+#include "server/kv_pool.h"
 #include "server/requests.h"
 
 namespace mla {
@@ -54,6 +56,8 @@ using ::testing::HasSubstr;
 
 constexpr int32_t kMaxPosition = 4096;
 constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr int32_t kInt32Max = std::numeric_limits<int32_t>::max();
+constexpr int32_t kInt32Min = std::numeric_limits<int32_t>::min();
 constexpr char kFlash[] = "deepseek-v4-flash";
 constexpr char kPro[] = "deepseek-v4-pro";
 constexpr int64_t kRowBytes = kHeadDim * 2;
@@ -338,17 +342,19 @@ struct Seq {
   }
 };
 
+// An engine serving both models, on `backend` (none: a CPU backend).
 std::unique_ptr<Engine> NewEngine(int64_t blocks, int32_t max_position = kMaxPosition,
                                   int32_t max_tokens = 1024,
-                                  absl::Duration idle_ttl = absl::Minutes(10)) {
+                                  absl::Duration idle_ttl = absl::Minutes(10),
+                                  std::unique_ptr<ComputeBackend> backend = nullptr) {
   EngineOptions options;
   options.kv_blocks = blocks;
   options.max_position = max_position;
   options.max_tokens_per_message = max_tokens;
   options.default_idle_ttl = idle_ttl;
   for (const char* name : {kFlash, kPro}) options.models.push_back(*FindModelProfile(name));
-  absl::StatusOr<std::unique_ptr<Engine>> engine =
-      Engine::Create(std::make_unique<CpuBackend>(2), options);
+  if (backend == nullptr) backend = std::make_unique<CpuBackend>(2);
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(std::move(backend), options);
   EXPECT_TRUE(engine.ok()) << engine.status();
   return engine.ok() ? *std::move(engine) : nullptr;
 }
@@ -364,9 +370,11 @@ std::vector<float> RandomSinks(uint64_t seed, int64_t count) {
   return sinks;
 }
 
-// Sends CreateSession; the test's model of the session, or null.
+// Sends CreateSession; the test's model of the session, or null. The sinks
+// are `sink_values` when given (of the shape `sinks` says), else random.
 std::unique_ptr<Seq> NewSeq(Engine& engine, absl::string_view model, int heads, SinkMode sinks,
-                            uint64_t salt, int idle_ttl_seconds = 0, absl::Time now = kT0) {
+                            uint64_t salt, int idle_ttl_seconds = 0, absl::Time now = kT0,
+                            const std::vector<float>& sink_values = {}) {
   auto seq = std::make_unique<Seq>();
   seq->spec = &Spec(model);
   seq->heads = heads;
@@ -378,7 +386,9 @@ std::unique_ptr<Seq> NewSeq(Engine& engine, absl::string_view model, int heads, 
   input.idle_ttl_seconds = idle_ttl_seconds;
   if (sinks != SinkMode::kNone) {
     seq->sink_heads = sinks == SinkMode::kWhole ? seq->spec->h_total : heads;
-    seq->sinks = RandomSinks(Mix(salt, 77), int64_t{seq->spec->layers()} * seq->sink_heads);
+    seq->sinks = sink_values.empty() ? RandomSinks(Mix(salt, 77),
+                                                   int64_t{seq->spec->layers()} * seq->sink_heads)
+                                     : sink_values;
     input.sinks = Tensor(DType::kF32, {seq->spec->layers(), seq->sink_heads}, seq->sinks, salt);
   }
   absl::StatusOr<CreateSessionResult> created = engine.CreateSession(input, now);
@@ -443,10 +453,13 @@ std::unique_ptr<AppendRequest> BuildAppend(const Seq& seq, int32_t first, int32_
   return request;
 }
 
-// Appends positions first..first+count-1 of every layer; updates the model.
-absl::Status Append(Engine& engine, Seq& seq, int32_t first, int32_t count, absl::Time now = kT0) {
+// Appends positions first..first+count-1 of every layer, the request edited
+// by `change` if given; updates the model.
+absl::Status Append(Engine& engine, Seq& seq, int32_t first, int32_t count, absl::Time now = kT0,
+                    const std::function<void(AppendRequest&)>& change = nullptr) {
   const std::unique_ptr<AppendRequest> request =
       BuildAppend(seq, first, count, Mix(seq.salt, first));
+  if (change) change(*request);
   absl::StatusOr<AppendResult> result = engine.AppendKV(request->input, now);
   if (!result.ok()) return result.status();
   for (int32_t& next : seq.next) next = first + count;
@@ -943,6 +956,45 @@ TEST(EngineTest, SessionsWithAndWithoutSinksInOneEngine) {
   }
 }
 
+// -inf (no sink) and finite sinks of any size are sink logits: accepted in
+// both shapes, and the outputs follow them (a sink far above the logits
+// takes all the weight, one far below none).
+TEST(EngineTest, InfiniteAndHugeSinksAreSinks) {
+  std::unique_ptr<Engine> engine = NewEngine(1000);
+  ASSERT_NE(engine, nullptr);
+  constexpr float kHuge = std::numeric_limits<float>::max();
+  const std::vector<float> edges = {-kInf, kHuge, -kHuge, 1e30f, -1e30f, 60.0f};
+  // The edges on heads 60..63 (whole model) or 0..3 (per rank) of the
+  // layers attended below, shifted from layer to layer.
+  auto with_edges = [&](std::vector<float> sinks, int sink_heads, int first_head) {
+    for (int layer : {kFlashSwa, kFlashC4a, kFlashC128a}) {
+      for (int h = 0; h < 4; ++h) {
+        sinks[layer * sink_heads + first_head + h] = edges[(layer + h) % edges.size()];
+      }
+    }
+    return sinks;
+  };
+  std::unique_ptr<Seq> whole = NewSeq(*engine, kFlash, 4, SinkMode::kWhole, 171, 0, kT0,
+                                      with_edges(RandomSinks(171, 44 * 64), 64, 60));
+  std::unique_ptr<Seq> rank = NewSeq(*engine, kFlash, 4, SinkMode::kRank, 172, 0, kT0,
+                                     with_edges(RandomSinks(172, 44 * 4), 4, 0));
+  std::unique_ptr<Seq> none = NewSeq(*engine, kFlash, 4, SinkMode::kRank, 173, 0, kT0,
+                                     std::vector<float>(44 * 4, -kInf));
+  ASSERT_TRUE(whole && rank && none);
+  for (Seq* seq : {whole.get(), rank.get(), none.get()}) {
+    ASSERT_TRUE(Append(*engine, *seq, 0, 130).ok());
+    for (int layer : {kFlashSwa, kFlashC4a, kFlashC128a}) {
+      MessageOptions o;
+      o.seed = Mix(seq->salt, layer);
+      o.head_offset = 60;
+      o.derotate = layer == kFlashC4a;
+      auto m = Build(layer, {{seq, 130}}, o);
+      RunAndExpect(*engine, {m.get()}, absl::StrCat("salt ", seq->salt, " layer ", layer));
+    }
+  }
+  ExpectListed(*engine, {whole.get(), rank.get(), none.get()});
+}
+
 // One message with two sessions (their compressed rows one after the other in
 // compressed_kv), and batches of messages of several sessions, layers, models
 // and options in one Engine::Attend call.
@@ -1234,6 +1286,49 @@ TEST(EngineTest, RepeatingRankWithOtherOptionsInTheSameBatch) {
   }
 }
 
+// H need not divide h_total (the proto leaves the split of the heads to the
+// client): 12 of V4-Flash's 64 heads run at 16, 24 of V4-Pro's 128 at 32.
+// The last rank's heads end at h_total, with its slice of whole-model sinks;
+// one head further is refused.
+TEST(EngineTest, HeadCountsThatDoNotDivideTheModel) {
+  std::unique_ptr<Engine> engine = NewEngine(1000);
+  ASSERT_NE(engine, nullptr);
+  struct HeadsCase {
+    const char* model;
+    int heads;
+    std::vector<int> layers;
+  };
+  const std::vector<HeadsCase> cases = {{kFlash, 12, {kFlashSwa, kFlashC4a, kFlashC128a}},
+                                        {kPro, 24, {kProC128a, kProC4a, kProMtpSwa}}};
+  std::vector<std::unique_ptr<Seq>> seqs;
+  for (const HeadsCase& c : cases) {
+    seqs.push_back(NewSeq(*engine, c.model, c.heads, SinkMode::kWhole, 231 + seqs.size()));
+    Seq* seq = seqs.back().get();
+    ASSERT_NE(seq, nullptr);
+    ASSERT_TRUE(Append(*engine, *seq, 0, 130).ok());
+    const int last = seq->spec->h_total - c.heads;
+    for (int layer : c.layers) {
+      const std::string what = absl::StrCat(c.model, " H=", c.heads, " layer ", layer);
+      MessageOptions o;
+      o.seed = Mix(seq->salt, layer);
+      o.head_offset = last + 1;
+      o.garbage = 23100;
+      auto beyond = Build(layer, {{seq, 130}}, o);
+      const Snapshot before = Snap(*engine);
+      ExpectError(AttendBatch(*engine, {beyond.get()})[0].status,
+                  absl::StatusCode::kInvalidArgument, "head_offset",
+                  what + ", one head beyond the model");
+      EXPECT_EQ(Snap(*engine), before) << what;
+      o.seed++;
+      o.head_offset = last;
+      o.garbage = 0;
+      auto m = Build(layer, {{seq, 130}}, o);
+      RunAndExpect(*engine, {m.get()}, what + ", the last rank's heads");
+    }
+  }
+  ExpectListed(*engine, {seqs[0].get(), seqs[1].get()});
+}
+
 // A negative num_compressed_rows is not a row count. A repeating rank's
 // segment with first_compressed_row 65 and num_compressed_rows -1 "ends" at
 // row 64, as a repeat must; beside an inserting segment it shifts where that
@@ -1288,6 +1383,36 @@ TEST(EngineTest, NegativeCompressedRowCountsAreRejected) {
 
 // ---- Rejected requests.
 
+// A shape whose byte count does not fit int64 matches no data: not the real
+// bytes of a tensor, and not the none that its product wrapped to 0 would
+// claim. A dimension of 0 makes any shape 0 bytes.
+TEST(CheckTensorTest, ShapesBeyondInt64MatchNoData) {
+  const std::vector<uint16_t> q = Rows(241, 4);
+  TensorInput real = Tensor(DType::kBf16, {1, 4, kHeadDim}, q, 241);
+  const std::vector<int64_t> any_q = {-1, -1, kHeadDim};
+  ASSERT_TRUE(CheckTensor(real, "q", DType::kBf16, any_q).ok());
+  real.shape = {int64_t{1} << 33, int64_t{1} << 31, kHeadDim};  // 2^74 bytes
+  TensorInput empty = real;
+  empty.pieces.clear();
+  for (const TensorInput* tensor : {&real, &empty}) {
+    ExpectError(CheckTensor(*tensor, "q", DType::kBf16, any_q),
+                absl::StatusCode::kInvalidArgument,
+                "q: shape [8589934592, 2147483648, 512] needs more than 2^63 bytes",
+                absl::StrCat("[2^33, 2^31, 512] with ", tensor->bytes(), " bytes"));
+  }
+  // 2^53 rows of 512 bf16 are 2^63 bytes, one more than int64 holds; 2^52
+  // rows fit.
+  empty.shape = {int64_t{1} << 53, kHeadDim};
+  ExpectError(CheckTensor(empty, "kv", DType::kBf16, {-1, kHeadDim}),
+              absl::StatusCode::kInvalidArgument, "needs more than 2^63 bytes", "[2^53, 512]");
+  empty.shape = {int64_t{1} << 52, kHeadDim};
+  ExpectError(CheckTensor(empty, "kv", DType::kBf16, {-1, kHeadDim}),
+              absl::StatusCode::kInvalidArgument, "needs 4611686018427387904 bytes",
+              "[2^52, 512]");
+  empty.shape = {0, int64_t{1} << 62, kHeadDim};
+  EXPECT_TRUE(CheckTensor(empty, "q", DType::kBf16, any_q).ok()) << "[0, 2^62, 512]";
+}
+
 struct BadCase {
   std::string name;
   std::unique_ptr<Message> message;
@@ -1318,13 +1443,14 @@ TEST(EngineTest, BadAttendMessagesChangeNothing) {
     o.derotate = true;
     return Build(layer, {{seq.get(), p}}, o);
   };
-  auto bad = [&](int layer, int32_t p, uint64_t seed) {
+  auto bad_on = [&](Seq& on, int layer, int32_t p, uint64_t seed) {
     MessageOptions o;
     o.seed = seed;
     o.head_offset = 60;
     o.garbage = kGarbage;
-    return Build(layer, {{seq.get(), p}}, o);
+    return Build(layer, {{&on, p}}, o);
   };
+  auto bad = [&](int layer, int32_t p, uint64_t seed) { return bad_on(*seq, layer, p, seed); };
   auto with = [](std::unique_ptr<Message> m, auto change) {
     change(*m);
     return m;
@@ -1426,6 +1552,39 @@ TEST(EngineTest, BadAttendMessagesChangeNothing) {
     add(l + "position beyond max_position",
         with(bad(layer, 255, s + 21), [](Message& m) { m.input.segments[0].position = 4096; }),
         kInvalid, "position");
+    // Where int32 arithmetic on the fields would wrap. A head range that
+    // wraps past INT32_MAX must not pass for one inside the model: with
+    // whole-model sinks the engine would read sinks[head_offset + h].
+    for (int32_t offset : {kInt32Max - 3, kInt32Max, kInt32Min}) {
+      for (Seq* on : {seq.get(), other.get()}) {
+        add(absl::StrCat(l, "head_offset ", offset, on == seq.get() ? " (whole-model sinks)"
+                                                                    : " (no sinks)"),
+            with(bad_on(*on, layer, 255, s + 22),
+                 [offset](Message& m) { m.input.head_offset = offset; }),
+            kInvalid, "head_offset");
+      }
+    }
+    add(l + "position INT32_MAX",
+        with(bad(layer, 255, s + 23), [](Message& m) { m.input.segments[0].position = kInt32Max; }),
+        kInvalid, "position");
+    for (int32_t tokens : {kInt32Min, kInt32Max}) {
+      add(absl::StrCat(l, "num_tokens ", tokens),
+          with(bad(layer, 255, s + 24),
+               [tokens](Message& m) { m.input.segments[0].num_tokens = tokens; }),
+          kInvalid, "num_tokens");
+    }
+    // A shape whose element count overflows int64 (2^74 bytes) does not
+    // match the message's tokens and heads.
+    add(l + "q [2^33, 2^31, 512]",
+        with(bad(layer, 255, s + 25),
+             [](Message& m) {
+               m.input.q.shape = {int64_t{1} << 33, int64_t{1} << 31, kHeadDim};
+             }),
+        kInvalid, "q: expected");
+    add(l + "num_compressed_rows INT32_MAX",
+        with(bad(layer, 255, s + 36),
+             [](Message& m) { m.input.segments[0].num_compressed_rows = kInt32Max; }),
+        kInvalid, "num_compressed_rows");
     if (layer != kFlashSwa) {
       add(l + "compressed rows missing",
           with(bad(layer, 255, s + 30),
@@ -1456,6 +1615,28 @@ TEST(EngineTest, BadAttendMessagesChangeNothing) {
                  m.input.compressed_kv = Tensor(DType::kBf16, {2, kHeadDim}, m.compressed, 34);
                }),
           kInvalid, "compressed_kv");
+      // Row numbers near INT32_MAX: rows_now + count, first + count would wrap.
+      add(l + "first_compressed_row INT32_MAX with 1 row",
+          with(bad(layer, 255, s + 37),
+               [](Message& m) { m.input.segments[0].first_compressed_row = kInt32Max; }),
+          kInvalid, "first_compressed_row/num_compressed_rows");
+      // A rank repeating step 254 (the session is at 255).
+      add(l + "a repeated step with num_compressed_rows INT32_MAX",
+          with(bad(layer, 254, s + 38),
+               [](Message& m) {
+                 m.input.segments[0].first_compressed_row = 1;
+                 m.input.segments[0].num_compressed_rows = kInt32Max;
+               }),
+          kInvalid, "first_compressed_row");
+      add(l + "a repeated step with first_compressed_row INT32_MAX",
+          with(bad(layer, 254, s + 39),
+               [](Message& m) {
+                 m.input.segments[0].first_compressed_row = kInt32Max;
+                 m.input.segments[0].num_compressed_rows = 1;
+                 m.compressed = Rows(39, 1);
+                 m.input.compressed_kv = Tensor(DType::kBf16, {1, kHeadDim}, m.compressed, 39);
+               }),
+          kInvalid, "first_compressed_row");
     } else {
       add(l + "compressed rows on an SWA-only layer",
           with(bad(layer, 255, s + 35),
@@ -1478,6 +1659,14 @@ TEST(EngineTest, BadAttendMessagesChangeNothing) {
       add(l + "topk row -2", topk(s + 41, 3, {5, -1, -2}), kInvalid, "topk[0][2]");
       add(l + "topk width 513", topk(s + 42, 513, std::vector<int32_t>(513, -1)), kInvalid, "topk");
       add(l + "topk width 0", topk(s + 43, 0, {}), kInvalid, "topk");
+      // [1, 2^62] int32 is 2^64 bytes: no data can match it.
+      add(l + "topk [1, 2^62] without data",
+          with(bad(layer, 255, s + 48),
+               [](Message& m) {
+                 m.input.topk.shape = {1, int64_t{1} << 62};
+                 m.input.topk.pieces.clear();
+               }),
+          kInvalid, "topk: shape [1, 4611686018427387904] needs more than 2^63 bytes");
       add(l + "topk as bf16",
           with(bad(layer, 255, s + 44), [](Message& m) { m.input.topk.dtype = int(DType::kBf16); }),
           kInvalid, "topk");
@@ -1592,12 +1781,14 @@ TEST(EngineTest, BadMessageInABatchFailsAlone) {
   ExpectListed(*engine, {a.get(), b.get()});
 }
 
-// A backend that fails the prologue when told to, and, like the CUDA
-// backend, reports that failure again at its next Synchronize (the backend
-// contract: Synchronize reports the first failure since the last one).
+// A backend that fails a launch when told to, and, like the CUDA backend,
+// reports that failure again at its next Synchronize (the backend contract:
+// Synchronize reports the first failure since the last one).
 class FlakyBackend : public ComputeBackend {
  public:
-  bool fail_next_prologue = false;
+  // n > 0: the nth prologue (decode) from now fails; 1 is the next.
+  int fail_prologue_in = 0;
+  int fail_decode_in = 0;
   std::string Describe() const override { return "flaky cpu"; }
   bool host_accessible() const override { return inner_.host_accessible(); }
   absl::StatusOr<DeviceBuffer> Allocate(int64_t bytes) override { return inner_.Allocate(bytes); }
@@ -1608,12 +1799,11 @@ class FlakyBackend : public ComputeBackend {
     return inner_.CopyToHost(dst, src, bytes);
   }
   absl::Status Prologue(const PrologueParams& params) override {
-    if (!fail_next_prologue) return inner_.Prologue(params);
-    fail_next_prologue = false;
-    deferred_ = absl::InternalError("injected launch failure");
-    return deferred_;
+    return Due(fail_prologue_in) ? Fail() : inner_.Prologue(params);
   }
-  absl::Status Decode(const DecodeParams& params) override { return inner_.Decode(params); }
+  absl::Status Decode(const DecodeParams& params) override {
+    return Due(fail_decode_in) ? Fail() : inner_.Decode(params);
+  }
   absl::Status Synchronize() override {
     absl::Status status = inner_.Synchronize();
     if (status.ok()) status = deferred_;
@@ -1622,43 +1812,132 @@ class FlakyBackend : public ComputeBackend {
   }
 
  private:
+  // Counts one launch down; true for the launch that is to fail.
+  static bool Due(int& countdown) { return countdown > 0 && --countdown == 0; }
+  absl::Status Fail() {
+    deferred_ = absl::InternalError("injected launch failure");
+    return deferred_;
+  }
+
   CpuBackend inner_{2};
   absl::Status deferred_;
 };
+
+// An engine on a FlakyBackend; `backend` is set to it.
+std::unique_ptr<Engine> NewFlakyEngine(int64_t blocks, FlakyBackend** backend) {
+  auto flaky = std::make_unique<FlakyBackend>();
+  *backend = flaky.get();
+  return NewEngine(blocks, kMaxPosition, 1024, absl::Minutes(10), std::move(flaky));
+}
 
 // A backend failure fails its own request only: the engine drains the
 // backend (Synchronize) after a failed launch too, so that the next
 // request does not get the failure reported again.
 TEST(EngineTest, ABackendFailureFailsOnlyItsRequest) {
-  auto flaky = std::make_unique<FlakyBackend>();
-  FlakyBackend* backend = flaky.get();
-  EngineOptions options;
-  options.kv_blocks = 1000;
-  options.max_position = kMaxPosition;
-  options.max_tokens_per_message = 1024;
-  for (const char* name : {kFlash, kPro}) options.models.push_back(*FindModelProfile(name));
-  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(std::move(flaky), options);
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  std::unique_ptr<Seq> a = NewSeq(**engine, kFlash, 16, SinkMode::kWhole, 95);
-  std::unique_ptr<Seq> b = NewSeq(**engine, kFlash, 16, SinkMode::kNone, 96);
+  FlakyBackend* backend = nullptr;
+  std::unique_ptr<Engine> engine = NewFlakyEngine(1000, &backend);
+  ASSERT_NE(engine, nullptr);
+  std::unique_ptr<Seq> a = NewSeq(*engine, kFlash, 16, SinkMode::kWhole, 95);
+  std::unique_ptr<Seq> b = NewSeq(*engine, kFlash, 16, SinkMode::kNone, 96);
   ASSERT_TRUE(a && b);
   // AppendKV: the failed one, then another session's.
-  backend->fail_next_prologue = true;
-  ExpectError(Append(**engine, *a, 0, 100), absl::StatusCode::kInternal, "injected",
+  backend->fail_prologue_in = 1;
+  ExpectError(Append(*engine, *a, 0, 100), absl::StatusCode::kInternal, "injected",
               "the failed append");
-  ASSERT_TRUE(Append(**engine, *b, 0, 100).ok()) << "the append after a failed one";
+  ASSERT_TRUE(Append(*engine, *b, 0, 100).ok()) << "the append after a failed one";
   // Attend: the failed batch, then the next.
   MessageOptions o;
   o.seed = 9500;
   auto failed = Build(kFlashSwa, {{b.get(), 100}}, o);
-  backend->fail_next_prologue = true;
-  const std::vector<AttendResult> failed_results = AttendBatch(**engine, {failed.get()});
+  backend->fail_prologue_in = 1;
+  const std::vector<AttendResult> failed_results = AttendBatch(*engine, {failed.get()});
   ExpectError(failed_results[0].status, absl::StatusCode::kInternal, "injected",
               "the failed attend");
   o.seed++;
   auto next = Build(kFlashC4a, {{b.get(), 100}}, o);
-  const std::vector<AttendResult> next_results = AttendBatch(**engine, {next.get()});
+  const std::vector<AttendResult> next_results = AttendBatch(*engine, {next.get()});
   ExpectMatches(*next, next_results[0], "the attend after a failed one");
+}
+
+// A launch that fails gives back the compressed pages its request took: the
+// pool and the session's blocks are as before, and the next request, which
+// counts the pages the session has, runs. (A failed Attend used to keep its
+// page without the row; the AppendKV after it then took one page too few and
+// read past the pages it had.)
+TEST(EngineTest, AFailedLaunchGivesBackItsPages) {
+  FlakyBackend* backend = nullptr;
+  std::unique_ptr<Engine> engine = NewFlakyEngine(1000, &backend);
+  ASSERT_NE(engine, nullptr);
+  std::vector<std::unique_ptr<Seq>> seqs;
+  std::vector<const Seq*> listed;
+  for (bool decode_fails : {false, true}) {
+    const std::string what = decode_fails ? "failed decode" : "failed prologue";
+    seqs.push_back(NewSeq(*engine, kFlash, 4, SinkMode::kWhole, 191 + seqs.size()));
+    Seq* seq = seqs.back().get();
+    ASSERT_NE(seq, nullptr);
+    listed.push_back(seq);
+    // Positions 0..128 of the C128A layer bring its row 0, on a new page.
+    MessageOptions o;
+    o.seed = 19100 + seqs.size();
+    auto fails = Build(kFlashC128a, {{seq, 0, 129}}, o);
+    ASSERT_EQ(fails->input.segments[0].num_compressed_rows, 1);
+    const Snapshot before = Snap(*engine);
+    (decode_fails ? backend->fail_decode_in : backend->fail_prologue_in) = 1;
+    ExpectError(AttendBatch(*engine, {fails.get()})[0].status, absl::StatusCode::kInternal,
+                "injected", what);
+    EXPECT_EQ(Snap(*engine), before) << what;
+    ASSERT_TRUE(Append(*engine, *seq, 0, 4).ok()) << what << ": the append after it";
+    ExpectListed(*engine, listed);
+    for (int layer : {kFlashC128a, kFlashC4a, kFlashSwa}) {
+      o.seed++;
+      auto m = Build(layer, {{seq, 4}}, o);
+      RunAndExpect(*engine, {m.get()}, absl::StrCat(what, ": layer ", layer, " at 4"));
+    }
+    ExpectListed(*engine, listed);
+  }
+
+  // AppendKV launches the SWA-only layers (plain RoPE), then the compressed
+  // ones (YaRN), which take their pages: 100 positions bring rows 0..24 of
+  // each C4A layer, on a new page each.
+  seqs.push_back(NewSeq(*engine, kFlash, 4, SinkMode::kRank, 199));
+  Seq& seq = *seqs.back();
+  listed.push_back(&seq);
+  const Snapshot before = Snap(*engine);
+  backend->fail_prologue_in = 2;
+  ExpectError(Append(*engine, seq, 0, 100), absl::StatusCode::kInternal, "injected",
+              "append, compressed layers' launch fails");
+  EXPECT_EQ(Snap(*engine), before) << "append, compressed layers' launch fails";
+  ASSERT_TRUE(Append(*engine, seq, 0, 100).ok()) << "the append after a failed one";
+  ExpectListed(*engine, listed);
+  for (int layer : {kFlashC4a, kFlashSwa}) {
+    MessageOptions o;
+    o.seed = 19200 + layer;
+    auto m = Build(layer, {{&seq, 100}}, o);
+    RunAndExpect(*engine, {m.get()}, absl::StrCat("layer ", layer, " after the failed append"));
+  }
+}
+
+// An AppendKV whose first launch (the SWA-only layers) fails must give back
+// the pages it took for the compressed layers, which it had not handed out
+// yet. Disabled: an engine bug. AppendKV takes the pages of every layer at
+// once (server/engine.cc:387) but hands them to the layers one RoPE pass at
+// a time (:394-406, plain first); the failure path of a pass (:460-467)
+// frees only the pages already handed out, so when the plain pass fails the
+// compressed layers' pages are lost to the pool (here 21, one per C4A
+// layer: used 176 -> 197, the session still at 176). Enable with the fix.
+TEST(EngineTest, DISABLED_AFailedFirstAppendLaunchGivesBackItsPages) {
+  FlakyBackend* backend = nullptr;
+  std::unique_ptr<Engine> engine = NewFlakyEngine(1000, &backend);
+  ASSERT_NE(engine, nullptr);
+  std::unique_ptr<Seq> seq = NewSeq(*engine, kFlash, 4, SinkMode::kNone, 198);
+  ASSERT_NE(seq, nullptr);
+  const Snapshot before = Snap(*engine);
+  backend->fail_prologue_in = 1;
+  ExpectError(Append(*engine, *seq, 0, 100), absl::StatusCode::kInternal, "injected",
+              "append, SWA-only layers' launch fails");
+  EXPECT_EQ(Snap(*engine), before);
+  ASSERT_TRUE(Append(*engine, *seq, 0, 100).ok());
+  ExpectListed(*engine, {seq.get()});
 }
 
 // Positions must stay below the server's max_position.
@@ -1799,6 +2078,20 @@ TEST(EngineTest, BadAppendAndCreateRequestsChangeNothing) {
   add(
       "beyond max_position", 16, [](AppendRequest& r) { r.input.num_positions = 4000; },
       Code::kInvalidArgument, "num_positions");
+  // Where first + count would wrap int32.
+  add(
+      "first_position INT32_MAX", 17,
+      [](AppendRequest& r) {
+        r.input.first_position = kInt32Max;
+        r.input.num_positions = 1;
+      },
+      Code::kInvalidArgument, "first_position");
+  add(
+      "num_positions INT32_MAX", 18, [](AppendRequest& r) { r.input.num_positions = kInt32Max; },
+      Code::kInvalidArgument, "num_positions");
+  add(
+      "num_positions INT32_MIN", 19, [](AppendRequest& r) { r.input.num_positions = kInt32Min; },
+      Code::kInvalidArgument, "num_positions");
 
   for (AppendCase& c : cases) {
     const Snapshot before = Snap(*engine);
@@ -1852,6 +2145,27 @@ TEST(EngineTest, BadAppendAndCreateRequestsChangeNothing) {
   create("sinks [44, 4] for pro", kPro, 4, "sinks")->sinks =
       Tensor(DType::kF32, {44, 4}, sinks_44x4, 4);
   create("negative TTL", kFlash, 4, "idle_ttl_seconds")->idle_ttl_seconds = -1;
+  // A NaN or +inf sink is no logit (spec section 5: -inf is no sink): every
+  // output of its head would be NaN or 0. Whole-model and per-rank shapes.
+  auto with_sink = [](std::vector<float> sinks, int heads, int layer, int head, float value) {
+    sinks[layer * heads + head] = value;
+    return sinks;
+  };
+  const std::vector<float> whole_nan = with_sink(RandomSinks(5, 44 * 64), 64, 3, 17, std::nanf(""));
+  const std::vector<float> whole_inf = with_sink(RandomSinks(6, 44 * 64), 64, 43, 63, kInf);
+  const std::vector<float> rank_nan = with_sink(RandomSinks(7, 44 * 4), 4, 0, 0, -std::nanf(""));
+  const std::vector<float> rank_inf = with_sink(RandomSinks(8, 44 * 4), 4, 20, 2, kInf);
+  const std::vector<float> pro_inf = with_sink(RandomSinks(9, 62 * 128), 128, 61, 127, kInf);
+  create("NaN sink, [44, 64]", kFlash, 4, "sinks[3][17]")->sinks =
+      Tensor(DType::kF32, {44, 64}, whole_nan, 5);
+  create("+inf sink, [44, 64]", kFlash, 4, "sinks[43][63]")->sinks =
+      Tensor(DType::kF32, {44, 64}, whole_inf, 6);
+  create("-NaN sink, [44, 4]", kFlash, 4, "sinks[0][0]")->sinks =
+      Tensor(DType::kF32, {44, 4}, rank_nan, 7);
+  create("+inf sink, [44, 4]", kFlash, 4, "sinks[20][2]")->sinks =
+      Tensor(DType::kF32, {44, 4}, rank_inf, 8);
+  create("+inf sink, pro [62, 128]", kPro, 16, "sinks[61][127]")->sinks =
+      Tensor(DType::kF32, {62, 128}, pro_inf, 9);
   for (const CreateCase& c : creates) {
     const Snapshot before = Snap(*engine);
     ExpectError(engine->CreateSession(c.input, kT0).status(), absl::StatusCode::kInvalidArgument,
@@ -1860,7 +2174,81 @@ TEST(EngineTest, BadAppendAndCreateRequestsChangeNothing) {
   }
 }
 
+// first_compressed_row says where the rows a segment or a layer brings
+// start; with no rows to bring it means nothing, and whatever it holds (0, as
+// a client that sets it only with rows sends, or garbage) is accepted.
+TEST(EngineTest, FirstCompressedRowIsIgnoredWithoutRows) {
+  std::unique_ptr<Engine> engine = NewEngine(1000);
+  ASSERT_NE(engine, nullptr);
+  std::unique_ptr<Seq> a = NewSeq(*engine, kFlash, 4, SinkMode::kWhole, 181);
+  std::unique_ptr<Seq> b = NewSeq(*engine, kFlash, 4, SinkMode::kNone, 182);
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(Append(*engine, *a, 0, 256).ok());
+  ASSERT_TRUE(Append(*engine, *b, 0, 259).ok());
+  // Garbage first_compressed_rows (by layer) for the layers of `ratios`.
+  const std::vector<int32_t> garbage = {0, kInt32Max, -1, kInt32Min, 12345};
+  auto garbage_rows = [&garbage](std::vector<int> ratios) {
+    return [&garbage, ratios](AppendRequest& r) {
+      for (LayerRowsInput& rows : r.input.layers) {
+        const int ratio = Spec(kFlash).ratios[rows.layer];
+        if (std::find(ratios.begin(), ratios.end(), ratio) != ratios.end()) {
+          rows.first_compressed_row = garbage[rows.layer % garbage.size()];
+        }
+      }
+    };
+  };
+  // 256..258 complete no compressed row (C4A's row 64 is due at 259, C128A's
+  // row 2 at 383); 259..263 complete C4A rows 64 and 65, no C128A row.
+  ASSERT_EQ(Append(*engine, *a, 256, 3, kT0, garbage_rows({4, 128})), absl::OkStatus())
+      << "no rows";
+  ASSERT_EQ(Append(*engine, *a, 259, 5, kT0, garbage_rows({128})), absl::OkStatus())
+      << "no C128A rows";
+  ExpectListed(*engine, {a.get(), b.get()});
+
+  // C4A: a at 264 brings none, b at 259 brings row 64: only b's row is in
+  // compressed_kv.
+  MessageOptions o;
+  o.seed = 18100;
+  auto two = Build(kFlashC4a, {{a.get(), 264}, {b.get(), 259}}, o);
+  ASSERT_EQ(two->input.segments[0].num_compressed_rows, 0);
+  ASSERT_EQ(two->input.segments[1].num_compressed_rows, 1);
+  two->input.segments[0].first_compressed_row = 12345;
+  RunAndExpect(*engine, {two.get()}, "a without rows, first row 12345, beside b with one");
+  // C4A at 265 and C128A at 264: no row due.
+  for (const auto& [layer, p] : {std::pair<int, int32_t>{kFlashC4a, 265}, {kFlashC128a, 264}}) {
+    o.seed++;
+    auto m = Build(layer, {{a.get(), p}}, o);
+    ASSERT_EQ(m->input.segments[0].num_compressed_rows, 0);
+    m->input.segments[0].first_compressed_row = 0;
+    RunAndExpect(*engine, {m.get()},
+                 absl::StrCat("layer ", layer, " at ", p, ", first row 0 without rows"));
+  }
+  ExpectListed(*engine, {a.get(), b.get()});
+}
+
 // ---- The pool.
+
+// A negative block count is the caller's bug, not a request for none: an
+// error, and the pool as it was.
+TEST(KvBlockPoolTest, NegativeCountsAreErrors) {
+  CpuBackend backend(1);
+  absl::StatusOr<KvBlockPool> pool = KvBlockPool::Create(backend, 8);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  absl::StatusOr<std::vector<int32_t>> taken = pool->Allocate(3);
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  for (int64_t count : {int64_t{-1}, std::numeric_limits<int64_t>::min()}) {
+    ExpectError(pool->Allocate(count).status(), absl::StatusCode::kInternal, "KV pool",
+                absl::StrCat("Allocate(", count, ")"));
+    EXPECT_EQ(pool->used_blocks(), 3) << count;
+  }
+  absl::StatusOr<std::vector<int32_t>> rest = pool->Allocate(5);
+  ASSERT_TRUE(rest.ok()) << rest.status();
+  std::vector<int32_t> all = *taken;
+  all.insert(all.end(), rest->begin(), rest->end());
+  std::sort(all.begin(), all.end());
+  EXPECT_THAT(all, ::testing::ElementsAre(0, 1, 2, 3, 4, 5, 6, 7));
+  EXPECT_EQ(pool->Allocate(1).status().code(), absl::StatusCode::kResourceExhausted);
+}
 
 // A pool too small for a new session, an AppendKV or the next compressed
 // page: RESOURCE_EXHAUSTED, nothing taken, the session attends as before.
