@@ -458,8 +458,9 @@ absl::StatusOr<AppendResult> Engine::AppendKV(const AppendInput& input, absl::Ti
     if (status.ok()) status = backend_->Prologue(params);
     status = Drained(status);
     if (!status.ok()) {
-      // Nothing written counts (no position advanced); the pages go back.
-      std::vector<int32_t> taken;
+      // Nothing written counts (no position advanced); the pages go back,
+      // those handed to layers and those a later pass would have handed out.
+      std::vector<int32_t> taken(page, pages->end());
       for (int layer = 0; layer < layers; ++layer) {
         DetachLastPages(session.layers[layer], pages_taken[layer], taken);
       }

@@ -1919,13 +1919,11 @@ TEST(EngineTest, AFailedLaunchGivesBackItsPages) {
 
 // An AppendKV whose first launch (the SWA-only layers) fails must give back
 // the pages it took for the compressed layers, which it had not handed out
-// yet. Disabled: an engine bug. AppendKV takes the pages of every layer at
-// once (server/engine.cc:387) but hands them to the layers one RoPE pass at
-// a time (:394-406, plain first); the failure path of a pass (:460-467)
-// frees only the pages already handed out, so when the plain pass fails the
-// compressed layers' pages are lost to the pool (here 21, one per C4A
-// layer: used 176 -> 197, the session still at 176). Enable with the fix.
-TEST(EngineTest, DISABLED_AFailedFirstAppendLaunchGivesBackItsPages) {
+// yet. AppendKV takes the pages of every layer at once but hands them to the
+// layers one RoPE pass at a time (plain first); when the failure path freed
+// only the pages handed out, the compressed layers' pages were lost to the
+// pool (here 21, one per C4A layer: used 176 -> 197, the session at 176).
+TEST(EngineTest, AFailedFirstAppendLaunchGivesBackItsPages) {
   FlakyBackend* backend = nullptr;
   std::unique_ptr<Engine> engine = NewFlakyEngine(1000, &backend);
   ASSERT_NE(engine, nullptr);
