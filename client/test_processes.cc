@@ -49,17 +49,16 @@ absl::StatusOr<std::string> RunfilePath(absl::string_view path) {
   return absl::StrCat(srcdir, "/", workspace, "/", path);
 }
 
+absl::StatusOr<std::string> ServerBinary() {
+  if (const char* override_binary = std::getenv("MLA_OFFLOAD_SERVER")) return override_binary;
+  return RunfilePath("server/mla_offload_server");
+}
+
 absl::StatusOr<std::unique_ptr<TestServer>> TestServer::Start(
     const std::vector<std::string>& flags) {
-  std::string binary;
-  if (const char* override_binary = std::getenv("MLA_OFFLOAD_SERVER")) {
-    binary = override_binary;
-  } else {
-    absl::StatusOr<std::string> path = RunfilePath("server/mla_offload_server");
-    if (!path.ok()) return path.status();
-    binary = *path;
-  }
-  std::vector<std::string> args = {binary,          "--listen=127.0.0.1:0", "--metrics_port=-1",
+  absl::StatusOr<std::string> binary = ServerBinary();
+  if (!binary.ok()) return binary.status();
+  std::vector<std::string> args = {*binary,          "--listen=127.0.0.1:0", "--metrics_port=-1",
                                    "--kv_cache_gb=0.05", "--max_position=8192", "--cpu_threads=2",
                                    "--drain_seconds=3"};
   args.insert(args.end(), flags.begin(), flags.end());

@@ -27,6 +27,9 @@ namespace mla::client {
 // A path inside the test's runfiles, e.g. "server/mla_offload_server".
 absl::StatusOr<std::string> RunfilePath(absl::string_view path);
 
+// The server binary: $MLA_OFFLOAD_SERVER, else the one in the runfiles.
+absl::StatusOr<std::string> ServerBinary();
+
 class TestServer {
  public:
   // Starts the server on 127.0.0.1:0 with a small CPU-backend configuration,

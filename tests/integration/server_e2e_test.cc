@@ -1884,7 +1884,7 @@ TEST_F(DrainTest, HealthTurnsNotServingAndNewSessionsAreUnavailable) {
 // naming the flag and its range (a negative --max_message_mb used to mean
 // no limit at all; a NaN --kv_cache_gb was undefined behaviour).
 TEST(ServerFlagsTest, OutOfRangeFlagsAreRefusedByName) {
-  absl::StatusOr<std::string> binary = client::RunfilePath("server/mla_offload_server");
+  absl::StatusOr<std::string> binary = client::ServerBinary();
   ASSERT_TRUE(binary.ok()) << binary.status();
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"--max_message_mb=0", "--max_message_mb=0 is outside 1..1023"},
