@@ -307,6 +307,12 @@ absl::Status Parser::TimingField(const Tag& tag, const FieldPath& path,
           return Double(field, {&path, "total_us"}, &view.total_us);
         case Timing::kBatchTokensFieldNumber:
           return Varint(field, {&path, "batch_tokens"}, &view.batch_tokens);
+        case Timing::kPlanUsFieldNumber:
+          return Double(field, {&path, "plan_us"}, &view.plan_us);
+        case Timing::kUploadUsFieldNumber:
+          return Double(field, {&path, "upload_us"}, &view.upload_us);
+        case Timing::kReadbackUsFieldNumber:
+          return Double(field, {&path, "readback_us"}, &view.readback_us);
         default:
           return Skip(field, path);
       }
@@ -601,6 +607,9 @@ grpc::ByteBuffer SerializeAttendResponse(const AttendResponseView& response) {
     message.WriteDouble(Timing::kTotalUsFieldNumber, timing.total_us);
     message.WriteVarint(Timing::kBatchTokensFieldNumber,
                         ToVarint(timing.batch_tokens));
+    message.WriteDouble(Timing::kPlanUsFieldNumber, timing.plan_us);
+    message.WriteDouble(Timing::kUploadUsFieldNumber, timing.upload_us);
+    message.WriteDouble(Timing::kReadbackUsFieldNumber, timing.readback_us);
     writer.WriteMessage(AttendResponse::kTimingFieldNumber, std::move(message));
   }
   if (response.status.has_value()) {

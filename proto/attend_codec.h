@@ -131,6 +131,9 @@ struct TimingView {
   double decode_us = 0;
   double total_us = 0;
   int32_t batch_tokens = 0;
+  double plan_us = 0;
+  double upload_us = 0;
+  double readback_us = 0;
 };
 
 // The outcome of one Attend message (message RequestStatus).

@@ -154,6 +154,9 @@ AttendResponse RandomResponse(Rng& rng, size_t max_tensor_bytes) {
     timing->set_decode_us(value());
     timing->set_total_us(value());
     timing->set_batch_tokens(RandomInt32(rng));
+    timing->set_plan_us(value());
+    timing->set_upload_us(value());
+    timing->set_readback_us(value());
   }
   if (Chance(rng, 0.3)) {
     mla_offload::v1::RequestStatus* status = response.mutable_status();
@@ -199,6 +202,9 @@ AttendResponse ToProto(const AttendResponseView& view) {
     timing->set_decode_us(view.timing->decode_us);
     timing->set_total_us(view.timing->total_us);
     timing->set_batch_tokens(view.timing->batch_tokens);
+    timing->set_plan_us(view.timing->plan_us);
+    timing->set_upload_us(view.timing->upload_us);
+    timing->set_readback_us(view.timing->readback_us);
   }
   if (view.status) {
     response.mutable_status()->set_code(view.status->code);
@@ -244,9 +250,10 @@ AttendResponseView ViewOf(const AttendResponse& message,
   }
   if (message.has_timing()) {
     const mla_offload::v1::Timing& timing = message.timing();
-    view.timing = TimingView{timing.queue_us(), timing.prologue_us(),
-                             timing.decode_us(), timing.total_us(),
-                             timing.batch_tokens()};
+    view.timing = TimingView{timing.queue_us(),   timing.prologue_us(),
+                             timing.decode_us(),  timing.total_us(),
+                             timing.batch_tokens(), timing.plan_us(),
+                             timing.upload_us(),  timing.readback_us()};
   }
   if (message.has_status()) {
     view.status =

@@ -79,12 +79,16 @@ struct AttendInput {
   absl::Time arrival;         // when the service received it
 };
 
+// A message's time in each stage (mla_offload.v1.Timing), microseconds.
 struct AttendTiming {
   double queue_us = 0;
   double prologue_us = 0;
   double decode_us = 0;
   double total_us = 0;
   int32_t batch_tokens = 0;
+  double plan_us = 0;
+  double upload_us = 0;
+  double readback_us = 0;
 };
 
 // The answer to one AttendInput. On success `out` ([T, H, 512] bf16) and,

@@ -124,9 +124,9 @@ grpc::ByteBuffer ResultResponse(const AttendResult& result) {
     response.lse = wire::MakeTensorView(pb::DTYPE_F32, {result.num_tokens, result.num_heads},
                                         result.lse, result.lse_bytes(), result.keep_alive);
   }
-  response.timing = wire::TimingView{result.timing.queue_us, result.timing.prologue_us,
-                                     result.timing.decode_us, result.timing.total_us,
-                                     result.timing.batch_tokens};
+  const AttendTiming& t = result.timing;
+  response.timing = wire::TimingView{t.queue_us, t.prologue_us, t.decode_us, t.total_us,
+                                     t.batch_tokens, t.plan_us, t.upload_us, t.readback_us};
   return wire::SerializeAttendResponse(response);
 }
 

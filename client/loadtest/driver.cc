@@ -567,13 +567,10 @@ class Node {
       stats_.bytes_in += p.bytes_in;
       stats_.bytes_out += p.bytes_out;
       if (plan_.kind == PhaseKind::kAttend) {
-        ServerTiming& s = stats_.server;
-        ++s.count;
-        s.queue_us += p.timing.queue_us;
-        s.prologue_us += p.timing.prologue_us;
-        s.decode_us += p.timing.decode_us;
-        s.total_us += p.timing.total_us;
-        s.batch_tokens += p.timing.batch_tokens;
+        const wire::TimingView& t = p.timing;
+        stats_.server.Add(ServerTiming{1, t.queue_us, t.plan_us, t.upload_us, t.prologue_us,
+                                       t.decode_us, t.readback_us, t.total_us,
+                                       static_cast<double>(t.batch_tokens)});
       }
       ++live_->ok;
     }
@@ -601,6 +598,9 @@ class Node {
       record.decode_us = static_cast<float>(p.timing.decode_us);
       record.server_total_us = static_cast<float>(p.timing.total_us);
       record.batch_tokens = p.timing.batch_tokens;
+      record.plan_us = static_cast<float>(p.timing.plan_us);
+      record.upload_us = static_cast<float>(p.timing.upload_us);
+      record.readback_us = static_cast<float>(p.timing.readback_us);
       records_.push_back(record);
     }
     pending_.erase(it);
@@ -747,12 +747,7 @@ PhaseStats RunPhase(std::vector<std::unique_ptr<Node>>& nodes, PhasePlan plan,
     for (const auto& [kind, latency] : s.latency_by_kind)
       merged.latency_by_kind[kind].Merge(latency);
     for (const auto& [code, count] : s.errors) merged.errors[code] += count;
-    merged.server.count += s.server.count;
-    merged.server.queue_us += s.server.queue_us;
-    merged.server.prologue_us += s.server.prologue_us;
-    merged.server.decode_us += s.server.decode_us;
-    merged.server.total_us += s.server.total_us;
-    merged.server.batch_tokens += s.server.batch_tokens;
+    merged.server.Add(s.server);
     records->insert(records->end(), node->records().begin(), node->records().end());
     node->records().clear();
     if (!node->stop_reason().empty() &&
@@ -764,14 +759,7 @@ PhaseStats RunPhase(std::vector<std::unique_ptr<Node>>& nodes, PhasePlan plan,
       last_done = node->last_measured_done();
     }
   }
-  if (merged.server.count > 0) {
-    const double n = static_cast<double>(merged.server.count);
-    merged.server.queue_us /= n;
-    merged.server.prologue_us /= n;
-    merged.server.decode_us /= n;
-    merged.server.total_us /= n;
-    merged.server.batch_tokens /= n;
-  }
+  merged.server = merged.server.Mean();
   // The window lasts until the schedule ended (or was interrupted) and every
   // layer step due in it was answered: a server that falls behind stretches
   // it, and the rates fall with it.

@@ -203,12 +203,19 @@ std::string FormatReport(const RunReport& report) {
       &text, Line("payload", absl::StrFormat("in %.4f GB/s (to server), out %.4f GB/s (to client)",
                                              a.GBpsIn(), a.GBpsOut())));
   if (a.server.count > 0) {
+    const ServerTiming& t = a.server;
     absl::StrAppend(
         &text, Line("server time (mean)",
-                    absl::StrFormat("queue %.0f us, prologue %.0f us, decode %.0f us, "
-                                    "total %.0f us; %.1f tokens per batch",
-                                    a.server.queue_us, a.server.prologue_us, a.server.decode_us,
-                                    a.server.total_us, a.server.batch_tokens)));
+                    absl::StrFormat("queue %.0f us, plan %.0f us, upload %.0f us, prologue %.0f us, "
+                                    "decode %.0f us, readback %.0f us, other %.0f us",
+                                    t.queue_us, t.plan_us, t.upload_us, t.prologue_us, t.decode_us,
+                                    t.readback_us, t.other_us())));
+    absl::StrAppend(
+        &text, Line("", absl::StrFormat("total %.0f us; %.1f tokens per batch; transport and "
+                                        "client %.0f us (mean latency %.0f us - server total)",
+                                        t.total_us, t.batch_tokens,
+                                        a.latency.mean_ns() / 1e3 - t.total_us,
+                                        a.latency.mean_ns() / 1e3)));
   }
   absl::StrAppend(&text, Line("errors", ErrorsText(a)));
   absl::StrAppend(&text, Line("prompts", absl::StrFormat("%d sessions x %d tokens created and "
@@ -296,9 +303,18 @@ nlohmann::json ReportJson(const RunReport& report) {
   attend["decode_steps_per_s"] = report.DecodeStepsPerSecond();
   attend["tokens_per_s"] = report.TokensPerSecond();
   const ServerTiming& s = report.attend.server;
-  attend["server_timing_mean_us"] = {{"count", s.count},          {"queue", s.queue_us},
-                                     {"prologue", s.prologue_us}, {"decode", s.decode_us},
-                                     {"total", s.total_us},       {"batch_tokens", s.batch_tokens}};
+  attend["server_timing_mean_us"] = {
+      {"count", s.count},
+      {"queue", s.queue_us},
+      {"plan", s.plan_us},
+      {"upload", s.upload_us},
+      {"prologue", s.prologue_us},
+      {"decode", s.decode_us},
+      {"readback", s.readback_us},
+      {"other", s.other_us()},
+      {"total", s.total_us},
+      {"transport_and_client", report.attend.latency.mean_ns() / 1e3 - s.total_us},
+      {"batch_tokens", s.batch_tokens}};
   json["attend"] = std::move(attend);
   if (report.echo.has_value()) {
     json["echo"] = PhaseJson(*report.echo);
@@ -332,17 +348,43 @@ nlohmann::json ReportJson(const RunReport& report) {
   return json;
 }
 
+void ServerTiming::Add(const ServerTiming& other) {
+  count += other.count;
+  queue_us += other.queue_us;
+  plan_us += other.plan_us;
+  upload_us += other.upload_us;
+  prologue_us += other.prologue_us;
+  decode_us += other.decode_us;
+  readback_us += other.readback_us;
+  total_us += other.total_us;
+  batch_tokens += other.batch_tokens;
+}
+
+ServerTiming ServerTiming::Mean() const {
+  if (count == 0) return *this;
+  const double n = static_cast<double>(count);
+  return ServerTiming{count,          queue_us / n,   plan_us / n,     upload_us / n,
+                      prologue_us / n, decode_us / n, readback_us / n, total_us / n,
+                      batch_tokens / n};
+}
+
+double ServerTiming::other_us() const {
+  return total_us - queue_us - plan_us - upload_us - prologue_us - decode_us - readback_us;
+}
+
 void WriteStepCsv(const std::vector<StepRecord>& records, std::ostream& out) {
   out << "phase,stream,step,layer,due_s,latency_us,code,tokens,bytes_in,bytes_out,"
-         "server_queue_us,server_prologue_us,server_decode_us,server_total_us,batch_tokens\n";
+         "server_queue_us,server_prologue_us,server_decode_us,server_total_us,batch_tokens,"
+         "server_plan_us,server_upload_us,server_readback_us\n";
   char line[512];
   for (const StepRecord& r : records) {
     std::snprintf(line, sizeof(line),
-                  "%s,%d,%lld,%d,%.6f,%.1f,%s,%d,%lld,%lld,%.1f,%.1f,%.1f,%.1f,%d\n",
+                  "%s,%d,%lld,%d,%.6f,%.1f,%s,%d,%lld,%lld,%.1f,%.1f,%.1f,%.1f,%d,%.1f,%.1f,%.1f\n",
                   r.phase == 'e' ? "echo" : "attend", r.stream, static_cast<long long>(r.step),
                   r.layer, r.due_s, r.latency_us, StatusCodeName(r.code).c_str(), r.tokens,
                   static_cast<long long>(r.bytes_in), static_cast<long long>(r.bytes_out),
-                  r.queue_us, r.prologue_us, r.decode_us, r.server_total_us, r.batch_tokens);
+                  r.queue_us, r.prologue_us, r.decode_us, r.server_total_us, r.batch_tokens,
+                  r.plan_us, r.upload_us, r.readback_us);
     out << line;
   }
 }

@@ -55,15 +55,27 @@ struct RunConfig {
   int64_t steps = 0;      // decode steps per node when bounded by --steps
 };
 
-// The server's own breakdown of a layer step (AttendResponse.timing),
-// averaged over the OK answers of the measured window.
+// The server's own breakdown of a layer step (AttendResponse.timing, its
+// stages in the order they run), summed over the OK answers of the measured
+// window while it is gathered, then averaged (Mean).
 struct ServerTiming {
   int64_t count = 0;
   double queue_us = 0;
+  double plan_us = 0;
+  double upload_us = 0;
   double prologue_us = 0;
   double decode_us = 0;
+  double readback_us = 0;
   double total_us = 0;
   double batch_tokens = 0;
+
+  // Adds `other`'s sums and count.
+  void Add(const ServerTiming& other);
+  // Every figure divided by the count (the count kept).
+  ServerTiming Mean() const;
+  // What total holds besides the named stages: sorting a batch into
+  // launches, writing the answer.
+  double other_us() const;
 };
 
 // One measured phase: the Attend load, or the Echo baseline of the same bytes.
@@ -163,6 +175,7 @@ struct StepRecord {
   int64_t bytes_out = 0;
   float queue_us = 0, prologue_us = 0, decode_us = 0, server_total_us = 0;
   int32_t batch_tokens = 0;
+  float plan_us = 0, upload_us = 0, readback_us = 0;
 };
 
 // The CSV header and one line per record.

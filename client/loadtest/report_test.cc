@@ -2,6 +2,7 @@
 
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_split.h"
@@ -44,7 +45,9 @@ RunReport SampleReport() {
   a.tokens = 400 * 3;
   a.bytes_in = 400 * 30000;
   a.bytes_out = 400 * 24576;
-  a.server = {400, 100, 50, 800, 1000, 6};
+  // Means already (count 400): queue, plan, upload, prologue, decode,
+  // readback, total, tokens per batch.
+  a.server = {400, 100, 20, 10, 50, 800, 5, 1000, 6};
   for (int i = 1; i <= 400; ++i)
     a.latency_by_kind[i % 2 ? "c4a" : "swa"].Record(int64_t{i} * 10000);
   report.kv = {10000, 0, 1000, 1010, 0, 64, 584, 37440};
@@ -71,7 +74,10 @@ TEST(ReportTest, TextShowsEveryFigure) {
   EXPECT_THAT(text, HasSubstr("    by layer kind          c4a p50 1.99 ms p99 3.95 ms (n=200), swa "
                               "p50 2.00 ms p99 3.96 ms (n=200)\n"));
   EXPECT_THAT(text, HasSubstr("200.0 layer steps/s = 50.00 decode steps/s = 150.0 tokens/s"));
-  EXPECT_THAT(text, HasSubstr("queue 100 us, prologue 50 us, decode 800 us, total 1000 us"));
+  EXPECT_THAT(text, HasSubstr("queue 100 us, plan 20 us, upload 10 us, prologue 50 us, decode "
+                              "800 us, readback 5 us, other 15 us"));
+  // The mean latency is 2005 us (10 us .. 4 ms).
+  EXPECT_THAT(text, HasSubstr("total 1000 us; 6.0 tokens per batch; transport and client 1005 us"));
   EXPECT_THAT(text, HasSubstr("errors                   none (400 OK)"));
   EXPECT_THAT(text, HasSubstr("1010 of 10000 blocks used at the end (10.1%"));
   EXPECT_THAT(text, HasSubstr("6 sessions x 256 tokens created and appended in 1.25 s"));
@@ -153,6 +159,12 @@ TEST(ReportTest, JsonHoldsTheNumbers) {
   EXPECT_EQ(json["attend"]["layer_steps_failed"], 0);
   EXPECT_DOUBLE_EQ(json["attend"]["decode_steps_per_s"].get<double>(), 50.0);
   EXPECT_DOUBLE_EQ(json["attend"]["latency"]["max_us"].get<double>(), 4000.0);
+  const nlohmann::json& timing = json["attend"]["server_timing_mean_us"];
+  for (const auto& [stage, us] : std::vector<std::pair<std::string, double>>{
+           {"queue", 100}, {"plan", 20}, {"upload", 10}, {"prologue", 50}, {"decode", 800},
+           {"readback", 5}, {"other", 15}, {"total", 1000}, {"transport_and_client", 1005}}) {
+    EXPECT_DOUBLE_EQ(timing[stage].get<double>(), us) << stage;
+  }
   EXPECT_LE(json["attend"]["latency"]["p50_us"].get<double>(),
             json["attend"]["latency"]["p99_us"].get<double>());
   int64_t bucket_total = 0;
