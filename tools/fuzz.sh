@@ -120,8 +120,9 @@ if ! "$bin/tests/fuzz/make_seeds" --out="$work/seeds" > /dev/null; then
   exit 1
 fi
 
-# UBSan reports end the run (the fuzzers' defaults say so too).
-export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
+# UBSan reports end the run (the fuzzers' defaults say so too); the
+# suppressions are findings known and reported, each with its reason.
+export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:suppressions=$repo/tests/fuzz/ubsan_known_findings.txt"
 
 failed=()
 for fuzzer in "${fuzzers[@]}"; do

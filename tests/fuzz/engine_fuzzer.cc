@@ -73,6 +73,23 @@ uint8_t Checksum(const uint8_t* data, int64_t bytes) {
   return sum;
 }
 
+// Inputs that reach a bug already reported and not fixed yet, skipped so
+// that a run fails only on what is new (tests/fuzz/README.md). Each entry
+// goes with its fix.
+bool KnownFinding(const AttendInput& input) {
+  for (const SegmentInput& segment : input.segments) {
+    // Engine::PlanAttend adds num_compressed_rows to first_compressed_row
+    // (a repeated step) or to the rows that exist, which it has just found
+    // equal to it (a new step), in int32: signed overflow
+    // (server/engine.cc, the two checks of a segment's compressed rows).
+    if (int64_t{segment.first_compressed_row} + segment.num_compressed_rows >
+        std::numeric_limits<int32_t>::max()) {
+      return true;
+    }
+  }
+  return false;
+}
+
 void Run(const uint8_t* data, size_t size) {
   // One slice over the input, as gRPC hands over a message read in one
   // piece; gRPC has already refused messages over the server's size limit.
@@ -85,6 +102,7 @@ void Run(const uint8_t* data, size_t size) {
     segment.session_id = fixture->Resolve(segment.session_id);
   }
   const std::shared_ptr<const AttendInput> input = ToAttendInput(*std::move(view));
+  if (KnownFinding(*input)) return;
 
   Engine& engine = fixture->engine();
   const EngineState before = StateOf(engine);

@@ -7,7 +7,7 @@
 // accepts as they are, one for each kind of step (SWA, C4A with top-k and
 // new compressed rows, C128A, several tokens, several segments, a rank
 // repeating a step, both models, a padded head count); a few near the
-// numeric edges that it refuses.
+// numeric edges that it refuses; reproducers of the fuzzers' findings.
 // codec_fuzzer/: the same, plus AttendResponses and the unary requests.
 #include <cstdint>
 #include <cstdio>
@@ -185,6 +185,27 @@ std::vector<std::pair<std::string, wire::AttendRequestView>> AttendSeeds() {
                                        {std::numeric_limits<int32_t>::min(), kInt32Max});
   add("edge-topk-int32-extremes", topk_extremes);
 
+  // Reproducers of the fuzzers' findings (tests/fuzz/README.md): the known
+  // ones stay skipped or suppressed until they are fixed, then every run
+  // tries them again.
+  // Compressed row counts added in int32 (Engine::PlanAttend), a new step
+  // and a repeated one.
+  wire::AttendRequestView rows_new = AttendC4A(16, 2, 16, {prompt_next}, 8);
+  rows_new.segments[0].num_compressed_rows = kInt32Max - 16;
+  add("known-compressed-rows-overflow", rows_new);
+  wire::AttendRequestView rows_repeat = repeat;
+  rows_repeat.segments[0].first_compressed_row = kInt32Max;
+  rows_repeat.segments[0].num_compressed_rows = 1;
+  add("known-compressed-rows-overflow-repeat", rows_repeat);
+  // A top-k shape whose size in bytes overflows int64 (CheckTensor).
+  wire::AttendRequestView wide_topk = h4;
+  wide_topk.topk = OwnedTensor<int32_t>(pb::DTYPE_I32, {1, int64_t{1} << 62}, {});
+  add("known-topk-shape-overflow", wide_topk);
+  // NaN queries: the CPU decode's exp casts a NaN score to int32.
+  wire::AttendRequestView nan_query = h4;
+  nan_query.q = OwnedTensor(pb::DTYPE_BF16, {1, 4, kHeadDim},
+                            std::vector<uint16_t>(4 * kHeadDim, 0x7fc0));
+  add("known-nan-query", nan_query);
   return seeds;
 }
 
