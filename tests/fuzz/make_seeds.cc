@@ -188,6 +188,13 @@ std::vector<std::pair<std::string, wire::AttendRequestView>> AttendSeeds() {
   // Reproducers of the fuzzers' findings (tests/fuzz/README.md): the known
   // ones stay skipped or suppressed until they are fixed, then every run
   // tries them again.
+  // The head range's end computed in int32 (Engine::PlanAttend): past
+  // INT32_MAX it wraps, passes the check, and the sinks are read from far
+  // outside their array (a whole message, so that it gets that far; the
+  // fuzzer's own input is testdata/engine_fuzzer/crash-head-offset-overflow).
+  wire::AttendRequestView wrapping_heads = swa;
+  wrapping_heads.head_offset = kInt32Max - 8;
+  add("known-head-offset-overflow", wrapping_heads);
   // Compressed row counts added in int32 (Engine::PlanAttend), a new step
   // and a repeated one.
   wire::AttendRequestView rows_new = AttendC4A(16, 2, 16, {prompt_next}, 8);
