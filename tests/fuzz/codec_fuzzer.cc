@@ -41,10 +41,17 @@ namespace pb = ::mla_offload::v1;
 
 constexpr size_t kNoLimit = ~size_t{0};
 
-void Require(bool holds, absl::string_view what) {
-  if (holds) return;
-  std::fprintf(stderr, "codec_fuzzer: %.*s\n", static_cast<int>(what.size()), what.data());
+template <typename... Parts>
+[[noreturn]] void Fail(const Parts&... what) {
+  std::fprintf(stderr, "codec_fuzzer: %s\n", absl::StrCat(what...).c_str());
   std::abort();
+}
+
+// The message is put together only when `holds` is false: this runs
+// thousands of times a second.
+template <typename... Parts>
+void Require(bool holds, const Parts&... what) {
+  if (!holds) Fail(what...);
 }
 
 // The input cut into slices, each copied into a heap block of its own size.
@@ -110,27 +117,27 @@ void CheckCodec(absl::string_view name, const grpc::ByteBuffer& whole,
                 grpc::ByteBuffer (*serialize)(const View&)) {
   const absl::StatusOr<View> one = parse(whole, kNoLimit);
   const absl::StatusOr<View> cut = parse(sliced, kNoLimit);
-  Require(one.status() == cut.status(),
-          absl::StrCat(name, ": one slice gives '", one.status().ToString(), "', cut gives '",
-                       cut.status().ToString(), "'"));
+  if (one.status() != cut.status()) {
+    Fail(name, ": one slice gives '", one.status().ToString(), "', cut gives '",
+         cut.status().ToString(), "'");
+  }
   if (size > 0) {
-    Require(absl::IsInvalidArgument(parse(whole, size - 1).status()),
-            absl::StrCat(name, ": a message one byte over the limit was not refused"));
+    Require(absl::IsInvalidArgument(parse(whole, size - 1).status()), name,
+            ": a message one byte over the limit was not refused");
   }
   if (!one.ok()) return;
   CheckTensors(*one);
   CheckTensors(*cut);
   Message message;
-  Require(message.ParseFromArray(data, static_cast<int>(size)),
-          absl::StrCat(name, ": the codec accepts what protobuf refuses"));
+  Require(message.ParseFromArray(data, static_cast<int>(size)), name,
+          ": the codec accepts what protobuf refuses");
   message.DiscardUnknownFields();
   const std::string expected = message.SerializeAsString();
   const std::string written = Flatten(serialize(*one));
-  Require(written == expected,
-          absl::StrCat(name, ": the codec writes ", written.size(),
-                       " bytes where SerializeToString writes ", expected.size()));
-  Require(Flatten(serialize(*cut)) == expected,
-          absl::StrCat(name, ": the codec writes another message from the cut reading"));
+  Require(written == expected, name, ": the codec writes ", written.size(),
+          " bytes where SerializeToString writes ", expected.size());
+  Require(Flatten(serialize(*cut)) == expected, name,
+          ": the codec writes another message from the cut reading");
 }
 
 // A unary request as the server's gRPC method receives it, against a parse
@@ -144,15 +151,15 @@ void CheckUnary(absl::string_view name, const SlicedInput& sliced, const uint8_t
   const bool ok =
       grpc::SerializationTraits<Message>::Deserialize(&buffer, &received).ok();
   Message flat;
-  Require(flat.ParseFromArray(data, static_cast<int>(size)) == ok,
-          absl::StrCat(name, ": gRPC's reading and the flat parse disagree"));
+  Require(flat.ParseFromArray(data, static_cast<int>(size)) == ok, name,
+          ": gRPC's reading and the flat parse disagree");
   if (!ok) return;
   const std::string written = received.SerializeAsString();
-  Require(written == flat.SerializeAsString(),
-          absl::StrCat(name, ": gRPC's reading and the flat parse differ"));
+  Require(written == flat.SerializeAsString(), name,
+          ": gRPC's reading and the flat parse differ");
   Message again;
-  Require(again.ParseFromString(written) && again.SerializeAsString() == written,
-          absl::StrCat(name, ": what it wrote does not read back the same"));
+  Require(again.ParseFromString(written) && again.SerializeAsString() == written, name,
+          ": what it wrote does not read back the same");
 }
 
 void Run(const uint8_t* data, size_t size) {
