@@ -69,7 +69,11 @@ absl::Status CheckInsertValues(const KvInsertParams& insert, const RopeTableView
 // (libm's expf would be a scalar call per score). Relative error ~2e-7;
 // arguments below -87 (results under 1.6e-38) come out as about 1e-38.
 inline float SoftmaxExp(float x) {
-  x = x < -87.0f ? -87.0f : x;
+  // A NaN score (a NaN or infinite query or key element) gives NaN, and
+  // scores above 88 (none: scores are taken less their maximum) saturate:
+  // the integer conversion below is defined for every input.
+  const bool nan = x != x;
+  x = nan ? 0.0f : (x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x));
   constexpr float kRoundMagic = 12582912.0f;  // 1.5 x 2^23: adding it rounds to an integer
   const float n = (x * 1.44269504088896341f + kRoundMagic) - kRoundMagic;
   const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
@@ -83,7 +87,7 @@ inline float SoftmaxExp(float x) {
   const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
   float two_to_n;
   std::memcpy(&two_to_n, &bits, sizeof(two_to_n));
-  return y * two_to_n;
+  return nan ? std::numeric_limits<float>::quiet_NaN() : y * two_to_n;
 }
 
 // Heads handled together by the micro-kernels below: each key element loaded

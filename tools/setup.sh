@@ -10,6 +10,9 @@ packages=(
   # Libraries (headers from /usr/include, flags from pkg-config).
   libabsl-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcivetweb-dev
+  # Fuzzers (tools/fuzz.sh): clang with libFuzzer and the sanitizer
+  # runtimes, and lld to link them.
+  clang-14 libclang-rt-14-dev lld-14
   # Test summary and scripts.
   python3
   # Python client (client/python/): numpy, gRPC and protobuf runtimes; its

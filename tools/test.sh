@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test that needs no GPU (README.md's test command; CI runs it).
 # Installs missing Debian packages first, builds everything (the CUDA code
-# too, where nvcc is present), runs the tests, and ends with one line
-# "N passed, N failed" counted from the GoogleTest cases.
+# too, where nvcc is present), runs the tests, then the fuzzers for 30 s each
+# (tools/fuzz.sh; each fuzzer counts as one case), and ends with one line
+# "N passed, N failed" counted from the test cases.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,11 +17,20 @@ if [ -z "$targets" ]; then
 fi
 
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+fuzz_results=$(mktemp -d)
+trap 'rm -rf "$log" "$fuzz_results"' EXIT
 bazel test --config=cpu_only //... 2>&1 | tee "$log" | grep -vE '^\([0-9:]+\) \[[0-9,]+ / [0-9,]+\]'
 bazel_status=${PIPESTATUS[0]}
 
+tools/fuzz.sh --junit="$fuzz_results"
+fuzz_status=$?
+fuzz_xmls=()
+for fuzzer in $(tools/fuzz.sh --list); do fuzz_xmls+=("--xml=$fuzz_results/$fuzzer.xml"); done
+
 # shellcheck disable=SC2086
-python3 tools/test_summary.py "$(bazel info bazel-testlogs 2>/dev/null)" "$log" $targets
+python3 tools/test_summary.py "$(bazel info bazel-testlogs 2>/dev/null)" "$log" \
+  "${fuzz_xmls[@]}" $targets
 summary_status=$?
-if [ "$bazel_status" -ne 0 ] || [ "$summary_status" -ne 0 ]; then exit 1; fi
+if [ "$bazel_status" -ne 0 ] || [ "$fuzz_status" -ne 0 ] || [ "$summary_status" -ne 0 ]; then
+  exit 1
+fi

@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """Counts GoogleTest cases from Bazel's test.xml files and prints one line.
 
-Usage: test_summary.py BAZEL_TESTLOGS_DIR BAZEL_OUTPUT_LOG LABEL...
+Usage: test_summary.py BAZEL_TESTLOGS_DIR BAZEL_OUTPUT_LOG [--xml=FILE]... LABEL...
 
 For every test target label, reads its test.xml (every shard's, if sharded)
 and counts test cases that passed and failed. A target whose XML is missing,
 or holds no failure although Bazel's output marks it failed (a crash at exit,
 a timeout, a build failure), counts as one failed case, so nothing that broke
-can read as green. The last line
-printed is "N passed, N failed"; the exit status is 1 when anything failed.
+can read as green. Each --xml=FILE is a JUnit file written outside Bazel (the
+fuzzers' run, tools/fuzz.sh --junit), counted the same way: missing or
+unreadable, it is one failed case. The last line printed is
+"N passed, N failed"; the exit status is 1 when anything failed.
 """
 
 import pathlib
@@ -44,29 +46,45 @@ def labels_bazel_failed(output_log):
     return failed
 
 
+def count_files(xmls):
+    """Passed and failed cases of these files; unreadable ones fail once."""
+    passed = failed = 0
+    for xml in xmls:
+        try:
+            p, f = count_cases(xml)
+        except (ET.ParseError, OSError):
+            p, f = 0, 1
+        passed += p
+        failed += f
+    return passed, failed
+
+
 def main(argv):
     testlogs = pathlib.Path(argv[1])
     bazel_failed = labels_bazel_failed(argv[2])
+    extra = [pathlib.Path(arg[len("--xml="):]) for arg in argv[3:] if arg.startswith("--xml=")]
+    labels = [arg for arg in argv[3:] if not arg.startswith("--xml=")]
     total_passed = total_failed = 0
     broken = []
-    for label in argv[3:]:
+    for label in labels:
         directory = target_dir(testlogs, label)
         # This run's results: test.xml, or one per shard. Leftover
         # run_N_of_M folders of an earlier --runs_per_test are not this run.
         top = directory / "test.xml"
         xmls = [top] if top.exists() else sorted(directory.glob("shard_*_of_*/test.xml"))
-        passed = failed = 0
-        for xml in xmls:
-            try:
-                p, f = count_cases(xml)
-            except ET.ParseError:
-                p, f = 0, 1
-            passed += p
-            failed += f
+        passed, failed = count_files(xmls)
         if failed == 0 and (not xmls or label in bazel_failed):
             failed = 1
         if failed:
             broken.append(label)
+        total_passed += passed
+        total_failed += failed
+    for xml in extra:
+        passed, failed = count_files([xml])
+        if passed + failed == 0:
+            failed = 1
+        if failed:
+            broken.append(str(xml))
         total_passed += passed
         total_failed += failed
     for label in broken:
