@@ -30,8 +30,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
 #include "proto/attend_codec.h"
+#include "proto/unary_codec.h"
 #include "proto/mla_offload.pb.h"
 
 namespace mla::fuzz {
@@ -153,7 +155,18 @@ void CheckUnary(absl::string_view name, const SlicedInput& sliced, const uint8_t
   Message flat;
   Require(flat.ParseFromArray(data, static_cast<int>(size)) == ok, name,
           ": gRPC's reading and the flat parse disagree");
+  // The server's own reading (proto/unary_codec.h): the same verdict, and
+  // a refusal names the message.
+  Message ours;
+  const absl::Status parsed = wire::ParseUnaryMessage(sliced.Buffer(), &ours);
+  Require(parsed.ok() == ok, name, ": ParseUnaryMessage and protobuf disagree: ",
+          parsed.ToString());
+  Require(ok || (absl::IsInvalidArgument(parsed) &&
+                 absl::StartsWith(parsed.message(), Message::descriptor()->name())),
+          name, ": a refusal that does not name the message: ", parsed.ToString());
   if (!ok) return;
+  Require(ours.SerializeAsString() == flat.SerializeAsString(), name,
+          ": ParseUnaryMessage read another message");
   const std::string written = received.SerializeAsString();
   Require(written == flat.SerializeAsString(), name,
           ": gRPC's reading and the flat parse differ");
@@ -168,8 +181,12 @@ void Run(const uint8_t* data, size_t size) {
   const SlicedInput sliced(data, size);
   const grpc::ByteBuffer cut = sliced.Buffer();
 
-  CheckCodec<pb::AttendRequest>("AttendRequest", whole, cut, data, size,
-                                &wire::ParseAttendRequest, &wire::SerializeAttendRequest);
+  CheckCodec<pb::AttendRequest, wire::AttendRequestView>(
+      "AttendRequest", whole, cut, data, size,
+      [](const grpc::ByteBuffer& buffer, size_t limit) {
+        return wire::ParseAttendRequest(buffer, limit);
+      },
+      &wire::SerializeAttendRequest);
   CheckCodec<pb::AttendResponse>("AttendResponse", whole, cut, data, size,
                                  &wire::ParseAttendResponse, &wire::SerializeAttendResponse);
 
