@@ -319,7 +319,25 @@ class ClientTest : public ::testing::Test {
     client_ = *std::move(client);
   }
 
+  // A server that holds every Attend message `batch_wait_us` for a batch: a
+  // pacer stream that has sent one message (to no session) stays active for
+  // --active_stream_ms, so every other stream's batch waits the whole
+  // --batch_wait_us for the pacer's next message (a lone stream's batch
+  // would not wait).
+  void StartSlowServer(int batch_wait_us) {
+    ASSERT_NO_FATAL_FAILURE(StartServer(
+        {absl::StrCat("--batch_wait_us=", batch_wait_us), "--active_stream_ms=3600000"}));
+    absl::StatusOr<std::unique_ptr<AttendStream>> pacer = client_->OpenAttendStream();
+    ASSERT_TRUE(pacer.ok()) << pacer.status();
+    pacer_ = *std::move(pacer);
+    Sequence nobody = MakeSequence(1);
+    nobody.id = "no such session";
+    ASSERT_TRUE(pacer_->Send(InputOf(nobody, MakeStep(nobody, 0, 0, 1, false, false))).ok());
+    EXPECT_EQ(pacer_->Receive().status().code(), absl::StatusCode::kNotFound);
+  }
+
   void TearDown() override {
+    pacer_.reset();
     client_.reset();
     server_.reset();
   }
@@ -339,6 +357,7 @@ class ClientTest : public ::testing::Test {
 
   std::unique_ptr<TestServer> server_;
   std::unique_ptr<Client> client_;
+  std::unique_ptr<AttendStream> pacer_;  // StartSlowServer's
 };
 
 TEST_F(ClientTest, ConnectsAndReadsServerInfoAndHealth) {
@@ -698,7 +717,7 @@ TEST_F(ClientTest, SendAndReceiveFromTwoThreads) {
 // told that nothing is outstanding any more.
 TEST_F(ClientTest, TwoReceivesForOneAnswer) {
   // The lone message waits batch_wait for company: both Receives are waiting.
-  ASSERT_NO_FATAL_FAILURE(StartServer({"--batch_wait_us=300000"}));
+  ASSERT_NO_FATAL_FAILURE(StartSlowServer(300000));
   Sequence seq = MakeSequence(92);
   ASSERT_NO_FATAL_FAILURE(CreateAndAppend(&seq, 10));
   SwaMirror mirror(seq);
@@ -725,7 +744,7 @@ TEST_F(ClientTest, TwoReceivesForOneAnswer) {
 // Destroying a stream with messages in flight cancels it without waiting for
 // the answers; the sessions are unaffected.
 TEST_F(ClientTest, DestroyingAnUnfinishedStreamCancelsIt) {
-  ASSERT_NO_FATAL_FAILURE(StartServer({"--batch_wait_us=500000"}));
+  ASSERT_NO_FATAL_FAILURE(StartSlowServer(500000));
   Sequence seq = MakeSequence(92);
   ASSERT_NO_FATAL_FAILURE(CreateAndAppend(&seq, 10));
   const absl::Time start = absl::Now();
@@ -754,14 +773,14 @@ TEST_F(ClientTest, DestroyingAnUnfinishedStreamCancelsIt) {
 // A layer step not answered within step_timeout (the server holds it for a
 // 2 s batch) fails with DEADLINE_EXCEEDED and ends the stream.
 TEST_F(ClientTest, StepDeadlineEndsTheStream) {
-  ASSERT_NO_FATAL_FAILURE(StartServer({"--batch_wait_us=2000000"}));
+  ASSERT_NO_FATAL_FAILURE(StartSlowServer(2000000));
   Sequence seq = MakeSequence(51);
   ASSERT_NO_FATAL_FAILURE(CreateAndAppend(&seq, 10));
+  const Step step = MakeStep(seq, 0, 10, 1, false, false);
   StreamOptions options;
   options.step_timeout = absl::Milliseconds(300);
   absl::StatusOr<std::unique_ptr<AttendStream>> stream = client_->OpenAttendStream(options);
   ASSERT_TRUE(stream.ok());
-  const Step step = MakeStep(seq, 0, 10, 1, false, false);
   ASSERT_TRUE((*stream)->Send(InputOf(seq, step)).ok());
   const absl::Time start = absl::Now();
   absl::StatusOr<AttendResult> late = (*stream)->Receive();

@@ -40,8 +40,11 @@ ABSL_FLAG(int, max_batch_tokens, 1024,
           "Tokens the scheduler gathers into one kernel launch across streams.");
 ABSL_FLAG(int, batch_wait_us, 200,
           "The longest a batch waits for Attend messages of other active streams (streams that "
-          "sent a message in the last 100 ms and have none in the batch yet); a lone stream's "
-          "batches never wait.");
+          "sent a message in the last --active_stream_ms and have none in the batch yet); a "
+          "lone stream's batches never wait.");
+ABSL_FLAG(int, active_stream_ms, 100,
+          "How long after its last message an Attend stream counts as active, so that batches "
+          "wait (up to --batch_wait_us) for its next message.");
 ABSL_FLAG(int, max_queued_messages, 4096,
           "Attend messages that may wait for the engine; beyond it new ones get "
           "RESOURCE_EXHAUSTED.");
@@ -87,7 +90,8 @@ absl::Status CheckFlags() {
       {"max_tokens_per_message", absl::GetFlag(FLAGS_max_tokens_per_message), 1, 1 << 16},
       {"max_message_mb", absl::GetFlag(FLAGS_max_message_mb), 1, 1023},
       {"max_batch_tokens", absl::GetFlag(FLAGS_max_batch_tokens), 1, 1 << 20},
-      {"batch_wait_us", absl::GetFlag(FLAGS_batch_wait_us), 0, 1000000},
+      {"batch_wait_us", absl::GetFlag(FLAGS_batch_wait_us), 0, 10000000},
+      {"active_stream_ms", absl::GetFlag(FLAGS_active_stream_ms), 0, 3600000},
       {"max_queued_messages", absl::GetFlag(FLAGS_max_queued_messages), 1, 1 << 24},
       {"max_messages_in_flight", absl::GetFlag(FLAGS_max_messages_in_flight), 1, 1024},
       {"session_idle_ttl_s", absl::GetFlag(FLAGS_session_idle_ttl_s), 1, 365 * 24 * 3600},
@@ -137,6 +141,7 @@ int Main() {
   options.engine.models = models;
   options.scheduler.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   options.scheduler.batch_wait = absl::Microseconds(absl::GetFlag(FLAGS_batch_wait_us));
+  options.scheduler.active_stream_window = absl::Milliseconds(absl::GetFlag(FLAGS_active_stream_ms));
   options.scheduler.max_queued_messages = absl::GetFlag(FLAGS_max_queued_messages);
   options.service.max_messages_in_flight = absl::GetFlag(FLAGS_max_messages_in_flight);
   options.service.max_message_bytes = int64_t{absl::GetFlag(FLAGS_max_message_mb)} << 20;

@@ -267,11 +267,41 @@ class ClientTest(ServerTestCase):
         self.assertEqual(self.client.echo(payloads), payloads)
 
 
+class self_raises_not_found:
+    """A context that expects (and swallows) an MlaOffloadError NOT_FOUND."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, trace):
+        if not isinstance(error, mo.MlaOffloadError) or error.code != grpc.StatusCode.NOT_FOUND:
+            raise AssertionError(f"expected NOT_FOUND, got {error!r}")
+        return True
+
+
 class SlowServerTest(ServerTestCase):
     """Deadlines and the in-flight bound, on a server that holds each Attend
-    message 1.5 s for a batch (longer than the deadlines)."""
+    message 1.5 s for a batch (longer than the deadlines): a pacer stream
+    that has sent one message (to no session) stays active for
+    --active_stream_ms, so every other stream's batch waits the whole
+    --batch_wait_us for its next message."""
 
-    server_flags = ("--batch_wait_us=1500000",)
+    server_flags = ("--batch_wait_us=1500000", "--active_stream_ms=3600000")
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.pacer = cls.client.attend()
+        rng = np.random.default_rng(7)
+        with self_raises_not_found():
+            cls.pacer.attend(layer=0, segments=[mo.Segment("no such session", 0)],
+                             q=random_bf16(rng, (1, 8, 512)), kv=random_bf16(rng, (1, 512)),
+                             timeout=30)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.pacer.close()
+        super().tearDownClass()
 
     def test_unary_call_deadline(self):
         rng = np.random.default_rng(8)
