@@ -14,6 +14,8 @@ inline constexpr int kHeadDim = 512;
 inline constexpr int kNopeDim = 448;
 inline constexpr int kRopeDim = 64;
 inline constexpr int kRopePairs = kRopeDim / 2;
+// One such row in bf16, as clients send q, kv and compressed rows.
+inline constexpr int64_t kRowBytes = int64_t{kHeadDim} * 2;  // 1024
 
 // NoPE dims are quantised in tiles of 64 with one UE8M0 scale each.
 inline constexpr int kQuantTile = 64;

@@ -19,7 +19,6 @@
 namespace mla {
 namespace {
 
-constexpr int64_t kRowBytes = int64_t{kHeadDim} * 2;  // one bf16 row of 512
 // An AttendResponse's bytes besides out and lse: request id, tensor headers,
 // timing and status, well below this.
 constexpr int64_t kAnswerFramingBytes = 1024;

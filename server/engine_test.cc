@@ -60,7 +60,6 @@ constexpr int32_t kInt32Max = std::numeric_limits<int32_t>::max();
 constexpr int32_t kInt32Min = std::numeric_limits<int32_t>::min();
 constexpr char kFlash[] = "deepseek-v4-flash";
 constexpr char kPro[] = "deepseek-v4-pro";
-constexpr int64_t kRowBytes = kHeadDim * 2;
 const absl::Time kT0 = absl::FromUnixSeconds(1000000);
 
 // ---- The models as spec section 1 states them (not read from the profiles).

@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "kernels/geometry.h"
 
 namespace mla {
 
@@ -104,7 +105,7 @@ struct AttendResult {
   std::shared_ptr<void> keep_alive;
   AttendTiming timing;
 
-  int64_t out_bytes() const { return num_tokens * num_heads * 512 * 2; }
+  int64_t out_bytes() const { return num_tokens * num_heads * kRowBytes; }
   int64_t lse_bytes() const { return lse == nullptr ? 0 : num_tokens * num_heads * 4; }
 };
 

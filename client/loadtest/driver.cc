@@ -32,7 +32,6 @@ namespace {
 
 namespace pb = ::mla_offload::v1;
 using Clock = std::chrono::steady_clock;
-constexpr int64_t kRowBytes = int64_t{kHeadDim} * 2;
 // AppendKV calls stay below this (the server's default limit is 256 MiB).
 constexpr int64_t kAppendChunkBytes = int64_t{48} << 20;
 

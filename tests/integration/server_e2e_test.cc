@@ -106,7 +106,6 @@ using ::testing::HasSubstr;
 constexpr int32_t kMaxPosition = 8192;
 constexpr char kFlash[] = "deepseek-v4-flash";
 constexpr char kPro[] = "deepseek-v4-pro";
-constexpr int64_t kRowBytes = int64_t{kHeadDim} * 2;
 constexpr int kRingBlocks = 4;  // blocks of a session's SWA ring, per layer
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
