@@ -15,6 +15,7 @@
 #include "absl/types/span.h"
 #include "kernels/geometry.h"
 #include "kernels/head_padding.h"
+#include "server/packed_arrays.h"
 
 namespace mla {
 namespace {
@@ -50,87 +51,7 @@ std::string TouchKey(const std::string& session_id, int32_t layer) {
   return absl::StrCat(session_id, "#", layer);
 }
 
-// Host arrays laid out in one buffer, so that a batch's small arrays reach
-// the device in one copy (one host-to-device copy and synchronisation
-// instead of one per array). Each starts at a 16-byte boundary: the CUDA
-// prologue reads the compressed rows as 16-byte vectors. Offsets are
-// reserved first, then the buffer is made once and the arrays are views of
-// it, filled in place; the same offsets find them in the device's copy.
-class PackedArrays {
- public:
-  // An array of `count` T that starts as `fill`, `at` bytes into the buffer.
-  template <typename T>
-  struct Place {
-    size_t at;
-    int64_t count;
-    T fill;
-  };
-  template <typename T>
-  Place<T> Reserve(int64_t count, T fill) {
-    const size_t at = (bytes_ + 15) & ~size_t{15};
-    bytes_ = at + sizeof(T) * static_cast<size_t>(count);
-    return Place<T>{at, count, fill};
-  }
-  void Allocate() { data_.reset(new uint8_t[std::max<size_t>(bytes_, 1)]); }
-  // The array, every element set to its fill.
-  template <typename T>
-  absl::Span<T> Array(const Place<T>& place) {
-    T* first = reinterpret_cast<T*>(data_.get() + place.at);
-    std::fill(first, first + place.count, place.fill);
-    return absl::Span<T>(first, static_cast<size_t>(place.count));
-  }
-  // The array in a copy of the buffer at `copy` (null without one).
-  template <typename T>
-  static T* In(uint8_t* copy, const Place<T>& place) {
-    return copy == nullptr ? nullptr : reinterpret_cast<T*>(copy + place.at);
-  }
-  const uint8_t* data() const { return data_.get(); }
-  size_t bytes() const { return bytes_; }
-
- private:
-  size_t bytes_ = 0;
-  std::unique_ptr<uint8_t[]> data_;
-};
-
 }  // namespace
-
-// Growable buffers in backend memory, reused from launch to launch.
-class Engine::DeviceArena {
- public:
-  enum Slot {
-    kQ, kQOut, kPositions, kKv, kSwaSlots, kCompressedRows, kCompressedPositions,
-    kCompressedSlots, kBatchArrays, kOut, kLse, kNumSlots
-  };
-
-  explicit DeviceArena(ComputeBackend& backend) : backend_(backend) {}
-
-  // Backend memory of at least `bytes` for `slot`; contents undefined.
-  absl::StatusOr<uint8_t*> Reserve(Slot slot, int64_t bytes) {
-    DeviceBuffer& buffer = buffers_[slot];
-    if (buffer.bytes() < bytes) {
-      absl::StatusOr<DeviceBuffer> bigger =
-          backend_.Allocate(std::max<int64_t>(bytes, buffer.bytes() * 2));
-      if (!bigger.ok()) return bigger.status();
-      buffer = *std::move(bigger);
-    }
-    return buffer.as<uint8_t>();
-  }
-
-  template <typename T>
-  absl::StatusOr<T*> Upload(Slot slot, const std::vector<T>& host) {
-    absl::StatusOr<uint8_t*> device = Reserve(slot, sizeof(T) * host.size());
-    if (!device.ok()) return device.status();
-    if (absl::Status status = backend_.CopyToDevice(*device, host.data(), sizeof(T) * host.size());
-        !status.ok()) {
-      return status;
-    }
-    return reinterpret_cast<T*>(*device);
-  }
-
- private:
-  ComputeBackend& backend_;
-  DeviceBuffer buffers_[kNumSlots];
-};
 
 // One Attend message, validated, with what its launch needs to know.
 struct Engine::Plan {

@@ -29,6 +29,7 @@
 #include "kernels/backend.h"
 #include "kernels/model_profile.h"
 #include "kernels/rope.h"
+#include "server/device_arena.h"
 #include "server/kv_pool.h"
 #include "server/requests.h"
 #include "server/session.h"
@@ -115,7 +116,6 @@ class Engine {
  private:
   struct Plan;
   struct LaunchGroup;
-  class DeviceArena;
 
   Engine(std::unique_ptr<ComputeBackend> backend, KvBlockPool pool, const EngineOptions& options);
   absl::Status UploadRopeTables();

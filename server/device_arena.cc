@@ -1,0 +1,19 @@
+#include "server/device_arena.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace mla {
+
+absl::StatusOr<uint8_t*> DeviceArena::Reserve(Slot slot, int64_t bytes) {
+  DeviceBuffer& buffer = buffers_[slot];
+  if (buffer.bytes() < bytes) {
+    absl::StatusOr<DeviceBuffer> bigger =
+        backend_.Allocate(std::max<int64_t>(bytes, buffer.bytes() * 2));
+    if (!bigger.ok()) return bigger.status();
+    buffer = *std::move(bigger);
+  }
+  return buffer.as<uint8_t>();
+}
+
+}  // namespace mla

@@ -1,0 +1,52 @@
+// Scratch memory of one backend for its launches: one growable buffer per
+// use (a slot), reused from launch to launch, so that a launch allocates
+// only when it is larger than every one before it.
+//
+// A buffer grows to what is asked or to twice its size, whichever is more,
+// and never shrinks; growing frees the old one, so a pointer from Reserve is valid until the next
+// Reserve of the same slot. Allocation failures are the backend's status,
+// with the slot as it was. Not thread-safe: the engine thread owns it.
+#ifndef MLA_OFFLOAD_SERVER_DEVICE_ARENA_H_
+#define MLA_OFFLOAD_SERVER_DEVICE_ARENA_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+
+namespace mla {
+
+class DeviceArena {
+ public:
+  enum Slot {
+    kQ, kQOut, kPositions, kKv, kSwaSlots, kCompressedRows, kCompressedPositions,
+    kCompressedSlots, kBatchArrays, kOut, kLse, kNumSlots
+  };
+
+  // `backend` must outlive the arena.
+  explicit DeviceArena(ComputeBackend& backend) : backend_(backend) {}
+
+  // Backend memory of at least `bytes` for `slot`; contents undefined.
+  absl::StatusOr<uint8_t*> Reserve(Slot slot, int64_t bytes);
+
+  // `host` copied into `slot`.
+  template <typename T>
+  absl::StatusOr<T*> Upload(Slot slot, const std::vector<T>& host) {
+    absl::StatusOr<uint8_t*> device = Reserve(slot, sizeof(T) * host.size());
+    if (!device.ok()) return device.status();
+    if (absl::Status status = backend_.CopyToDevice(*device, host.data(), sizeof(T) * host.size());
+        !status.ok()) {
+      return status;
+    }
+    return reinterpret_cast<T*>(*device);
+  }
+
+ private:
+  ComputeBackend& backend_;
+  DeviceBuffer buffers_[kNumSlots];
+};
+
+}  // namespace mla
+
+#endif  // MLA_OFFLOAD_SERVER_DEVICE_ARENA_H_
