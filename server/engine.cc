@@ -2,19 +2,13 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
-#include <limits>
 #include <map>
-#include <random>
 #include <tuple>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "absl/types/span.h"
 #include "kernels/geometry.h"
-#include "kernels/head_padding.h"
 #include "server/packed_arrays.h"
 
 namespace mla {
@@ -23,15 +17,6 @@ namespace {
 // An AttendResponse's bytes besides out and lse: request id, tensor headers,
 // timing and status, well below this.
 constexpr int64_t kAnswerFramingBytes = 1024;
-
-std::string NewSessionId() {
-  // 128 bits from the OS entropy source: ids are unguessable, so knowing an
-  // id is what entitles a caller to a session.
-  std::random_device entropy;
-  std::string id;
-  for (int i = 0; i < 4; ++i) absl::StrAppendFormat(&id, "%08x", entropy());
-  return id;
-}
 
 // Moves the last `count` compressed pages of `layer` to `pages`: those a
 // request took before it failed.
@@ -97,6 +82,7 @@ Engine::Engine(std::unique_ptr<ComputeBackend> backend, KvBlockPool pool,
     : backend_(std::move(backend)),
       pool_(std::move(pool)),
       options_(options),
+      sessions_(pool_, options.models, options.default_idle_ttl),
       arena_(std::make_unique<DeviceArena>(*backend_)) {}
 
 Engine::~Engine() = default;
@@ -124,122 +110,23 @@ RopeTableView Engine::rope_view(RopeKind kind) const {
   return {rope_tables_[static_cast<int>(kind)].as<float>(), options_.max_position};
 }
 
-absl::StatusOr<Session*> Engine::FindSession(const std::string& id) {
-  auto it = sessions_.find(id);
-  if (it == sessions_.end()) {
-    return absl::NotFoundError(absl::StrCat(
-        "session '", EchoClientText(id), "' does not exist (closed, expired after its idle TTL, or never "
-        "created on this server); create a session and append its KV again"));
-  }
-  return it->second.get();
-}
-
 absl::StatusOr<CreateSessionResult> Engine::CreateSession(const CreateSessionInput& input,
                                                           absl::Time now) {
-  const ModelProfile* profile = nullptr;
-  std::vector<std::string> served;
-  for (const ModelProfile* candidate : options_.models) {
-    served.push_back(candidate->name);
-    if (candidate->name == input.model) profile = candidate;
-  }
-  if (profile == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("model: '", EchoClientText(input.model),
-                                                   "' is not served here; this server serves ",
-                                                   absl::StrJoin(served, ", ")));
-  }
-  if (input.num_heads < 1 || input.num_heads > profile->num_query_heads) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("num_heads: ", input.num_heads, " is outside 1..", profile->num_query_heads,
-                     " (", profile->name, " has ", profile->num_query_heads,
-                     " query heads; a rank sends h_total / TP of them)"));
-  }
-  absl::StatusOr<int> padded = PaddedHeadCount(input.num_heads);
-  if (!padded.ok()) return padded.status();
-  if (input.idle_ttl_seconds < 0) {
-    return absl::InvalidArgumentError("idle_ttl_seconds: must be 0 (server default) or positive");
-  }
-  const int layers = profile->num_attention_layers();
-  int sink_heads = 0;
-  std::vector<float> sinks;
-  if (input.sinks.present) {
-    const bool whole = CheckTensor(input.sinks, "sinks", DType::kF32,
-                                   {layers, profile->num_query_heads})
-                           .ok();
-    if (!whole) {
-      if (absl::Status status =
-              CheckTensor(input.sinks, "sinks", DType::kF32, {layers, input.num_heads});
-          !status.ok()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(status.message(), " (or [", layers, ", ", profile->num_query_heads,
-                         "] for every head of the model)"));
-      }
-    }
-    sink_heads = whole ? profile->num_query_heads : input.num_heads;
-    sinks.resize(static_cast<size_t>(layers) * sink_heads);
-    input.sinks.CopyTo(sinks.data());
-    for (size_t i = 0; i < sinks.size(); ++i) {
-      // -inf is "no sink"; NaN or +inf would make every output of the head NaN or 0.
-      if (std::isnan(sinks[i]) || sinks[i] == std::numeric_limits<float>::infinity()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "sinks[", i / sink_heads, "][", i % sink_heads, "]: ", sinks[i],
-            " is not a sink logit; send a finite value, or -inf for no sink"));
-      }
-    }
-  }
-  absl::StatusOr<std::vector<int32_t>> blocks = pool_.Allocate(int64_t{layers} * kSwaRingBlocks);
-  if (!blocks.ok()) return blocks.status();
-
-  auto session = std::make_unique<Session>();
-  session->id = NewSessionId();
-  session->profile = profile;
-  session->num_heads = input.num_heads;
-  session->padded_heads = *padded;
-  session->sink_heads = sink_heads;
-  session->sinks = std::move(sinks);
-  session->idle_ttl = input.idle_ttl_seconds > 0 ? absl::Seconds(input.idle_ttl_seconds)
-                                                 : options_.default_idle_ttl;
-  session->last_used = now;
-  session->layers.resize(layers);
-  for (int layer = 0; layer < layers; ++layer) {
-    session->layers[layer].swa_blocks.assign(blocks->begin() + layer * kSwaRingBlocks,
-                                             blocks->begin() + (layer + 1) * kSwaRingBlocks);
-  }
-  CreateSessionResult result{session->id, session->num_heads, session->padded_heads};
-  sessions_[session->id] = std::move(session);
-  return result;
+  return sessions_.Create(input, now);
 }
 
 absl::StatusOr<int64_t> Engine::CloseSession(const std::string& session_id) {
-  absl::StatusOr<Session*> session = FindSession(session_id);
-  if (!session.ok()) return session.status();
-  const std::vector<int32_t> blocks = (*session)->AllBlocks();
-  pool_.Free(blocks);
-  sessions_.erase(session_id);
-  return static_cast<int64_t>(blocks.size());
+  return sessions_.Close(session_id);
 }
 
 std::vector<SessionSummary> Engine::ListSessions(absl::Time now) const {
-  std::vector<SessionSummary> list;
-  for (const auto& [id, session] : sessions_) {
-    list.push_back({id, session->profile->name, session->num_heads, session->next_position(),
-                    session->blocks(), absl::ToDoubleSeconds(now - session->last_used)});
-  }
-  std::sort(list.begin(), list.end(),
-            [](const SessionSummary& a, const SessionSummary& b) { return a.session_id < b.session_id; });
-  return list;
+  return sessions_.List(now);
 }
 
-std::vector<std::string> Engine::ExpireIdle(absl::Time now) {
-  std::vector<std::string> expired;
-  for (const auto& [id, session] : sessions_) {
-    if (now - session->last_used > session->idle_ttl) expired.push_back(id);
-  }
-  for (const std::string& id : expired) CloseSession(id).IgnoreError();
-  return expired;
-}
+std::vector<std::string> Engine::ExpireIdle(absl::Time now) { return sessions_.ExpireIdle(now); }
 
 absl::StatusOr<AppendResult> Engine::AppendKV(const AppendInput& input, absl::Time now) {
-  absl::StatusOr<Session*> found = FindSession(input.session_id);
+  absl::StatusOr<Session*> found = sessions_.Find(input.session_id);
   if (!found.ok()) return found.status();
   Session& session = **found;
   const ModelProfile& profile = *session.profile;
@@ -407,7 +294,7 @@ absl::StatusOr<Engine::Plan> Engine::PlanAttend(const AttendInput& input,
   }
   for (size_t s = 0; s < input.segments.size(); ++s) {
     const SegmentInput& segment = input.segments[s];
-    absl::StatusOr<Session*> session = FindSession(segment.session_id);
+    absl::StatusOr<Session*> session = sessions_.Find(segment.session_id);
     if (!session.ok()) {
       return absl::Status(session.status().code(),
                           absl::StrCat("segments[", s, "]: ", session.status().message()));

@@ -22,7 +22,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -33,6 +32,7 @@
 #include "server/kv_pool.h"
 #include "server/requests.h"
 #include "server/session.h"
+#include "server/session_table.h"
 
 namespace mla {
 
@@ -46,47 +46,6 @@ struct EngineOptions {
   // refused with RESOURCE_EXHAUSTED before anything changes: the service
   // could not send it. 0: no limit.
   int64_t max_answer_bytes = 0;
-};
-
-struct CreateSessionInput {
-  std::string model;
-  int32_t num_heads = 0;
-  TensorInput sinks;  // optional f32 [layers, h_total] or [layers, num_heads]
-  int32_t idle_ttl_seconds = 0;
-};
-
-struct CreateSessionResult {
-  std::string session_id;
-  int num_heads = 0;
-  int padded_heads = 0;
-};
-
-struct LayerRowsInput {
-  int32_t layer = 0;
-  TensorInput swa_kv;         // [P, 512] bf16
-  TensorInput compressed_kv;  // [M, 512] bf16
-  int32_t first_compressed_row = 0;
-};
-
-struct AppendInput {
-  std::string session_id;
-  int32_t first_position = 0;
-  int32_t num_positions = 0;
-  std::vector<LayerRowsInput> layers;
-};
-
-struct AppendResult {
-  int32_t next_position = 0;
-  int64_t session_blocks = 0;
-};
-
-struct SessionSummary {
-  std::string session_id;
-  std::string model;
-  int num_heads = 0;
-  int32_t next_position = 0;
-  int64_t blocks = 0;
-  double idle_seconds = 0;
 };
 
 class Engine {
@@ -111,7 +70,7 @@ class Engine {
   const ComputeBackend& backend() const { return *backend_; }
   int64_t kv_blocks_total() const { return pool_.total_blocks(); }
   int64_t kv_blocks_used() const { return pool_.used_blocks(); }
-  int64_t num_sessions() const { return static_cast<int64_t>(sessions_.size()); }
+  int64_t num_sessions() const { return sessions_.size(); }
 
  private:
   struct Plan;
@@ -124,7 +83,6 @@ class Engine {
   // launch is still waited for, since Synchronize also clears what the
   // backend holds to report, and the next request must not get it.
   absl::Status Drained(const absl::Status& launched);
-  absl::StatusOr<Session*> FindSession(const std::string& id);
   absl::StatusOr<Plan> PlanAttend(const AttendInput& input,
                                   absl::flat_hash_set<std::string>& touched);
   void RunGroup(LaunchGroup& group, std::vector<AttendResult>& results);
@@ -136,9 +94,9 @@ class Engine {
   std::unique_ptr<ComputeBackend> backend_;
   KvBlockPool pool_;
   EngineOptions options_;
+  SessionTable sessions_;
   DeviceBuffer rope_tables_[2];  // indexed by RopeKind
   std::unique_ptr<DeviceArena> arena_;
-  absl::flat_hash_map<std::string, std::unique_ptr<Session>> sessions_;
 };
 
 }  // namespace mla

@@ -58,6 +58,51 @@ absl::Status CheckTensor(const TensorInput& tensor, absl::string_view field, DTy
 // was longer. Error messages travel in gRPC trailers, whose size is limited.
 std::string EchoClientText(absl::string_view text);
 
+// ---- Sessions and their KV: CreateSession, AppendKV, ListSessions.
+
+struct CreateSessionInput {
+  std::string model;
+  int32_t num_heads = 0;
+  TensorInput sinks;  // optional f32 [layers, h_total] or [layers, num_heads]
+  int32_t idle_ttl_seconds = 0;
+};
+
+struct CreateSessionResult {
+  std::string session_id;
+  int num_heads = 0;
+  int padded_heads = 0;
+};
+
+struct LayerRowsInput {
+  int32_t layer = 0;
+  TensorInput swa_kv;         // [P, 512] bf16
+  TensorInput compressed_kv;  // [M, 512] bf16
+  int32_t first_compressed_row = 0;
+};
+
+struct AppendInput {
+  std::string session_id;
+  int32_t first_position = 0;
+  int32_t num_positions = 0;
+  std::vector<LayerRowsInput> layers;
+};
+
+struct AppendResult {
+  int32_t next_position = 0;
+  int64_t session_blocks = 0;
+};
+
+struct SessionSummary {
+  std::string session_id;
+  std::string model;
+  int num_heads = 0;
+  int32_t next_position = 0;
+  int64_t blocks = 0;
+  double idle_seconds = 0;
+};
+
+// ---- Attend messages and their answers.
+
 struct SegmentInput {
   std::string session_id;
   int32_t position = 0;
