@@ -10,6 +10,7 @@
 #include "absl/types/span.h"
 #include "kernels/geometry.h"
 #include "server/packed_arrays.h"
+#include "server/page_reservation.h"
 
 namespace mla {
 namespace {
@@ -17,15 +18,6 @@ namespace {
 // An AttendResponse's bytes besides out and lse: request id, tensor headers,
 // timing and status, well below this.
 constexpr int64_t kAnswerFramingBytes = 1024;
-
-// Moves the last `count` compressed pages of `layer` to `pages`: those a
-// request took before it failed.
-void DetachLastPages(LayerKv& layer, int64_t count, std::vector<int32_t>& pages) {
-  for (int64_t i = 0; i < count; ++i) {
-    pages.push_back(layer.compressed_blocks.back());
-    layer.compressed_blocks.pop_back();
-  }
-}
 
 double MicrosSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
@@ -46,9 +38,7 @@ struct Engine::Plan {
   std::vector<Session*> sessions;  // per segment
   std::vector<bool> inserts;       // per segment: write its rows (else another rank did)
   std::vector<int32_t> rows_after;  // per segment: compressed rows after this step
-  // Per segment: compressed pages this message added at the end of its
-  // layer's pages, given back if its launch fails.
-  std::vector<int64_t> pages_taken;
+  PageReservation pages;  // given back if its launch fails
   int num_heads = 0;
   int padded_heads = 0;
   int64_t num_tokens = 0;
@@ -152,7 +142,7 @@ absl::StatusOr<AppendResult> Engine::AppendKV(const AppendInput& input, absl::Ti
                                                    input.layers.size()));
   }
   std::vector<const LayerRowsInput*> by_layer(layers, nullptr);
-  int64_t new_pages = 0;
+  PageReservation pages;  // given back if a launch fails
   for (const LayerRowsInput& rows : input.layers) {
     const std::string field = absl::StrCat("layers[layer=", rows.layer, "]");
     if (rows.layer < 0 || rows.layer >= layers || by_layer[rows.layer] != nullptr) {
@@ -188,16 +178,12 @@ absl::StatusOr<AppendResult> Engine::AppendKV(const AppendInput& input, absl::Ti
             " exist"));
       }
     }
-    new_pages += std::max<int64_t>(
-        0, PagesFor(rows_after) - static_cast<int64_t>(state.compressed_blocks.size()));
+    pages.Need(session.layers[rows.layer], rows_after);
   }
-  absl::StatusOr<std::vector<int32_t>> pages = pool_.Allocate(new_pages);
-  if (!pages.ok()) return pages.status();
+  if (absl::Status status = pages.Take(pool_); !status.ok()) return status;
 
   // Only the last ring's worth of SWA rows can ever be attended again.
   const int32_t swa_from = std::max(first, first + count - kSwaRingRows);
-  auto page = pages->begin();
-  std::vector<int64_t> pages_taken(layers, 0);  // per layer, given back on failure
   for (RopeKind rope : {RopeKind::kPlain, RopeKind::kYarn}) {
     std::vector<uint8_t> swa_rows, compressed_rows;
     std::vector<int32_t> swa_positions, swa_slots, compressed_positions, compressed_slots;
@@ -207,10 +193,6 @@ absl::StatusOr<AppendResult> Engine::AppendKV(const AppendInput& input, absl::Ti
       LayerKv& state = session.layers[layer];
       const int ratio = profile.compress_ratio(layer);
       const int32_t rows_after = ratio == 0 ? 0 : (first + count) / ratio;
-      while (static_cast<int64_t>(state.compressed_blocks.size()) < PagesFor(rows_after)) {
-        state.compressed_blocks.push_back(*page++);
-        ++pages_taken[layer];
-      }
       const size_t swa_offset = swa_rows.size();
       swa_rows.resize(swa_offset + (first + count - swa_from) * kRowBytes);
       rows.swa_kv.CopyRange((swa_from - first) * kRowBytes, (first + count - swa_from) * kRowBytes,
@@ -265,13 +247,8 @@ absl::StatusOr<AppendResult> Engine::AppendKV(const AppendInput& input, absl::Ti
     if (status.ok()) status = backend_->Prologue(params);
     status = Drained(status);
     if (!status.ok()) {
-      // Nothing written counts (no position advanced); the pages go back,
-      // those handed to layers and those a later pass would have handed out.
-      std::vector<int32_t> taken(page, pages->end());
-      for (int layer = 0; layer < layers; ++layer) {
-        DetachLastPages(session.layers[layer], pages_taken[layer], taken);
-      }
-      pool_.Free(taken);
+      // Nothing written counts (no position advanced); the pages go back.
+      pages.ReturnPages(pool_);
       return absl::InternalError(absl::StrCat("AppendKV failed in the backend: ", status.message()));
     }
   }
@@ -482,27 +459,10 @@ absl::StatusOr<Engine::Plan> Engine::PlanAttend(const AttendInput& input,
   }
   // Last: take the pages the new compressed rows need, so that a message
   // that fails takes nothing.
-  int64_t new_pages = 0;
   for (size_t s = 0; s < input.segments.size(); ++s) {
-    if (!plan.inserts[s]) continue;
-    const LayerKv& state = plan.sessions[s]->layers[input.layer];
-    new_pages += std::max<int64_t>(
-        0, PagesFor(plan.rows_after[s]) - static_cast<int64_t>(state.compressed_blocks.size()));
+    if (plan.inserts[s]) plan.pages.Need(plan.sessions[s]->layers[input.layer], plan.rows_after[s]);
   }
-  plan.pages_taken.assign(input.segments.size(), 0);
-  if (new_pages > 0) {
-    absl::StatusOr<std::vector<int32_t>> pages = pool_.Allocate(new_pages);
-    if (!pages.ok()) return pages.status();
-    auto page = pages->begin();
-    for (size_t s = 0; s < input.segments.size(); ++s) {
-      if (!plan.inserts[s]) continue;
-      LayerKv& state = plan.sessions[s]->layers[input.layer];
-      while (static_cast<int64_t>(state.compressed_blocks.size()) < PagesFor(plan.rows_after[s])) {
-        state.compressed_blocks.push_back(*page++);
-        ++plan.pages_taken[s];
-      }
-    }
-  }
+  if (absl::Status status = plan.pages.Take(pool_); !status.ok()) return status;
   for (size_t s = 0; s < input.segments.size(); ++s) {
     if (plan.inserts[s]) touched.insert(TouchKey(input.segments[s].session_id, input.layer));
   }
@@ -550,7 +510,7 @@ std::vector<AttendResult> Engine::Attend(const std::vector<const AttendInput*>& 
     for (auto& [key, group] : groups) RunGroup(group, results);
     for (Plan& plan : plans) {
       if (!results[plan.index].status.ok()) {
-        ReturnPages(plan);
+        plan.pages.ReturnPages(pool_);
         continue;
       }
       for (size_t s = 0; s < plan.sessions.size(); ++s) {
@@ -565,14 +525,6 @@ std::vector<AttendResult> Engine::Attend(const std::vector<const AttendInput*>& 
     pending = std::move(deferred);
   }
   return results;
-}
-
-void Engine::ReturnPages(const Plan& plan) {
-  std::vector<int32_t> pages;
-  for (size_t s = 0; s < plan.pages_taken.size(); ++s) {
-    DetachLastPages(plan.sessions[s]->layers[plan.input->layer], plan.pages_taken[s], pages);
-  }
-  pool_.Free(pages);
 }
 
 void Engine::RunGroup(LaunchGroup& group, std::vector<AttendResult>& results) {

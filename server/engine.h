@@ -86,9 +86,6 @@ class Engine {
   absl::StatusOr<Plan> PlanAttend(const AttendInput& input,
                                   absl::flat_hash_set<std::string>& touched);
   void RunGroup(LaunchGroup& group, std::vector<AttendResult>& results);
-  // Detaches the pages a plan took and returns them to the pool (its launch
-  // failed: a failed request changes nothing).
-  void ReturnPages(const Plan& plan);
   RopeTableView rope_view(RopeKind kind) const;
 
   std::unique_ptr<ComputeBackend> backend_;
