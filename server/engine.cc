@@ -10,49 +10,16 @@
 #include "absl/types/span.h"
 #include "kernels/geometry.h"
 #include "server/packed_arrays.h"
-#include "server/page_reservation.h"
 
 namespace mla {
 namespace {
-
-// An AttendResponse's bytes besides out and lse: request id, tensor headers,
-// timing and status, well below this.
-constexpr int64_t kAnswerFramingBytes = 1024;
 
 double MicrosSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
       .count();
 }
 
-std::string TouchKey(const std::string& session_id, int32_t layer) {
-  return absl::StrCat(session_id, "#", layer);
-}
-
 }  // namespace
-
-// One Attend message, validated, with what its launch needs to know.
-struct Engine::Plan {
-  int index = 0;  // in the batch
-  const AttendInput* input = nullptr;
-  const ModelProfile* profile = nullptr;
-  std::vector<Session*> sessions;  // per segment
-  std::vector<bool> inserts;       // per segment: write its rows (else another rank did)
-  std::vector<int32_t> rows_after;  // per segment: compressed rows after this step
-  PageReservation pages;  // given back if its launch fails
-  int num_heads = 0;
-  int padded_heads = 0;
-  int64_t num_tokens = 0;
-  int topk_width = 0;
-  bool defer = false;  // touches a session layer an earlier message of this wave changed
-};
-
-struct Engine::LaunchGroup {
-  std::vector<Plan*> plans;
-  int num_heads = 0;
-  int padded_heads = 0;
-  RopeKind rope = RopeKind::kPlain;
-  bool derotate = false;
-};
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<ComputeBackend> backend,
                                                        const EngineOptions& options) {
@@ -73,6 +40,8 @@ Engine::Engine(std::unique_ptr<ComputeBackend> backend, KvBlockPool pool,
       pool_(std::move(pool)),
       options_(options),
       sessions_(pool_, options.models, options.default_idle_ttl),
+      planner_(sessions_, pool_,
+               {options.max_position, options.max_tokens_per_message, options.max_answer_bytes}),
       arena_(std::make_unique<DeviceArena>(*backend_)) {}
 
 Engine::~Engine() = default;
@@ -262,213 +231,6 @@ absl::StatusOr<AppendResult> Engine::AppendKV(const AppendInput& input, absl::Ti
   return AppendResult{first + count, session.blocks()};
 }
 
-absl::StatusOr<Engine::Plan> Engine::PlanAttend(const AttendInput& input,
-                                                absl::flat_hash_set<std::string>& touched) {
-  Plan plan;
-  plan.input = &input;
-  if (input.segments.empty()) {
-    return absl::InvalidArgumentError("segments: a message needs at least one segment of tokens");
-  }
-  for (size_t s = 0; s < input.segments.size(); ++s) {
-    const SegmentInput& segment = input.segments[s];
-    absl::StatusOr<Session*> session = sessions_.Find(segment.session_id);
-    if (!session.ok()) {
-      return absl::Status(session.status().code(),
-                          absl::StrCat("segments[", s, "]: ", session.status().message()));
-    }
-    for (size_t earlier = 0; earlier < s; ++earlier) {
-      if (input.segments[earlier].session_id == segment.session_id) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "segments[", s, "]: session ", EchoClientText(segment.session_id),
-            " appears twice in one message; send its tokens as one segment"));
-      }
-    }
-    if (s == 0) {
-      plan.profile = (*session)->profile;
-      plan.num_heads = (*session)->num_heads;
-      plan.padded_heads = (*session)->padded_heads;
-    } else if ((*session)->profile != plan.profile || (*session)->num_heads != plan.num_heads) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "segments[", s, "]: every session of a message must have the same model and head "
-          "count; send sessions of other models or head counts in their own messages"));
-    }
-    if (segment.first_compressed_row < 0 || segment.num_compressed_rows < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "segments[", s, "].first_compressed_row/num_compressed_rows: must not be negative (got ",
-          segment.first_compressed_row, ", ", segment.num_compressed_rows, ")"));
-    }
-    if (segment.num_tokens < 1 || segment.num_tokens > kMaxSegmentTokens) {
-      return absl::InvalidArgumentError(absl::StrCat("segments[", s, "].num_tokens: ",
-                                                     segment.num_tokens, " is outside 1..",
-                                                     kMaxSegmentTokens));
-    }
-    if (segment.position < 0 ||
-        int64_t{segment.position} + segment.num_tokens > options_.max_position) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("segments[", s, "].position: positions ", segment.position, "..",
-                       int64_t{segment.position} + segment.num_tokens - 1,
-                       " must lie in 0..", options_.max_position - 1,
-                       " (the server's --max_position)"));
-    }
-    plan.sessions.push_back(*session);
-    plan.num_tokens += segment.num_tokens;
-  }
-  const ModelProfile& profile = *plan.profile;
-  const int64_t tokens = plan.num_tokens;
-  if (tokens > options_.max_tokens_per_message) {
-    return absl::InvalidArgumentError(absl::StrCat("segments: ", tokens,
-                                                   " tokens exceed the server's limit of ",
-                                                   options_.max_tokens_per_message,
-                                                   " per message; split the message"));
-  }
-  if (input.layer < 0 || input.layer >= profile.num_attention_layers()) {
-    return absl::InvalidArgumentError(absl::StrCat("layer: ", input.layer, " is outside 0..",
-                                                   profile.num_attention_layers() - 1, " of ",
-                                                   profile.name));
-  }
-  if (input.head_offset < 0 ||
-      int64_t{input.head_offset} + plan.num_heads > profile.num_query_heads) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "head_offset: heads ", input.head_offset, "..",
-        int64_t{input.head_offset} + plan.num_heads - 1, " are outside the model's ",
-        profile.num_query_heads, " query heads"));
-  }
-  const int64_t answer_bytes =
-      tokens * plan.num_heads * (kRowBytes + (input.return_lse ? 4 : 0)) + kAnswerFramingBytes;
-  if (options_.max_answer_bytes > 0 && answer_bytes > options_.max_answer_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the answer to this message would be about ", answer_bytes, " bytes (", tokens,
-        " tokens x ", plan.num_heads, " heads), above the server's limit of ",
-        options_.max_answer_bytes, " bytes (--max_message_mb); send fewer tokens a message"));
-  }
-  if (absl::Status status =
-          CheckTensor(input.q, "q", DType::kBf16, {tokens, plan.num_heads, kHeadDim});
-      !status.ok()) {
-    return status;
-  }
-
-  const int ratio = profile.compress_ratio(input.layer);
-  int64_t compressed_rows = 0;
-  bool any_insert = false;
-  for (size_t s = 0; s < input.segments.size(); ++s) {
-    const SegmentInput& segment = input.segments[s];
-    const LayerKv& state = plan.sessions[s]->layers[input.layer];
-    const int32_t end = segment.position + segment.num_tokens;
-    auto touch = touched.find(TouchKey(segment.session_id, input.layer));
-    bool insert;
-    if (touch != touched.end()) {
-      // An earlier message of this wave writes rows of this session layer.
-      // Launch groups run in no particular order, so anything that would
-      // read those rows (the next step, or another rank repeating this one)
-      // waits for the next wave.
-      plan.defer = true;
-      return plan;
-    } else if (segment.position == state.next_position) {
-      insert = true;
-    } else if (end == state.next_position) {
-      insert = false;  // another rank already wrote these rows
-    } else {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "segments[", s, "].position: layer ", input.layer, " of session ",
-          EchoClientText(segment.session_id), " expects position ", state.next_position, " next (or ",
-          state.next_position - segment.num_tokens,
-          " from a rank repeating the last step), got ", segment.position));
-    }
-    const int32_t rows_after = ratio == 0 ? 0 : end / ratio;
-    const int32_t rows_now = state.compressed_rows;
-    const std::string field = absl::StrCat("segments[", s, "]");
-    if (ratio == 0 && segment.num_compressed_rows != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ".num_compressed_rows: layer ", input.layer, " is SWA-only and has none"));
-    }
-    // Both counts are non-negative here, so the differences cannot
-    // overflow; first_compressed_row matters only when rows come.
-    if (ratio != 0 && insert &&
-        (segment.num_compressed_rows != rows_after - rows_now ||
-         (segment.num_compressed_rows > 0 && segment.first_compressed_row != rows_now))) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ".first_compressed_row/num_compressed_rows: after position ", end - 1,
-          " layer ", input.layer, " (compress ratio ", ratio, ") has ", rows_after,
-          " compressed rows and ", rows_now, " exist, so the message must bring rows ",
-          rows_now, "..", rows_after - 1, "; it brings ", segment.num_compressed_rows,
-          " from row ", segment.first_compressed_row));
-    }
-    if (ratio != 0 && !insert && segment.num_compressed_rows != 0 &&
-        segment.first_compressed_row != rows_after - segment.num_compressed_rows) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ".first_compressed_row: a repeated step may resend rows only up to row ",
-          rows_after - 1));
-    }
-    plan.inserts.push_back(insert);
-    plan.rows_after.push_back(rows_after);
-    compressed_rows += segment.num_compressed_rows;
-    any_insert |= insert;
-  }
-  if (any_insert || input.kv.present) {
-    if (absl::Status status = CheckTensor(input.kv, "kv", DType::kBf16, {tokens, kHeadDim});
-        !status.ok()) {
-      return status;
-    }
-  }
-  if (compressed_rows > 0 || input.compressed_kv.present) {
-    if (absl::Status status = CheckTensor(input.compressed_kv, "compressed_kv", DType::kBf16,
-                                          {compressed_rows, kHeadDim});
-        !status.ok()) {
-      return status;
-    }
-  }
-  if (!input.topk.present && profile.layer_kind(input.layer) == LayerKind::kC4A) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "topk: layer ", input.layer, " is C4A; its queries attend the indexer's top-k "
-        "compressed rows, so the message must carry them ([T, K] int32, -1 pads)"));
-  }
-  if (input.topk.present) {
-    if (profile.layer_kind(input.layer) != LayerKind::kC4A) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "topk: layer ", input.layer, " is ", LayerKindName(profile.layer_kind(input.layer)),
-          "; only C4A layers take the indexer's top-k (the server lists C128A rows itself)"));
-    }
-    if (absl::Status status = CheckTensor(input.topk, "topk", DType::kI32, {tokens, -1});
-        !status.ok()) {
-      return status;
-    }
-    const int64_t width = input.topk.shape[1];
-    if (width < 1 || width > profile.indexer_topk) {
-      return absl::InvalidArgumentError(absl::StrCat("topk: width ", width, " is outside 1..",
-                                                     profile.indexer_topk, " for ",
-                                                     profile.name));
-    }
-    plan.topk_width = static_cast<int>(width);
-    std::vector<int32_t> topk(tokens * width);
-    input.topk.CopyTo(topk.data());
-    int64_t t = 0;
-    for (const SegmentInput& segment : input.segments) {
-      for (int32_t i = 0; i < segment.num_tokens; ++i, ++t) {
-        const int32_t rows = (segment.position + i + 1) / ratio;
-        for (int64_t k = 0; k < width; ++k) {
-          const int32_t row = topk[t * width + k];
-          if (row < -1 || row >= rows) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                "topk[", t, "][", k, "]: ", row, " is not -1 and not a compressed row of ",
-                "session ", EchoClientText(segment.session_id), " at position ", segment.position + i,
-                " (rows 0..", rows - 1, " exist)"));
-          }
-        }
-      }
-    }
-  }
-  // Last: take the pages the new compressed rows need, so that a message
-  // that fails takes nothing.
-  for (size_t s = 0; s < input.segments.size(); ++s) {
-    if (plan.inserts[s]) plan.pages.Need(plan.sessions[s]->layers[input.layer], plan.rows_after[s]);
-  }
-  if (absl::Status status = plan.pages.Take(pool_); !status.ok()) return status;
-  for (size_t s = 0; s < input.segments.size(); ++s) {
-    if (plan.inserts[s]) touched.insert(TouchKey(input.segments[s].session_id, input.layer));
-  }
-  return plan;
-}
-
 std::vector<AttendResult> Engine::Attend(const std::vector<const AttendInput*>& batch,
                                          absl::Time now) {
   std::vector<AttendResult> results(batch.size());
@@ -478,63 +240,47 @@ std::vector<AttendResult> Engine::Attend(const std::vector<const AttendInput*>& 
     results[i].request_id = batch[i]->request_id;
     results[i].timing.queue_us = absl::ToDoubleMicroseconds(now - batch[i]->arrival);
   }
-  while (!pending.empty()) {
-    absl::flat_hash_set<std::string> touched;
-    std::vector<Plan> plans;
-    plans.reserve(pending.size());
-    std::vector<int> deferred;
-    for (int index : pending) {
-      absl::StatusOr<Plan> plan = PlanAttend(*batch[index], touched);
-      if (!plan.ok()) {
-        results[index].status = plan.status();
-      } else if (plan->defer) {
-        deferred.push_back(index);
-      } else {
-        plan->index = index;
-        plans.push_back(*std::move(plan));
-      }
-    }
-    // One launch per model, head counts, RoPE kind and output flags (eps and
-    // softmax scale come from the model).
-    std::map<std::tuple<std::string, int, int, int, bool>, LaunchGroup> groups;
-    for (Plan& plan : plans) {
-      const RopeKind rope = plan.profile->rope_kind(plan.input->layer);
-      LaunchGroup& group = groups[{plan.profile->name, plan.padded_heads, plan.num_heads,
-                                   static_cast<int>(rope), plan.input->derotate_output}];
-      group.num_heads = plan.num_heads;
-      group.padded_heads = plan.padded_heads;
-      group.rope = rope;
-      group.derotate = plan.input->derotate_output;
-      group.plans.push_back(&plan);
-    }
-    for (auto& [key, group] : groups) RunGroup(group, results);
-    for (Plan& plan : plans) {
-      if (!results[plan.index].status.ok()) {
-        plan.pages.ReturnPages(pool_);
-        continue;
-      }
-      for (size_t s = 0; s < plan.sessions.size(); ++s) {
-        LayerKv& state = plan.sessions[s]->layers[plan.input->layer];
-        const SegmentInput& segment = plan.input->segments[s];
-        state.next_position =
-            std::max(state.next_position, segment.position + segment.num_tokens);
-        state.compressed_rows = std::max(state.compressed_rows, plan.rows_after[s]);
-        plan.sessions[s]->last_used = now;
-      }
-    }
-    pending = std::move(deferred);
-  }
+  while (!pending.empty()) pending = RunWave(batch, pending, now, results);
   return results;
 }
 
-void Engine::RunGroup(LaunchGroup& group, std::vector<AttendResult>& results) {
+std::vector<int> Engine::RunWave(const std::vector<const AttendInput*>& batch,
+                                 const std::vector<int>& pending, absl::Time now,
+                                 std::vector<AttendResult>& results) {
+  WrittenLayers written;
+  std::vector<AttendPlan> plans;
+  plans.reserve(pending.size());
+  std::vector<int> deferred;
+  for (int index : pending) {
+    absl::StatusOr<AttendPlan> plan = planner_.Plan(*batch[index], written);
+    if (!plan.ok()) {
+      results[index].status = plan.status();
+    } else if (plan->defer) {
+      deferred.push_back(index);
+    } else {
+      plan->index = index;
+      plans.push_back(*std::move(plan));
+    }
+  }
+  for (const LaunchGroup& group : GroupForLaunch(plans)) RunGroup(group, results);
+  for (AttendPlan& plan : plans) {
+    if (results[plan.index].status.ok()) {
+      AttendPlanner::Commit(plan, now);
+    } else {
+      planner_.ReturnPages(plan);
+    }
+  }
+  return deferred;
+}
+
+void Engine::RunGroup(const LaunchGroup& group, std::vector<AttendResult>& results) {
   const int heads = group.num_heads;
   const int padded = group.padded_heads;
   int64_t tokens = 0;
   int extra_width = 0;
   bool any_sinks = false;
   int64_t compressed_rows = 0;
-  for (const Plan* plan : group.plans) {
+  for (const AttendPlan* plan : group.plans) {
     tokens += plan->num_tokens;
     const int ratio = plan->profile->compress_ratio(plan->input->layer);
     if (plan->profile->layer_kind(plan->input->layer) == LayerKind::kC4A) {
@@ -589,7 +335,7 @@ void Engine::RunGroup(LaunchGroup& group, std::vector<AttendResult>& results) {
 
   int64_t t0 = 0;
   int64_t compressed_offset = 0;
-  for (const Plan* plan : group.plans) {
+  for (const AttendPlan* plan : group.plans) {
     const AttendInput& input = *plan->input;
     const int32_t layer = input.layer;
     const ModelProfile& profile = *plan->profile;
@@ -599,11 +345,7 @@ void Engine::RunGroup(LaunchGroup& group, std::vector<AttendResult>& results) {
       input.q.CopyTo(q_target + t0 * heads * kRowBytes);
       if (input.kv.present) input.kv.CopyTo(kv_target + t0 * kRowBytes);
     }
-    std::vector<int32_t> topk;
-    if (c4a && plan->topk_width > 0) {
-      topk.resize(plan->num_tokens * plan->topk_width);
-      input.topk.CopyTo(topk.data());
-    }
+    const std::vector<int32_t>& topk = plan->topk;
     int64_t message_compressed_offset = 0;
     int64_t t = t0;
     for (size_t s = 0; s < input.segments.size(); ++s) {
@@ -739,7 +481,7 @@ void Engine::RunGroup(LaunchGroup& group, std::vector<AttendResult>& results) {
   const double decode_us = MicrosSince(decode_start);
 
   int64_t offset = 0;
-  for (const Plan* plan : group.plans) {
+  for (const AttendPlan* plan : group.plans) {
     AttendResult& result = results[plan->index];
     result.timing.prologue_us = prologue_us;
     result.timing.decode_us = decode_us;

@@ -22,12 +22,12 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "kernels/backend.h"
 #include "kernels/model_profile.h"
 #include "kernels/rope.h"
+#include "server/attend_plan.h"
 #include "server/device_arena.h"
 #include "server/kv_pool.h"
 #include "server/requests.h"
@@ -73,9 +73,6 @@ class Engine {
   int64_t num_sessions() const { return sessions_.size(); }
 
  private:
-  struct Plan;
-  struct LaunchGroup;
-
   Engine(std::unique_ptr<ComputeBackend> backend, KvBlockPool pool, const EngineOptions& options);
   absl::Status UploadRopeTables();
   // Waits for the backend's launches (Synchronize) whatever `launched` is,
@@ -83,15 +80,19 @@ class Engine {
   // launch is still waited for, since Synchronize also clears what the
   // backend holds to report, and the next request must not get it.
   absl::Status Drained(const absl::Status& launched);
-  absl::StatusOr<Plan> PlanAttend(const AttendInput& input,
-                                  absl::flat_hash_set<std::string>& touched);
-  void RunGroup(LaunchGroup& group, std::vector<AttendResult>& results);
+  // Plans the pending messages of a batch and runs those that may run now;
+  // returns those deferred to the next wave.
+  std::vector<int> RunWave(const std::vector<const AttendInput*>& batch,
+                           const std::vector<int>& pending, absl::Time now,
+                           std::vector<AttendResult>& results);
+  void RunGroup(const LaunchGroup& group, std::vector<AttendResult>& results);
   RopeTableView rope_view(RopeKind kind) const;
 
   std::unique_ptr<ComputeBackend> backend_;
   KvBlockPool pool_;
   EngineOptions options_;
   SessionTable sessions_;
+  AttendPlanner planner_;
   DeviceBuffer rope_tables_[2];  // indexed by RopeKind
   std::unique_ptr<DeviceArena> arena_;
 };
