@@ -40,8 +40,9 @@ Engine::Engine(std::unique_ptr<ComputeBackend> backend, KvBlockPool pool,
       pool_(std::move(pool)),
       options_(options),
       sessions_(pool_, options.models, options.default_idle_ttl),
-      planner_(sessions_, pool_,
+      attend_planner_(sessions_, pool_,
                {options.max_position, options.max_tokens_per_message, options.max_answer_bytes}),
+      append_planner_(sessions_, pool_, options.max_position),
       arena_(std::make_unique<DeviceArena>(*backend_)) {}
 
 Engine::~Engine() = default;
@@ -85,80 +86,29 @@ std::vector<SessionSummary> Engine::ListSessions(absl::Time now) const {
 std::vector<std::string> Engine::ExpireIdle(absl::Time now) { return sessions_.ExpireIdle(now); }
 
 absl::StatusOr<AppendResult> Engine::AppendKV(const AppendInput& input, absl::Time now) {
-  absl::StatusOr<Session*> found = sessions_.Find(input.session_id);
-  if (!found.ok()) return found.status();
-  Session& session = **found;
+  absl::StatusOr<AppendPlan> plan = append_planner_.Plan(input);
+  if (!plan.ok()) return plan.status();
+  if (absl::Status status = WriteAppend(*plan); !status.ok()) {
+    // Nothing written counts (no position advanced); the pages go back.
+    append_planner_.ReturnPages(*plan);
+    return absl::InternalError(absl::StrCat("AppendKV failed in the backend: ", status.message()));
+  }
+  return AppendPlanner::Commit(*plan, now);
+}
+
+absl::Status Engine::WriteAppend(const AppendPlan& plan) {
+  Session& session = *plan.session;
   const ModelProfile& profile = *session.profile;
   const int layers = profile.num_attention_layers();
-  const int32_t first = input.first_position;
-  const int32_t count = input.num_positions;
-  if (count < 1 || first < 0 || int64_t{first} + count > options_.max_position) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "num_positions/first_position: positions ", first, "..", int64_t{first} + count - 1,
-        " must be non-empty and below the server's max position ", options_.max_position));
-  }
-  for (int layer = 0; layer < layers; ++layer) {
-    if (session.layers[layer].next_position != first) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "first_position: layer ", layer, " of session ", session.id, " expects position ",
-          session.layers[layer].next_position, " next, not ", first,
-          " (AppendKV continues every layer at once)"));
-    }
-  }
-  if (static_cast<int>(input.layers.size()) != layers) {
-    return absl::InvalidArgumentError(absl::StrCat("layers: ", profile.name, " needs ", layers,
-                                                   " entries (one per attention layer), got ",
-                                                   input.layers.size()));
-  }
-  std::vector<const LayerRowsInput*> by_layer(layers, nullptr);
-  PageReservation pages;  // given back if a launch fails
-  for (const LayerRowsInput& rows : input.layers) {
-    const std::string field = absl::StrCat("layers[layer=", rows.layer, "]");
-    if (rows.layer < 0 || rows.layer >= layers || by_layer[rows.layer] != nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ": each layer 0..", layers - 1, " must appear exactly once"));
-    }
-    by_layer[rows.layer] = &rows;
-    if (absl::Status status = CheckTensor(rows.swa_kv, field + ".swa_kv", DType::kBf16,
-                                          {count, kHeadDim});
-        !status.ok()) {
-      return status;
-    }
-    const int ratio = profile.compress_ratio(rows.layer);
-    const LayerKv& state = session.layers[rows.layer];
-    const int32_t rows_after = ratio == 0 ? 0 : (first + count) / ratio;
-    const int32_t expected = rows_after - state.compressed_rows;
-    // first_compressed_row matters only when the layer brings rows.
-    if (ratio == 0 ? rows.compressed_kv.present && rows.compressed_kv.bytes() > 0
-                   : expected > 0 && rows.first_compressed_row != state.compressed_rows) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ".compressed_kv: ",
-          ratio == 0 ? "an SWA-only layer has no compressed rows"
-                     : absl::StrCat("rows must continue at row ", state.compressed_rows,
-                                    ", not ", rows.first_compressed_row)));
-    }
-    if (ratio != 0 && (expected > 0 || rows.compressed_kv.present)) {
-      if (absl::Status status = CheckTensor(rows.compressed_kv, field + ".compressed_kv",
-                                            DType::kBf16, {expected, kHeadDim});
-          !status.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            status.message(), "; positions up to ", first + count - 1, " at compress ratio ",
-            ratio, " make ", rows_after, " rows, of which ", state.compressed_rows,
-            " exist"));
-      }
-    }
-    pages.Need(session.layers[rows.layer], rows_after);
-  }
-  if (absl::Status status = pages.Take(pool_); !status.ok()) return status;
-
-  // Only the last ring's worth of SWA rows can ever be attended again.
-  const int32_t swa_from = std::max(first, first + count - kSwaRingRows);
+  const int32_t first = plan.first;
+  const int32_t count = plan.end - plan.first;
+  const int32_t swa_from = plan.SwaFrom();
   for (RopeKind rope : {RopeKind::kPlain, RopeKind::kYarn}) {
     std::vector<uint8_t> swa_rows, compressed_rows;
     std::vector<int32_t> swa_positions, swa_slots, compressed_positions, compressed_slots;
     for (int layer = 0; layer < layers; ++layer) {
       if (profile.rope_kind(layer) != rope) continue;
-      const LayerRowsInput& rows = *by_layer[layer];
+      const LayerRowsInput& rows = *plan.by_layer[layer];
       LayerKv& state = session.layers[layer];
       const int ratio = profile.compress_ratio(layer);
       const int32_t rows_after = ratio == 0 ? 0 : (first + count) / ratio;
@@ -215,20 +165,9 @@ absl::StatusOr<AppendResult> Engine::AppendKV(const AppendInput& input, absl::Ti
     }
     if (status.ok()) status = backend_->Prologue(params);
     status = Drained(status);
-    if (!status.ok()) {
-      // Nothing written counts (no position advanced); the pages go back.
-      pages.ReturnPages(pool_);
-      return absl::InternalError(absl::StrCat("AppendKV failed in the backend: ", status.message()));
-    }
+    if (!status.ok()) return status;
   }
-  for (int layer = 0; layer < layers; ++layer) {
-    LayerKv& state = session.layers[layer];
-    state.next_position = first + count;
-    const int ratio = profile.compress_ratio(layer);
-    if (ratio != 0) state.compressed_rows = (first + count) / ratio;
-  }
-  session.last_used = now;
-  return AppendResult{first + count, session.blocks()};
+  return absl::OkStatus();
 }
 
 std::vector<AttendResult> Engine::Attend(const std::vector<const AttendInput*>& batch,
@@ -252,7 +191,7 @@ std::vector<int> Engine::RunWave(const std::vector<const AttendInput*>& batch,
   plans.reserve(pending.size());
   std::vector<int> deferred;
   for (int index : pending) {
-    absl::StatusOr<AttendPlan> plan = planner_.Plan(*batch[index], written);
+    absl::StatusOr<AttendPlan> plan = attend_planner_.Plan(*batch[index], written);
     if (!plan.ok()) {
       results[index].status = plan.status();
     } else if (plan->defer) {
@@ -267,7 +206,7 @@ std::vector<int> Engine::RunWave(const std::vector<const AttendInput*>& batch,
     if (results[plan.index].status.ok()) {
       AttendPlanner::Commit(plan, now);
     } else {
-      planner_.ReturnPages(plan);
+      attend_planner_.ReturnPages(plan);
     }
   }
   return deferred;

@@ -27,6 +27,7 @@
 #include "kernels/backend.h"
 #include "kernels/model_profile.h"
 #include "kernels/rope.h"
+#include "server/append_plan.h"
 #include "server/attend_plan.h"
 #include "server/device_arena.h"
 #include "server/kv_pool.h"
@@ -80,6 +81,8 @@ class Engine {
   // launch is still waited for, since Synchronize also clears what the
   // backend holds to report, and the next request must not get it.
   absl::Status Drained(const absl::Status& launched);
+  // Writes an AppendKV's rows into the pool.
+  absl::Status WriteAppend(const AppendPlan& plan);
   // Plans the pending messages of a batch and runs those that may run now;
   // returns those deferred to the next wave.
   std::vector<int> RunWave(const std::vector<const AttendInput*>& batch,
@@ -92,7 +95,8 @@ class Engine {
   KvBlockPool pool_;
   EngineOptions options_;
   SessionTable sessions_;
-  AttendPlanner planner_;
+  AttendPlanner attend_planner_;
+  AppendPlanner append_planner_;
   DeviceBuffer rope_tables_[2];  // indexed by RopeKind
   std::unique_ptr<DeviceArena> arena_;
 };
