@@ -10,7 +10,6 @@
 #define MLA_OFFLOAD_SERVER_DEVICE_ARENA_H_
 
 #include <cstdint>
-#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
@@ -20,8 +19,13 @@ namespace mla {
 class DeviceArena {
  public:
   enum Slot {
-    kQ, kQOut, kPositions, kKv, kSwaSlots, kCompressedRows, kCompressedPositions,
-    kCompressedSlots, kBatchArrays, kOut, kLse, kNumSlots
+    kQ,             // a launch's queries, [N, H, 512] bf16
+    kQOut,          // the prologue's queries, [N, Hp, 512] bf16
+    kKv,            // a launch's new SWA rows, [N, 512] bf16
+    kPackedArrays,  // the device's copy of a launch's PackedArrays
+    kOut,           // the decode's out, without host access
+    kLse,           // the decode's lse, without host access
+    kNumSlots
   };
 
   // `backend` must outlive the arena.
@@ -29,18 +33,6 @@ class DeviceArena {
 
   // Backend memory of at least `bytes` for `slot`; contents undefined.
   absl::StatusOr<uint8_t*> Reserve(Slot slot, int64_t bytes);
-
-  // `host` copied into `slot`.
-  template <typename T>
-  absl::StatusOr<T*> Upload(Slot slot, const std::vector<T>& host) {
-    absl::StatusOr<uint8_t*> device = Reserve(slot, sizeof(T) * host.size());
-    if (!device.ok()) return device.status();
-    if (absl::Status status = backend_.CopyToDevice(*device, host.data(), sizeof(T) * host.size());
-        !status.ok()) {
-      return status;
-    }
-    return reinterpret_cast<T*>(*device);
-  }
 
  private:
   ComputeBackend& backend_;

@@ -26,11 +26,10 @@
 #include "absl/time/time.h"
 #include "kernels/backend.h"
 #include "kernels/model_profile.h"
-#include "kernels/rope.h"
 #include "server/append_plan.h"
 #include "server/attend_plan.h"
-#include "server/device_arena.h"
 #include "server/kv_pool.h"
+#include "server/launcher.h"
 #include "server/requests.h"
 #include "server/session.h"
 #include "server/session_table.h"
@@ -74,31 +73,25 @@ class Engine {
   int64_t num_sessions() const { return sessions_.size(); }
 
  private:
-  Engine(std::unique_ptr<ComputeBackend> backend, KvBlockPool pool, const EngineOptions& options);
-  absl::Status UploadRopeTables();
-  // Waits for the backend's launches (Synchronize) whatever `launched` is,
-  // and returns the first failure: launched's, else the wait's. A failed
-  // launch is still waited for, since Synchronize also clears what the
-  // backend holds to report, and the next request must not get it.
-  absl::Status Drained(const absl::Status& launched);
-  // Writes an AppendKV's rows into the pool.
-  absl::Status WriteAppend(const AppendPlan& plan);
+  Engine(std::unique_ptr<ComputeBackend> backend, KvBlockPool pool,
+         std::unique_ptr<Launcher> launcher, const EngineOptions& options);
   // Plans the pending messages of a batch and runs those that may run now;
   // returns those deferred to the next wave.
   std::vector<int> RunWave(const std::vector<const AttendInput*>& batch,
                            const std::vector<int>& pending, absl::Time now,
                            std::vector<AttendResult>& results);
+  // Launches one group and writes its answers (or its failure) into results.
   void RunGroup(const LaunchGroup& group, std::vector<AttendResult>& results);
-  RopeTableView rope_view(RopeKind kind) const;
 
+  // Destroyed bottom-up: the launcher and the pool free backend memory, so
+  // the backend goes last.
   std::unique_ptr<ComputeBackend> backend_;
   KvBlockPool pool_;
   EngineOptions options_;
   SessionTable sessions_;
   AttendPlanner attend_planner_;
   AppendPlanner append_planner_;
-  DeviceBuffer rope_tables_[2];  // indexed by RopeKind
-  std::unique_ptr<DeviceArena> arena_;
+  std::unique_ptr<Launcher> launcher_;
 };
 
 }  // namespace mla

@@ -1,0 +1,57 @@
+#include "server/row_insert.h"
+
+#include "absl/strings/str_cat.h"
+#include "kernels/geometry.h"
+
+namespace mla {
+
+RowInsert::RowInsert(PackedArrays& packed, int64_t rows)
+    : positions_place_(packed.Reserve<int32_t>(rows, 0)),
+      slots_place_(packed.Reserve<int32_t>(rows, -1)),
+      rows_place_(packed.Reserve<uint8_t>(rows * kRowBytes, 0)) {}
+
+void RowInsert::Open(PackedArrays& packed) {
+  positions_ = packed.Array(positions_place_);
+  slots_ = packed.Array(slots_place_);
+  rows_ = packed.Array(rows_place_);
+}
+
+int64_t RowInsert::CopyRows(const TensorInput& src, int64_t src_row, int32_t count) {
+  const int64_t first = added_;
+  src.CopyRange(src_row * kRowBytes, int64_t{count} * kRowBytes, rows_.data() + first * kRowBytes);
+  added_ += count;
+  return first;
+}
+
+void RowInsert::AddSwa(const TensorInput& src, int64_t src_row, const LayerKv& layer,
+                       int32_t first_position, int32_t count) {
+  const int64_t at = CopyRows(src, src_row, count);
+  for (int32_t i = 0; i < count; ++i) {
+    positions_[at + i] = first_position + i;
+    slots_[at + i] = layer.SwaSlot(first_position + i);
+  }
+}
+
+void RowInsert::AddCompressed(const TensorInput& src, int64_t src_row, const LayerKv& layer,
+                              int32_t first_row, int32_t count, int ratio) {
+  const int64_t at = CopyRows(src, src_row, count);
+  for (int32_t i = 0; i < count; ++i) {
+    positions_[at + i] = (first_row + i) * ratio;
+    slots_[at + i] = layer.CompressedSlot(first_row + i);
+  }
+}
+
+absl::Status RowInsert::CheckFull(absl::string_view kind) const {
+  if (added_ == positions_place_.count) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("batch holds ", added_, " ", kind, " rows, sized for ",
+                                          positions_place_.count));
+}
+
+KvInsertParams RowInsert::Params(uint8_t* device, CachePoolView pool) const {
+  return {positions_place_.count,
+          reinterpret_cast<const uint16_t*>(PackedArrays::In(device, rows_place_)),
+          PackedArrays::In(device, positions_place_), PackedArrays::In(device, slots_place_),
+          pool};
+}
+
+}  // namespace mla

@@ -1,0 +1,68 @@
+// Rows bound for the KV pool in one prologue (spec section 4: each row is
+// rotated at its position, rounded to bf16, quantised and written at its
+// slot): their bf16 bytes, RoPE positions and global slots, as three arrays
+// of a launch's PackedArrays. The one way the server stages rows for the
+// pool: an Attend launch stages its messages' new compressed rows with it,
+// an AppendKV its SWA and compressed rows.
+//
+// Construct before the PackedArrays' Allocate() (it reserves the arrays),
+// Open() after it, then add exactly the reserved number of rows (CheckFull
+// says when not). The RowInsert points into the PackedArrays, which must
+// outlive it; the rows are copied out of the TensorInputs when added.
+// Not thread-safe.
+#ifndef MLA_OFFLOAD_SERVER_ROW_INSERT_H_
+#define MLA_OFFLOAD_SERVER_ROW_INSERT_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "kernels/backend.h"
+#include "kernels/cache_format.h"
+#include "server/packed_arrays.h"
+#include "server/requests.h"
+#include "server/session.h"
+
+namespace mla {
+
+class RowInsert {
+ public:
+  // Reserves room for `rows` rows in `packed`.
+  RowInsert(PackedArrays& packed, int64_t rows);
+  // Takes the arrays from `packed`, once it is allocated.
+  void Open(PackedArrays& packed);
+
+  // Rows src_row.. of `src` ([*, 512] bf16) are the SWA rows of positions
+  // first_position.. of `layer`.
+  void AddSwa(const TensorInput& src, int64_t src_row, const LayerKv& layer,
+              int32_t first_position, int32_t count);
+  // Rows src_row.. of `src` are compressed rows first_row.. of `layer`, whose
+  // compress ratio is `ratio` (row j sits at position j * ratio).
+  void AddCompressed(const TensorInput& src, int64_t src_row, const LayerKv& layer,
+                     int32_t first_row, int32_t count, int ratio);
+
+  // InternalError naming the rows' `kind` ("compressed") unless exactly the
+  // reserved rows were added.
+  absl::Status CheckFull(absl::string_view kind) const;
+  // The prologue's view of the rows in `device`, the device's copy of the
+  // PackedArrays.
+  KvInsertParams Params(uint8_t* device, CachePoolView pool) const;
+
+ private:
+  // Copies `count` rows of `src` from row `src_row` on; returns the index of
+  // the first.
+  int64_t CopyRows(const TensorInput& src, int64_t src_row, int32_t count);
+
+  PackedArrays::Place<int32_t> positions_place_;
+  PackedArrays::Place<int32_t> slots_place_;
+  PackedArrays::Place<uint8_t> rows_place_;
+  absl::Span<int32_t> positions_;
+  absl::Span<int32_t> slots_;
+  absl::Span<uint8_t> rows_;
+  int64_t added_ = 0;
+};
+
+}  // namespace mla
+
+#endif  // MLA_OFFLOAD_SERVER_ROW_INSERT_H_
