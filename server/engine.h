@@ -13,6 +13,16 @@
 // wave of the same call, so results never depend on how requests were
 // batched; the ranks that repeat a step share one wave.
 //
+// AppendKV() checks a request the same way, writes its rows, and advances
+// every layer of the session only when the backend has written them; a
+// failed launch, of either call, gives back the pages it took.
+//
+// The engine is a facade over one type per stage, in the order a request
+// runs: the session table (session_table.h), the planners (attend_plan.h,
+// append_plan.h: may it run, and what does it take?), the launcher
+// (launcher.h: how it runs on the backend). The requests and answers are
+// the types of requests.h.
+//
 // Not thread-safe: one thread (the scheduler's) makes every call.
 #ifndef MLA_OFFLOAD_SERVER_ENGINE_H_
 #define MLA_OFFLOAD_SERVER_ENGINE_H_
@@ -31,7 +41,6 @@
 #include "server/kv_pool.h"
 #include "server/launcher.h"
 #include "server/requests.h"
-#include "server/session.h"
 #include "server/session_table.h"
 
 namespace mla {
