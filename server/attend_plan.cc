@@ -91,7 +91,8 @@ absl::Status CheckRowTensors(const AttendInput& input, const AttendPlan& plan) {
   const bool any_insert = std::find(plan.inserts.begin(), plan.inserts.end(), true) !=
                           plan.inserts.end();
   if (any_insert || input.kv.present) {
-    if (absl::Status status = CheckTensor(input.kv, "kv", DType::kBf16, {plan.num_tokens, kHeadDim});
+    if (absl::Status status =
+            CheckTensor(input.kv, "kv", DType::kBf16, {plan.num_tokens, kHeadDim});
         !status.ok()) {
       return status;
     }

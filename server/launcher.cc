@@ -190,7 +190,9 @@ void Launcher::GroupLaunch::StageToken(const AttendPlan& plan, size_t s, int64_t
   if (plan.inserts[s]) swa_slots_[t] = state.SwaSlot(p);
   const int32_t first = std::max(0, p - kSwaWindow + 1);
   main_lengths_[t] = p - first + 1;
-  for (int32_t w = first; w <= p; ++w) main_indices_[t * kSwaWindow + (w - first)] = state.SwaSlot(w);
+  for (int32_t w = first; w <= p; ++w) {
+    main_indices_[t * kSwaWindow + (w - first)] = state.SwaSlot(w);
+  }
   int32_t* extra = extra_indices_.data() + t * shape_.extra_width;
   const int ratio = plan.profile->compress_ratio(layer);
   if (plan.profile->layer_kind(layer) == LayerKind::kC4A) {
@@ -254,9 +256,10 @@ absl::Status Launcher::GroupLaunch::Decode() {
   out_device_ = out_host_;
   lse_device_ = lse_host_;
   if (!host_) {
-    absl::StatusOr<uint8_t*> out = launcher_.arena_.Reserve(DeviceArena::kOut, tokens * heads * kRowBytes);
+    DeviceArena& arena = launcher_.arena_;
+    absl::StatusOr<uint8_t*> out = arena.Reserve(DeviceArena::kOut, tokens * heads * kRowBytes);
     if (!out.ok()) return out.status();
-    absl::StatusOr<uint8_t*> lse = launcher_.arena_.Reserve(DeviceArena::kLse, tokens * heads * 4);
+    absl::StatusOr<uint8_t*> lse = arena.Reserve(DeviceArena::kLse, tokens * heads * 4);
     if (!lse.ok()) return lse.status();
     out_device_ = *out;
     lse_device_ = *lse;

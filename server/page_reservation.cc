@@ -20,7 +20,9 @@ absl::Status PageReservation::Take(KvBlockPool& pool) {
   if (!pages.ok()) return pages.status();
   auto page = pages->begin();
   for (Want& want : wants_) {
-    for (; want.taken < want.missing; ++want.taken) want.layer->compressed_blocks.push_back(*page++);
+    for (; want.taken < want.missing; ++want.taken) {
+      want.layer->compressed_blocks.push_back(*page++);
+    }
   }
   return absl::OkStatus();
 }
