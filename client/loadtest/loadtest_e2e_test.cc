@@ -293,7 +293,9 @@ TEST(LoadTestEndToEnd, AFullKvCacheIsCountedByCodeAndStopsTheNode) {
 }
 
 TEST(LoadTestEndToEnd, CtrlCEndsTheRunWithAReport) {
-  std::unique_ptr<client::TestServer> server = StartServer();
+  // Positions for a minute of steps (about 1100 a second here), so that the
+  // interrupt, not max_position, ends the run.
+  std::unique_ptr<client::TestServer> server = StartServer({"--max_position=65536"});
   ASSERT_NE(server, nullptr);
   const std::string json_path = OutDir() + "/interrupted.json";
   // One SIGINT after 4 s of a 60 s run, as a terminal's Ctrl-C sends; the exit
