@@ -1,5 +1,6 @@
 #include "server/engine.h"
 
+#include <chrono>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -83,6 +84,7 @@ std::vector<int> Engine::RunWave(const std::vector<const AttendInput*>& batch,
   std::vector<AttendPlan> plans;
   plans.reserve(pending.size());
   std::vector<int> deferred;
+  const auto planning = std::chrono::steady_clock::now();
   for (int index : pending) {
     absl::StatusOr<AttendPlan> plan = attend_planner_.Plan(*batch[index], written);
     if (!plan.ok()) {
@@ -94,6 +96,11 @@ std::vector<int> Engine::RunWave(const std::vector<const AttendInput*>& batch,
       plans.push_back(*std::move(plan));
     }
   }
+  // Every message of the wave shares its planning time.
+  const double plan_us = std::chrono::duration<double, std::micro>(
+                             std::chrono::steady_clock::now() - planning)
+                             .count();
+  for (int index : pending) results[index].timing.plan_us += plan_us;
   for (const LaunchGroup& group : GroupForLaunch(plans)) RunGroup(group, results);
   for (AttendPlan& plan : plans) {
     if (results[plan.index].status.ok()) {
@@ -112,8 +119,10 @@ void Engine::RunGroup(const LaunchGroup& group, std::vector<AttendResult>& resul
   int64_t offset = 0;  // tokens of the group's plans before this one
   for (const AttendPlan* plan : group.plans) {
     AttendResult& result = results[plan->index];
+    result.timing.upload_us = times.upload_us;
     result.timing.prologue_us = times.prologue_us;
     result.timing.decode_us = times.decode_us;
+    result.timing.readback_us = times.readback_us;
     result.timing.batch_tokens = static_cast<int32_t>(group.num_tokens);
     if (!answer.ok()) {
       result.status = absl::InternalError(

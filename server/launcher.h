@@ -7,8 +7,8 @@
 // normalises and rotates the queries and writes the new SWA and compressed
 // rows), decode (both key lists of every token, sinks, the optional
 // de-rotation) and read back (out and lse into host memory). Each step
-// returns its failure at once and Run answers the first; the times of the
-// prologue and decode steps are reported either way. Append() writes an
+// returns its failure at once and Run answers the first; the time of each
+// step that ran is reported either way (LaunchTimes). Append() writes an
 // AppendKV's rows with the same row staging (RowInsert) and one prologue
 // without queries per RoPE kind.
 //
@@ -47,11 +47,15 @@ struct GroupAnswer {
   const uint8_t* lse = nullptr;
 };
 
-// Wall time of a group's prologue (with the uploads before it) and decode
-// (with the read back), in microseconds; 0 for a step that did not run.
+// Wall time of each step of a group's launch, in microseconds; 0 for a step
+// that did not run. upload: staging (q and kv out of the messages, the key
+// lists and sinks) and the host-to-device copies; prologue and decode: the
+// launch until the backend is done; readback: out and lse to host memory.
 struct LaunchTimes {
+  double upload_us = 0;
   double prologue_us = 0;
   double decode_us = 0;
+  double readback_us = 0;
 };
 
 class Launcher {

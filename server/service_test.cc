@@ -285,6 +285,10 @@ TEST_F(ServiceTest, CallsWhoseDeadlinePassedInTheQueueDoNothing) {
     Deadline(append_context, absl::Milliseconds(200));
     EXPECT_EQ(stub_->AppendKV(&append_context, append, &appended).error_code(),
               grpc::StatusCode::DEADLINE_EXCEEDED);
+    // The server's deadline is the client's timeout counted from when the
+    // request arrived: later than the client's by the request's way there.
+    // Hold the engine until that has surely passed too.
+    absl::SleepFor(absl::Seconds(1));
   }
   Barrier();
   const pb::ListSessionsResponse sessions = List();

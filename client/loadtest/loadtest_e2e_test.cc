@@ -164,6 +164,13 @@ TEST(LoadTestEndToEnd, ClosedLoopWithBaselineVerifyAndEveryOutput) {
   const nlohmann::json& timing = attend["server_timing_mean_us"];
   EXPECT_EQ(timing["count"], ok);
   EXPECT_GT(timing["decode"].get<double>(), 0);
+  for (const char* stage : {"plan", "upload", "prologue"}) {
+    EXPECT_GT(timing[stage].get<double>(), 0) << stage;
+  }
+  // The CPU backend writes out and lse in place: nothing to read back.
+  EXPECT_GE(timing["readback"].get<double>(), 0);
+  EXPECT_GE(timing["other"].get<double>(), 0);
+  EXPECT_GT(timing["transport_and_client"].get<double>(), 0);
   EXPECT_LE(timing["total"].get<double>(), attend["latency"]["mean_us"].get<double>());
   EXPECT_GE(timing["batch_tokens"].get<double>(), 2);
 
