@@ -24,6 +24,7 @@
 #include "kernels/model_profile.h"
 #include "server/engine.h"
 #include "server/requests.h"
+#include "server/testing/engine_hold.h"
 
 namespace mla {
 namespace {
@@ -51,23 +52,6 @@ void RunAndWait(Scheduler& scheduler, Work work) {
   done.get_future().wait();
 }
 
-// Holds the engine thread until released.
-class Hold {
- public:
-  explicit Hold(Scheduler& scheduler) {
-    scheduler.Run([this](Engine&) {
-      held_.set_value();
-      release_.get_future().wait();
-      return Scheduler::Reply();
-    });
-    held_.get_future().wait();
-  }
-  void Release() { release_.set_value(); }
-
- private:
-  std::promise<void> held_, release_;
-};
-
 // Read-only work queued with RunNext runs before the tasks and Attend
 // batches queued before it, in the order RunNext was called.
 TEST(SchedulerTest, RunNextGoesAheadOfQueuedWork) {
@@ -83,7 +67,7 @@ TEST(SchedulerTest, RunNextGoesAheadOfQueuedWork) {
   auto finished = [&] {
     if (--left == 0) all_done.set_value();
   };
-  Hold hold(scheduler);
+  EngineHold hold(scheduler);
   scheduler.Run([&](Engine&) {
     note("task");
     finished();

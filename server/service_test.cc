@@ -36,6 +36,7 @@
 #include "proto/mla_offload.grpc.pb.h"
 #include "server/metrics/registry.h"
 #include "server/offload_server.h"
+#include "server/testing/engine_hold.h"
 #include "tests/support/test_rows.h"
 
 namespace mla {
@@ -72,28 +73,6 @@ pb::AttendRequest Step(const std::string& session, int32_t position) {
   SetTensor(request.mutable_kv(), pb::DTYPE_BF16, {1, kHeadDim}, Bytes(TestRows(9000 + position, 1)));
   return request;
 }
-
-// Holds the engine thread: Hold() queues a task that waits until Release().
-class EngineHold {
- public:
-  explicit EngineHold(Scheduler& scheduler) {
-    scheduler.Run([this](Engine&) {
-      holding_.set_value();
-      released_.get_future().wait();
-      return Scheduler::Reply();
-    });
-    holding_.get_future().wait();
-  }
-  ~EngineHold() { Release(); }
-  void Release() {
-    if (!released_once_.exchange(true)) released_.set_value();
-  }
-
- private:
-  std::promise<void> holding_;
-  std::promise<void> released_;
-  std::atomic<bool> released_once_{false};
-};
 
 class ServiceTest : public ::testing::Test {
  protected:
