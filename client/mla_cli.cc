@@ -342,9 +342,10 @@ int Attend(Client& client) {
                 static_cast<long long>(heads), lse_path.c_str());
   }
   const wire::TimingView& timing = result->timing();
-  std::printf("server      queue %.0f us, prologue %.0f us, decode %.0f us, total %.0f us "
-              "(batch of %s)\n",
-              timing.queue_us, timing.prologue_us, timing.decode_us, timing.total_us,
+  std::printf("server      queue %.0f us, plan %.0f us, upload %.0f us, prologue %.0f us, "
+              "decode %.0f us, readback %.0f us, total %.0f us (batch of %s)\n",
+              timing.queue_us, timing.plan_us, timing.upload_us, timing.prologue_us,
+              timing.decode_us, timing.readback_us, timing.total_us,
               Count(timing.batch_tokens, "token").c_str());
   return 0;
 }

@@ -214,6 +214,8 @@ TEST_F(CliTest, AttendFromNpyFilesMatchesTheLibrary) {
   EXPECT_THAT(result.out, HasSubstr("out         [2, 8, 512] bf16 -> " + Path("out.npy")));
   EXPECT_THAT(result.out, HasSubstr("lse         [2, 8] fp32 -> " + Path("lse.npy")));
   EXPECT_THAT(result.out, HasSubstr("server      queue "));
+  EXPECT_THAT(result.out, HasSubstr(" us, plan "));
+  EXPECT_THAT(result.out, HasSubstr(" us, readback "));
 
   absl::StatusOr<NpyArray> out = ReadNpyAs(Path("out.npy"), NpyDtype::kUint16, {2, heads, kHeadDim});
   ASSERT_TRUE(out.ok()) << out.status();
