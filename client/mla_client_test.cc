@@ -502,7 +502,9 @@ TEST_F(ClientTest, SessionLifecycle) {
 // wire's int32 seconds (InfiniteDuration) asks for the longest there is.
 TEST_F(ClientTest, IdleTtlIsCheckedAndLongOnesAreTheLongest) {
   ASSERT_NO_FATAL_FAILURE(StartServer());
-  SessionOptions negative = SessionOf(MakeSequence(12));
+  // The options view the sequence's sinks: it lives as long as they are used.
+  const Sequence first = MakeSequence(12);
+  SessionOptions negative = SessionOf(first);
   negative.idle_ttl = absl::Seconds(-1);
   absl::Status refused = client_->CreateSession(negative).status();
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
@@ -511,7 +513,8 @@ TEST_F(ClientTest, IdleTtlIsCheckedAndLongOnesAreTheLongest) {
 
   for (absl::Duration ttl : {absl::InfiniteDuration(), absl::Hours(24 * 365 * 100),
                              absl::Milliseconds(1500)}) {
-    SessionOptions options = SessionOf(MakeSequence(13));
+    const Sequence seq = MakeSequence(13);
+    SessionOptions options = SessionOf(seq);
     options.idle_ttl = ttl;
     absl::StatusOr<pb::CreateSessionResponse> created = client_->CreateSession(options);
     ASSERT_TRUE(created.ok()) << absl::FormatDuration(ttl) << ": " << created.status();
@@ -530,7 +533,8 @@ TEST_F(ClientTest, ErrorsCarryTheServersCodeAndMessage) {
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(refused.status().message(), HasSubstr("no-such-model"));
 
-  SessionOptions bad_sinks = SessionOf(MakeSequence(1));
+  const Sequence one = MakeSequence(1);
+  SessionOptions bad_sinks = SessionOf(one);
   const int64_t values = static_cast<int64_t>(bad_sinks.sinks.size());
   // Shapes whose product is wrong, negative, or overflows int64 to the size.
   for (const std::vector<int64_t>& shape :
