@@ -1,5 +1,7 @@
 #include "kernels/backend.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/head_padding.h"
 
@@ -54,6 +56,12 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
     other.release_ = nullptr;
   }
   return *this;
+}
+
+absl::StatusOr<DeviceBuffer> ComputeBackend::AllocateHost(int64_t bytes) {
+  if (bytes < 0) return absl::InvalidArgumentError("cannot allocate a negative size");
+  return DeviceBuffer(new uint8_t[std::max<int64_t>(bytes, 1)], bytes,
+                      [](void* data) { delete[] static_cast<uint8_t*>(data); });
 }
 
 void DeviceBuffer::Reset() {

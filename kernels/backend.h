@@ -132,6 +132,10 @@ class ComputeBackend {
 
   // Zero-filled memory in the backend's address space.
   virtual absl::StatusOr<DeviceBuffer> Allocate(int64_t bytes) = 0;
+  // Host memory that CopyToDevice and CopyToHost move fastest (page-locked
+  // on a GPU, so copies go by DMA without a staging bounce); contents
+  // undefined. The default is ordinary heap memory.
+  virtual absl::StatusOr<DeviceBuffer> AllocateHost(int64_t bytes);
   // Returns once `host_src` may be reused; the bytes are in place for every
   // later Prologue/Decode (and copy) of this backend, in call order.
   virtual absl::Status CopyToDevice(void* device_dst, const void* host_src, int64_t bytes) = 0;

@@ -1822,6 +1822,61 @@ class FlakyBackend : public ComputeBackend {
   absl::Status deferred_;
 };
 
+// A backend without host access, as the CUDA backend is, run on the CPU:
+// its memory is the CPU backend's, but the engine must stage its inputs and
+// copy them in and its outputs back, as it would to a GPU. It counts the
+// host staging buffers the engine asks for.
+class CopyingBackend : public ComputeBackend {
+ public:
+  int host_allocations = 0;
+  std::string Describe() const override { return "copying cpu"; }
+  bool host_accessible() const override { return false; }
+  absl::StatusOr<DeviceBuffer> Allocate(int64_t bytes) override { return inner_.Allocate(bytes); }
+  absl::StatusOr<DeviceBuffer> AllocateHost(int64_t bytes) override {
+    ++host_allocations;
+    return ComputeBackend::AllocateHost(bytes);
+  }
+  absl::Status CopyToDevice(void* dst, const void* src, int64_t bytes) override {
+    return inner_.CopyToDevice(dst, src, bytes);
+  }
+  absl::Status CopyToHost(void* dst, const void* src, int64_t bytes) override {
+    return inner_.CopyToHost(dst, src, bytes);
+  }
+  absl::Status Prologue(const PrologueParams& params) override { return inner_.Prologue(params); }
+  absl::Status Decode(const DecodeParams& params) override { return inner_.Decode(params); }
+  absl::Status Synchronize() override { return inner_.Synchronize(); }
+
+ private:
+  CpuBackend inner_{2};
+};
+
+// The engine's path for a backend without host access (staging, the copies
+// in, the read back) gives the answers the reference gives, and reuses its
+// host staging from launch to launch: two buffers (q and kv), grown only
+// when a launch is larger than every one before.
+TEST(EngineTest, ABackendWithoutHostAccessGetsTheSameAnswers) {
+  auto copying = std::make_unique<CopyingBackend>();
+  CopyingBackend* backend = copying.get();
+  std::unique_ptr<Engine> engine =
+      NewEngine(1000, kMaxPosition, 1024, absl::Minutes(10), std::move(copying));
+  ASSERT_NE(engine, nullptr);
+  std::unique_ptr<Seq> seq = NewSeq(*engine, kFlash, 16, SinkMode::kWhole, 95);
+  ASSERT_TRUE(seq != nullptr);
+  ASSERT_TRUE(Append(*engine, *seq, 0, 255).ok());
+  int32_t p = 255;
+  for (int step = 0; step < 3; ++step, ++p) {
+    for (int layer : {kFlashSwa, kFlashC4a, kFlashC128a}) {
+      MessageOptions o;
+      o.seed = 9500 + step * 10 + layer;
+      o.derotate = layer == kFlashC4a;
+      auto m = Build(layer, {{seq.get(), p}}, o);
+      RunAndExpect(*engine, {m.get()}, absl::StrCat("layer ", layer, " at ", p));
+    }
+  }
+  EXPECT_EQ(backend->host_allocations, 2) << "the staging is not reused";
+  ExpectListed(*engine, {seq.get()});
+}
+
 // An engine on a FlakyBackend; `backend` is set to it.
 std::unique_ptr<Engine> NewFlakyEngine(int64_t blocks, FlakyBackend** backend) {
   auto flaky = std::make_unique<FlakyBackend>();

@@ -100,7 +100,8 @@ class Launcher::GroupLaunch {
 
   // Host staging for a backend without host access: uninitialised (every
   // byte is written by Stage), not zero-filled.
-  std::unique_ptr<uint8_t[]> q_host_, kv_host_;
+  uint8_t* q_host_ = nullptr;  // staging without host access (the arena's)
+  uint8_t* kv_host_ = nullptr;
   uint8_t* q_device_ = nullptr;
   uint8_t* kv_device_ = nullptr;
   uint8_t* q_out_ = nullptr;  // the prologue's [N, Hp, 512]
@@ -140,8 +141,12 @@ absl::Status Launcher::GroupLaunch::Stage() {
   q_device_ = *q_device;
   kv_device_ = *kv_device;
   if (!host_) {
-    q_host_.reset(new uint8_t[q_bytes]);
-    kv_host_.reset(new uint8_t[kv_bytes]);
+    absl::StatusOr<uint8_t*> q_host = launcher_.arena_.Reserve(DeviceArena::kQStaging, q_bytes);
+    if (!q_host.ok()) return q_host.status();
+    absl::StatusOr<uint8_t*> kv_host = launcher_.arena_.Reserve(DeviceArena::kKvStaging, kv_bytes);
+    if (!kv_host.ok()) return kv_host.status();
+    q_host_ = *q_host;
+    kv_host_ = *kv_host;
   }
   packed_.Allocate();
   positions_ = packed_.Array(positions_p_);
@@ -165,8 +170,8 @@ absl::Status Launcher::GroupLaunch::Stage() {
 
 void Launcher::GroupLaunch::StageMessage(const AttendPlan& plan, int64_t t0) {
   const AttendInput& input = *plan.input;
-  input.q.CopyTo((host_ ? q_device_ : q_host_.get()) + t0 * group_.num_heads * kRowBytes);
-  if (input.kv.present) input.kv.CopyTo((host_ ? kv_device_ : kv_host_.get()) + t0 * kRowBytes);
+  input.q.CopyTo((host_ ? q_device_ : q_host_) + t0 * group_.num_heads * kRowBytes);
+  if (input.kv.present) input.kv.CopyTo((host_ ? kv_device_ : kv_host_) + t0 * kRowBytes);
   const int ratio = plan.profile->compress_ratio(input.layer);
   int64_t compressed_row = 0;  // of the message's compressed_kv
   int64_t t = t0;
@@ -220,11 +225,11 @@ absl::Status Launcher::GroupLaunch::Upload() {
   const int64_t tokens = shape_.tokens;
   if (!host_) {
     const int64_t q_bytes = tokens * group_.num_heads * kRowBytes;
-    if (absl::Status status = backend_.CopyToDevice(q_device_, q_host_.get(), q_bytes);
+    if (absl::Status status = backend_.CopyToDevice(q_device_, q_host_, q_bytes);
         !status.ok()) {
       return status;
     }
-    if (absl::Status status = backend_.CopyToDevice(kv_device_, kv_host_.get(), tokens * kRowBytes);
+    if (absl::Status status = backend_.CopyToDevice(kv_device_, kv_host_, tokens * kRowBytes);
         !status.ok()) {
       return status;
     }

@@ -195,6 +195,18 @@ absl::StatusOr<DeviceBuffer> CudaBackend::Allocate(int64_t bytes) {
   });
 }
 
+absl::StatusOr<DeviceBuffer> CudaBackend::AllocateHost(int64_t bytes) {
+  if (bytes < 0) return absl::InvalidArgumentError("cannot allocate a negative size");
+  if (absl::Status status = Activate(); !status.ok()) return status;
+  void* data = nullptr;
+  if (absl::Status status = CudaError(cudaMallocHost(&data, std::max<int64_t>(bytes, 1)),
+                                      absl::StrCat("cudaMallocHost of ", bytes, " bytes"));
+      !status.ok()) {
+    return status;
+  }
+  return DeviceBuffer(data, bytes, [](void* ptr) { cudaFreeHost(ptr); });
+}
+
 absl::Status CudaBackend::CopyToDevice(void* device_dst, const void* host_src, int64_t bytes) {
   if (bytes <= 0) return absl::OkStatus();
   if (absl::Status status = Activate(); !status.ok()) return status;

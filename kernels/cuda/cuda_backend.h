@@ -50,6 +50,8 @@ class CudaBackend : public ComputeBackend {
   std::string Describe() const override;
   bool host_accessible() const override { return false; }
   absl::StatusOr<DeviceBuffer> Allocate(int64_t bytes) override;
+  // Page-locked host memory (cudaMallocHost).
+  absl::StatusOr<DeviceBuffer> AllocateHost(int64_t bytes) override;
   absl::Status CopyToDevice(void* device_dst, const void* host_src, int64_t bytes) override;
   absl::Status CopyToHost(void* host_dst, const void* device_src, int64_t bytes) override;
   absl::Status Prologue(const PrologueParams& params) override;
