@@ -73,6 +73,13 @@ class Launcher::GroupLaunch {
   // Token t, the message's token m, at position p of segment s: its SWA slot,
   // both key lists and its sinks.
   void StageToken(const AttendPlan& plan, size_t s, int64_t t, int64_t m, int32_t p);
+  // Points `into` at the arena's `slot`, at least `bytes` of it.
+  absl::Status Reserve(DeviceArena::Slot slot, int64_t bytes, uint8_t*& into) {
+    absl::StatusOr<uint8_t*> memory = launcher_.arena_.Reserve(slot, bytes);
+    if (!memory.ok()) return memory.status();
+    into = *memory;
+    return absl::OkStatus();
+  }
   template <typename T>
   T* Device(const PackedArrays::Place<T>& place) const {
     return PackedArrays::In(arrays_, place);
@@ -134,19 +141,20 @@ Launcher::GroupLaunch::GroupLaunch(Launcher& launcher, const LaunchGroup& group)
 absl::Status Launcher::GroupLaunch::Stage() {
   const int64_t q_bytes = shape_.tokens * group_.num_heads * kRowBytes;
   const int64_t kv_bytes = shape_.tokens * kRowBytes;
-  absl::StatusOr<uint8_t*> q_device = launcher_.arena_.Reserve(DeviceArena::kQ, q_bytes);
-  if (!q_device.ok()) return q_device.status();
-  absl::StatusOr<uint8_t*> kv_device = launcher_.arena_.Reserve(DeviceArena::kKv, kv_bytes);
-  if (!kv_device.ok()) return kv_device.status();
-  q_device_ = *q_device;
-  kv_device_ = *kv_device;
+  if (absl::Status status = Reserve(DeviceArena::kQ, q_bytes, q_device_); !status.ok()) {
+    return status;
+  }
+  if (absl::Status status = Reserve(DeviceArena::kKv, kv_bytes, kv_device_); !status.ok()) {
+    return status;
+  }
   if (!host_) {
-    absl::StatusOr<uint8_t*> q_host = launcher_.arena_.Reserve(DeviceArena::kQStaging, q_bytes);
-    if (!q_host.ok()) return q_host.status();
-    absl::StatusOr<uint8_t*> kv_host = launcher_.arena_.Reserve(DeviceArena::kKvStaging, kv_bytes);
-    if (!kv_host.ok()) return kv_host.status();
-    q_host_ = *q_host;
-    kv_host_ = *kv_host;
+    if (absl::Status status = Reserve(DeviceArena::kQStaging, q_bytes, q_host_); !status.ok()) {
+      return status;
+    }
+    if (absl::Status status = Reserve(DeviceArena::kKvStaging, kv_bytes, kv_host_);
+        !status.ok()) {
+      return status;
+    }
   }
   packed_.Allocate();
   positions_ = packed_.Array(positions_p_);
@@ -239,11 +247,7 @@ absl::Status Launcher::GroupLaunch::Upload() {
   absl::StatusOr<uint8_t*> arrays = launcher_.UploadPacked(packed_);
   if (!arrays.ok()) return arrays.status();
   arrays_ = *arrays;
-  absl::StatusOr<uint8_t*> q_out = launcher_.arena_.Reserve(
-      DeviceArena::kQOut, tokens * group_.padded_heads * kRowBytes);
-  if (!q_out.ok()) return q_out.status();
-  q_out_ = *q_out;
-  return absl::OkStatus();
+  return Reserve(DeviceArena::kQOut, tokens * group_.padded_heads * kRowBytes, q_out_);
 }
 
 absl::Status Launcher::GroupLaunch::Prologue() {
@@ -269,13 +273,14 @@ absl::Status Launcher::GroupLaunch::Decode() {
   out_device_ = out_host_;
   lse_device_ = lse_host_;
   if (!host_) {
-    DeviceArena& arena = launcher_.arena_;
-    absl::StatusOr<uint8_t*> out = arena.Reserve(DeviceArena::kOut, tokens * heads * kRowBytes);
-    if (!out.ok()) return out.status();
-    absl::StatusOr<uint8_t*> lse = arena.Reserve(DeviceArena::kLse, tokens * heads * 4);
-    if (!lse.ok()) return lse.status();
-    out_device_ = *out;
-    lse_device_ = *lse;
+    if (absl::Status status = Reserve(DeviceArena::kOut, tokens * heads * kRowBytes, out_device_);
+        !status.ok()) {
+      return status;
+    }
+    if (absl::Status status = Reserve(DeviceArena::kLse, tokens * heads * 4, lse_device_);
+        !status.ok()) {
+      return status;
+    }
   }
   const CachePoolView pool = launcher_.pool_;
   DecodeParams params;

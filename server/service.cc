@@ -364,7 +364,8 @@ grpc::ServerUnaryReactor* MlaOffloadService::RunUnary(grpc::CallbackServerContex
   const int64_t limit = options_.max_message_bytes;
   if (request_bytes->Length() > static_cast<size_t>(limit)) {
     return FinishNow(context, method,
-                  TooLarge(absl::StrCat("this ", method, " request"), request_bytes->Length(), limit));
+                     TooLarge(absl::StrCat("this ", method, " request"), request_bytes->Length(),
+                              limit));
   }
   auto request = std::make_shared<Request>();
   if (absl::Status parsed = wire::ParseUnaryMessage(*request_bytes, request.get()); !parsed.ok()) {
@@ -404,7 +405,7 @@ grpc::ServerUnaryReactor* MlaOffloadService::GetServerInfo(grpc::CallbackServerC
     std::lock_guard<std::mutex> lock(info_mutex_);
     if (info_.models().empty()) {
       return FinishNow(context, "GetServerInfo",
-                    absl::UnavailableError("the server is still starting; retry"));
+                       absl::UnavailableError("the server is still starting; retry"));
     }
     *response_bytes = wire::SerializeUnaryMessage(info_);
   }
@@ -416,8 +417,8 @@ grpc::ServerUnaryReactor* MlaOffloadService::CreateSession(grpc::CallbackServerC
                                                            grpc::ByteBuffer* response) {
   if (draining()) {
     return FinishNow(context, "CreateSession",
-                  absl::UnavailableError("the server is draining and takes no new sessions; "
-                                         "create the session on another server"));
+                     absl::UnavailableError("the server is draining and takes no new sessions; "
+                                            "create the session on another server"));
   }
   return RunUnary<pb::CreateSessionRequest, pb::CreateSessionResponse>(
       context, "CreateSession", request, response, Queue::kFifo,
@@ -450,7 +451,7 @@ grpc::ServerUnaryReactor* MlaOffloadService::AppendKV(grpc::CallbackServerContex
                                                       grpc::ByteBuffer* response) {
   if (draining()) {
     return FinishNow(context, "AppendKV",
-                  absl::UnavailableError("the server is draining and takes no new prompts"));
+                     absl::UnavailableError("the server is draining and takes no new prompts"));
   }
   return RunUnary<pb::AppendKVRequest, pb::AppendKVResponse>(
       context, "AppendKV", request, response, Queue::kFifo,
