@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/head_padding.h"
+#include "kernels/key_lists.h"
 
 namespace mla {
 namespace {
@@ -64,6 +65,39 @@ absl::StatusOr<DeviceBuffer> ComputeBackend::AllocateHost(int64_t bytes) {
                       [](void* data) { delete[] static_cast<uint8_t*>(data); });
 }
 
+absl::Status ComputeBackend::CopyToDeviceAsync(void* device_dst, const void* host_src,
+                                               int64_t bytes) {
+  return CopyToDevice(device_dst, host_src, bytes);
+}
+
+absl::Status ComputeBackend::CopyToHostAsync(void* host_dst, const void* device_src,
+                                             int64_t bytes) {
+  return CopyToHost(host_dst, device_src, bytes);
+}
+
+absl::Status ComputeBackend::BuildKeyLists(const KeyListBuildParams& params) {
+  if (!host_accessible()) {
+    return absl::UnimplementedError(
+        absl::StrCat(Describe(), " does not build key lists; its memory is not the host's"));
+  }
+  return BuildKeyListsOnHost(params);
+}
+
+absl::Status ComputeBackend::Mark(int mark) {
+  if (mark < 0 || mark >= kMaxMarks) {
+    return absl::InvalidArgumentError(absl::StrCat("mark ", mark, " is outside 0..", kMaxMarks - 1));
+  }
+  host_marks_[mark] = std::chrono::steady_clock::now();
+  return absl::OkStatus();
+}
+
+double ComputeBackend::MarkedMicros(int from, int to) const {
+  if (from < 0 || from >= kMaxMarks || to < 0 || to >= kMaxMarks) return 0;
+  const std::chrono::steady_clock::time_point unset{};
+  if (host_marks_[from] == unset || host_marks_[to] == unset) return 0;
+  return std::chrono::duration<double, std::micro>(host_marks_[to] - host_marks_[from]).count();
+}
+
 void DeviceBuffer::Reset() {
   if (data_ != nullptr && release_) release_(data_);
   data_ = nullptr;
@@ -115,6 +149,30 @@ absl::Status CheckDecodeParams(const DecodeParams& params) {
         absl::StrCat("decode: a token's key lists are ", params.main.width, " + ",
                      params.extra.width, " entries wide; at most ", kMaxKeysPerToken,
                      " together"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckKeyListBuildParams(const KeyListBuildParams& params) {
+  if (params.num_tokens < 0) return absl::InvalidArgumentError("key lists: negative token count");
+  if (params.extra_width < 0 || params.extra_width > kMaxKeysPerToken - kSwaWindow) {
+    return absl::InvalidArgumentError(absl::StrCat("key lists: extra width ", params.extra_width,
+                                                   " is outside 0..",
+                                                   kMaxKeysPerToken - kSwaWindow));
+  }
+  if (params.swa_ring_pages < 1 ||
+      int64_t{params.swa_ring_pages} * kBlockTokens < kSwaWindow) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("key lists: an SWA ring of ", params.swa_ring_pages,
+                     " pages cannot hold a window of ", kSwaWindow, " rows"));
+  }
+  if (params.num_tokens > 0 &&
+      (params.positions == nullptr || params.pages == nullptr || params.swa_table == nullptr ||
+       params.compressed_table == nullptr || params.extra_rule == nullptr ||
+       params.main_indices == nullptr || params.main_lengths == nullptr ||
+       params.extra_lengths == nullptr || (params.extra_width > 0 && params.extra_indices == nullptr))) {
+    return absl::InvalidArgumentError(
+        "key lists: positions, pages, the tables, the rules and every list are required");
   }
   return absl::OkStatus();
 }

@@ -2,11 +2,13 @@
 // step (spec sections 4 and 5) and the memory they run on.
 //
 // A backend owns an address space (host memory for the CPU backend, one GPU
-// for the CUDA backend). Every pointer inside PrologueParams and DecodeParams
-// points into that space: callers allocate with Allocate() and move bytes with
-// CopyToDevice()/CopyToHost(). Prologue() and Decode() may run asynchronously
-// and in order; Synchronize() waits for all of them and reports the first
-// failure. The structure of the parameters (counts, head counts, null
+// for the CUDA backend). Every pointer inside PrologueParams, DecodeParams
+// and KeyListBuildParams points into that space: callers allocate with
+// Allocate() and move bytes with CopyToDevice()/CopyToHost() or their Async
+// forms. BuildKeyLists(), Prologue(), Decode() and the Async copies may run
+// asynchronously and in order; Synchronize() waits for all of them and
+// reports the first failure. Mark() notes points in that order, and after
+// Synchronize() MarkedMicros() says how long the work between two took. The structure of the parameters (counts, head counts, null
 // pointers) is checked on every call and a bad one is InvalidArgument with
 // nothing written; the values inside index and slot arrays are the caller's
 // contract (spec section 5): check them with kernels/validation.h first.
@@ -16,6 +18,7 @@
 #ifndef MLA_OFFLOAD_KERNELS_BACKEND_H_
 #define MLA_OFFLOAD_KERNELS_BACKEND_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -93,6 +96,40 @@ struct DecodeParams {
   float* lse = nullptr;     // [N, H] natural-log sum of exp; null = not wanted
 };
 
+// The key lists of a batch of decode tokens (DecodeParams::main and ::extra,
+// spec section 5), built by the backend from the sessions' page tables, so
+// that the host never translates a key to its slot. Row r of a page table
+// that starts at pages[at] has the global slot
+// pages[at + r / kBlockTokens] * kBlockTokens + r % kBlockTokens.
+// For token t at position p:
+// - main (kSwaWindow wide): the SWA rows of positions max(0, p - 127)..p in
+//   order, then -1; length p - max(0, p - 127) + 1. The SWA row of position
+//   w is row w % (swa_ring_pages * kBlockTokens) of the token's SWA table.
+// - extra (extra_width wide), by extra_rule[t]:
+//     K > 0: a C4A token; entries 0..K-1 of its extra row hold the indexer's
+//            top-k compressed rows on entry (-1 pads) and their slots on
+//            return (-1 stays -1); length K;
+//     -R < 0: a C128A token (compress ratio R): every compressed row
+//            j < (p + 1) / R; length (p + 1) / R;
+//     0:     no compressed keys; length 0.
+//   Every other entry becomes -1.
+// The values (tables, rows, positions) are the caller's contract: every row
+// named must have its page in the table.
+struct KeyListBuildParams {
+  int64_t num_tokens = 0;
+  const int32_t* positions = nullptr;         // [N]
+  const int32_t* pages = nullptr;             // the page tables, one after another
+  int swa_ring_pages = 0;                     // pages of an SWA table (ring)
+  const int32_t* swa_table = nullptr;         // [N] index in pages of the token's SWA table
+  const int32_t* compressed_table = nullptr;  // [N] ... of its compressed table
+  const int32_t* extra_rule = nullptr;        // [N] see above
+  int32_t* main_indices = nullptr;            // [N, kSwaWindow] written
+  int32_t* main_lengths = nullptr;            // [N] written
+  int extra_width = 0;
+  int32_t* extra_indices = nullptr;           // [N, extra_width] read (top-k rows) and written
+  int32_t* extra_lengths = nullptr;           // [N] written
+};
+
 // Memory owned by a backend; released when destroyed.
 class DeviceBuffer {
  public:
@@ -141,17 +178,42 @@ class ComputeBackend {
   virtual absl::Status CopyToDevice(void* device_dst, const void* host_src, int64_t bytes) = 0;
   // Returns with the bytes in `host_dst`, after everything issued before.
   virtual absl::Status CopyToHost(void* host_dst, const void* device_src, int64_t bytes) = 0;
+  // The same copies, in order with the other work and possibly not done on
+  // return: `host_src` must stay unchanged, and `host_dst` holds the bytes,
+  // only once the next Synchronize() has returned OK. Fastest from and into
+  // AllocateHost memory. The defaults copy at once.
+  virtual absl::Status CopyToDeviceAsync(void* device_dst, const void* host_src, int64_t bytes);
+  virtual absl::Status CopyToHostAsync(void* host_dst, const void* device_src, int64_t bytes);
+
+  // Builds the key lists (KeyListBuildParams). The default runs on the host
+  // (BuildKeyListsOnHost, kernels/key_lists.h) and serves backends whose
+  // memory is host memory; others must override it.
+  virtual absl::Status BuildKeyLists(const KeyListBuildParams& params);
 
   virtual absl::Status Prologue(const PrologueParams& params) = 0;
   virtual absl::Status Decode(const DecodeParams& params) = 0;
 
   // Waits for every operation issued so far.
   virtual absl::Status Synchronize() = 0;
+
+  // Mark(i) (0 <= i < kMaxMarks) notes the point at which everything issued
+  // before it has finished, replacing the last mark i; MarkedMicros(a, b),
+  // after a Synchronize() that followed both, is the time from mark a to
+  // mark b in microseconds (0 for a mark not set). The defaults read the
+  // host's clock when Mark is called, which is right for a backend whose
+  // operations are done when they return.
+  static constexpr int kMaxMarks = 8;
+  virtual absl::Status Mark(int mark);
+  virtual double MarkedMicros(int from, int to) const;
+
+ private:
+  std::chrono::steady_clock::time_point host_marks_[kMaxMarks] = {};
 };
 
 // Structural checks shared by every backend (no element of any array is read).
 absl::Status CheckPrologueParams(const PrologueParams& params);
 absl::Status CheckDecodeParams(const DecodeParams& params);
+absl::Status CheckKeyListBuildParams(const KeyListBuildParams& params);
 
 }  // namespace mla
 

@@ -9,9 +9,8 @@ absl::StatusOr<uint8_t*> DeviceArena::Reserve(Slot slot, int64_t bytes) {
   DeviceBuffer& buffer = buffers_[slot];
   if (buffer.bytes() < bytes) {
     const int64_t size = std::max<int64_t>(bytes, buffer.bytes() * 2);
-    const bool host = slot == kQStaging || slot == kKvStaging;
     absl::StatusOr<DeviceBuffer> bigger =
-        host ? backend_.AllocateHost(size) : backend_.Allocate(size);
+        slot == kStaging ? backend_.AllocateHost(size) : backend_.Allocate(size);
     if (!bigger.ok()) return bigger.status();
     buffer = *std::move(bigger);
   }

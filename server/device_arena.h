@@ -1,10 +1,10 @@
 // Scratch memory of one backend for its launches: one growable buffer per
 // use (a slot), reused from launch to launch, so that a launch allocates
-// only when it is larger than every one before it. The staging slots hold
+// only when it is larger than every one before it. The staging slot holds
 // host memory the backend copies from fastest (pinned on a GPU); a launch
-// may reuse them because every copy from them has finished before the
-// launch after it stages (the launcher waits for the backend after each
-// step).
+// may reuse it because every copy from it has finished before the launch
+// after it stages (the launcher waits for the backend at the end of each
+// launch).
 //
 // A buffer grows to what is asked or to twice its size, whichever is more,
 // and never shrinks; growing frees the old one, so a pointer from Reserve is valid until the next
@@ -23,14 +23,10 @@ namespace mla {
 class DeviceArena {
  public:
   enum Slot {
-    kQ,             // a launch's queries, [N, H, 512] bf16
-    kQOut,          // the prologue's queries, [N, Hp, 512] bf16
-    kKv,            // a launch's new SWA rows, [N, 512] bf16
-    kPackedArrays,  // the device's copy of a launch's PackedArrays
-    kOut,           // the decode's out, without host access
-    kLse,           // the decode's lse, without host access
-    kQStaging,      // host (AllocateHost): q staged for its copy to the device
-    kKvStaging,     // host (AllocateHost): kv staged likewise
+    kStaging,  // host (AllocateHost): a launch's PackedArrays (q, kv, rows, arrays)
+    kStaged,   // the device's copy of kStaging, without host access
+    kQOut,     // the prologue's queries, [N, Hp, 512] bf16
+    kOutput,   // the decode's out then lse, without host access
     kNumSlots
   };
 
@@ -38,7 +34,7 @@ class DeviceArena {
   explicit DeviceArena(ComputeBackend& backend) : backend_(backend) {}
 
   // Backend memory of at least `bytes` for `slot` (host memory from
-  // AllocateHost for the staging slots); contents undefined.
+  // AllocateHost for kStaging); contents undefined.
   absl::StatusOr<uint8_t*> Reserve(Slot slot, int64_t bytes);
 
  private:

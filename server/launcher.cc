@@ -6,12 +6,17 @@
 #include <vector>
 
 #include "absl/functional/function_ref.h"
+#include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "kernels/geometry.h"
 #include "kernels/model_profile.h"
 
 namespace mla {
 namespace {
+
+// Pinned host memory the answers may hold at once; past it they are read
+// back into ordinary heap memory (slower copies), see HostBufferPool.
+constexpr int64_t kMaxPinnedAnswerBytes = int64_t{256} << 20;
 
 // Runs `step`, setting `micros` to the time it took.
 absl::Status Timed(double& micros, absl::FunctionRef<absl::Status()> step) {
@@ -26,8 +31,10 @@ absl::Status Timed(double& micros, absl::FunctionRef<absl::Status()> step) {
 struct GroupShape {
   int64_t tokens = 0;
   int extra_width = 0;          // entries of a token's compressed key list
+  bool any_topk = false;        // some token's compressed keys are its top-k rows
   bool any_sinks = false;       // some session has sinks: every token gets its own
   int64_t compressed_rows = 0;  // new compressed rows the prologue writes
+  int64_t pages = 0;            // entries of the page tables
 };
 
 GroupShape ShapeOf(const LaunchGroup& group) {
@@ -35,14 +42,17 @@ GroupShape ShapeOf(const LaunchGroup& group) {
   shape.tokens = group.num_tokens;
   for (const AttendPlan* plan : group.plans) {
     const int32_t layer = plan->input->layer;
+    const bool compressed = plan->profile->compress_ratio(layer) != 0;
     if (plan->profile->layer_kind(layer) == LayerKind::kC4A) {
       shape.extra_width = std::max(shape.extra_width, plan->topk_width);
-    } else if (plan->profile->compress_ratio(layer) != 0) {
+      shape.any_topk = true;
+    } else if (compressed) {
       for (int32_t rows : plan->rows_after) shape.extra_width = std::max(shape.extra_width, rows);
     }
     for (size_t s = 0; s < plan->sessions.size(); ++s) {
       shape.any_sinks |= !plan->sessions[s]->sinks.empty();
       if (plan->inserts[s]) shape.compressed_rows += plan->input->segments[s].num_compressed_rows;
+      shape.pages += kSwaRingBlocks + (compressed ? PagesFor(plan->rows_after[s]) : 0);
     }
   }
   return shape;
@@ -50,28 +60,37 @@ GroupShape ShapeOf(const LaunchGroup& group) {
 
 }  // namespace
 
-// The launch of one group, step by step. The host arrays of the launch, in
-// token order of the group, live in one PackedArrays that goes to the device
-// in one copy; q and kv are staged apart (in place when the backend has host
-// access), and so is the output, which the group's answers share.
+// The launch of one group, step by step. Everything the launch sends, in
+// token order of the group, lives in one PackedArrays staged in the arena's
+// pinned memory and copied to the device at once; the arrays the backend
+// writes (the key lists) sit after the copied part. The output, which the
+// group's answers share, comes from the answer pool.
 class Launcher::GroupLaunch {
  public:
   GroupLaunch(Launcher& launcher, const LaunchGroup& group);
 
+  // Everything on the host: the staging, filled.
   absl::Status Stage();
-  // The host-to-device copies of what Stage wrote, where the backend has no
-  // host access; the device's scratch for the prologue.
+  // Enqueues the copy in, the key lists and prologue, the decode and the
+  // copy out, with the backend's marks between them; the first failure.
+  absl::Status Enqueue();
+  // The backend's times of the steps Enqueue marked (after the backend's
+  // Synchronize).
+  void ReadTimes(LaunchTimes& times) const;
+  GroupAnswer answer() const { return {output_, out_host_, lse_host_}; }
+
+ private:
+  using Step = absl::Status (GroupLaunch::*)();
   absl::Status Upload();
   absl::Status Prologue();
   absl::Status Decode();
   absl::Status ReadBack();
-  GroupAnswer answer() const { return {output_, out_host_, lse_host_}; }
 
- private:
   // Copies a message's q and kv and fills its tokens' arrays, from token t0 on.
   void StageMessage(const AttendPlan& plan, int64_t t0);
-  // Token t, the message's token m, at position p of segment s: its SWA slot,
-  // both key lists and its sinks.
+  // The page tables of segment `s` of `plan`, appended; where they start.
+  std::pair<int32_t, int32_t> StageTables(const AttendPlan& plan, size_t s);
+  // Token t, the message's token m, at position p of segment s.
   void StageToken(const AttendPlan& plan, size_t s, int64_t t, int64_t m, int32_t p);
   // Points `into` at the arena's `slot`, at least `bytes` of it.
   absl::Status Reserve(DeviceArena::Slot slot, int64_t bytes, uint8_t*& into) {
@@ -84,102 +103,127 @@ class Launcher::GroupLaunch {
   T* Device(const PackedArrays::Place<T>& place) const {
     return PackedArrays::In(arrays_, place);
   }
+  const PackedArrays::Place<int32_t>& extra_p() const {
+    return shape_.any_topk ? extra_sent_p_ : extra_written_p_;
+  }
 
   Launcher& launcher_;
   ComputeBackend& backend_;
   const LaunchGroup& group_;
   const GroupShape shape_;
   const bool host_;  // the backend's memory is host memory
+  const int64_t q_bytes_;
+  const int64_t out_bytes_;  // out, then lse
 
   PackedArrays packed_;
+  // Sent to the device: the messages' tensors, then the arrays.
+  const PackedArrays::Place<uint8_t> q_p_;
+  const PackedArrays::Place<uint8_t> kv_p_;
+  RowInsert compressed_;
   const PackedArrays::Place<int32_t> positions_p_;
   const PackedArrays::Place<int32_t> swa_slots_p_;
+  const PackedArrays::Place<int32_t> swa_table_p_;
+  const PackedArrays::Place<int32_t> compressed_table_p_;
+  const PackedArrays::Place<int32_t> extra_rule_p_;
+  const PackedArrays::Place<int32_t> pages_p_;
+  const PackedArrays::Place<float> sinks_p_;
+  // The extra key lists: top-k rows in, slots out. Sent when some token
+  // has top-k rows (extra_sent_p_), else only written (extra_written_p_);
+  // the other is empty.
+  const PackedArrays::Place<int32_t> extra_sent_p_;
+  const size_t upload_bytes_;
+  // Written by the backend (BuildKeyLists).
+  const PackedArrays::Place<int32_t> extra_written_p_;
   const PackedArrays::Place<int32_t> main_indices_p_;
   const PackedArrays::Place<int32_t> main_lengths_p_;
-  const PackedArrays::Place<int32_t> extra_indices_p_;
   const PackedArrays::Place<int32_t> extra_lengths_p_;
-  const PackedArrays::Place<float> sinks_p_;
-  RowInsert compressed_;
-  absl::Span<int32_t> positions_, swa_slots_, main_indices_, main_lengths_, extra_indices_,
-      extra_lengths_;
-  absl::Span<float> sinks_;
-  uint8_t* arrays_ = nullptr;  // the device's copy of packed_
 
-  // Host staging for a backend without host access: uninitialised (every
-  // byte is written by Stage), not zero-filled.
-  uint8_t* q_host_ = nullptr;  // staging without host access (the arena's)
-  uint8_t* kv_host_ = nullptr;
-  uint8_t* q_device_ = nullptr;
-  uint8_t* kv_device_ = nullptr;
-  uint8_t* q_out_ = nullptr;  // the prologue's [N, Hp, 512]
+  absl::Span<uint8_t> q_, kv_;
+  absl::Span<int32_t> positions_, swa_slots_, swa_table_, compressed_table_, extra_rule_, pages_,
+      extra_indices_;
+  absl::Span<float> sinks_;
+  int64_t pages_used_ = 0;
+  uint8_t* arrays_ = nullptr;  // the backend's view of packed_
+  uint8_t* q_out_ = nullptr;   // the prologue's [N, Hp, 512]
   // The output lives in host memory shared by the answers of this group; a
   // host-accessible backend writes it in place. Uninitialised: the decode
   // (or the read back) writes every byte of out and lse.
-  std::shared_ptr<uint8_t[]> output_;
+  std::shared_ptr<uint8_t> output_;
   uint8_t* out_host_ = nullptr;
   uint8_t* lse_host_ = nullptr;
   uint8_t* out_device_ = nullptr;
-  uint8_t* lse_device_ = nullptr;
 };
 
+// The upload boundary: the extra indices are sent only when they hold top-k
+// rows; otherwise the backend writes them in full.
 Launcher::GroupLaunch::GroupLaunch(Launcher& launcher, const LaunchGroup& group)
     : launcher_(launcher),
       backend_(launcher.backend_),
       group_(group),
       shape_(ShapeOf(group)),
       host_(backend_.host_accessible()),
+      q_bytes_(shape_.tokens * group.num_heads * kRowBytes),
+      out_bytes_(shape_.tokens * group.num_heads * (kRowBytes + 4)),
+      q_p_(packed_.Reserve<uint8_t>(q_bytes_, 0)),
+      kv_p_(packed_.Reserve<uint8_t>(shape_.tokens * kRowBytes, 0)),
+      compressed_(packed_, shape_.compressed_rows),
       positions_p_(packed_.Reserve<int32_t>(shape_.tokens, 0)),
       swa_slots_p_(packed_.Reserve<int32_t>(shape_.tokens, -1)),
-      main_indices_p_(packed_.Reserve<int32_t>(shape_.tokens * kSwaWindow, -1)),
-      main_lengths_p_(packed_.Reserve<int32_t>(shape_.tokens, 0)),
-      extra_indices_p_(packed_.Reserve<int32_t>(shape_.tokens * shape_.extra_width, -1)),
-      extra_lengths_p_(packed_.Reserve<int32_t>(shape_.tokens, 0)),
+      swa_table_p_(packed_.Reserve<int32_t>(shape_.tokens, 0)),
+      compressed_table_p_(packed_.Reserve<int32_t>(shape_.tokens, 0)),
+      extra_rule_p_(packed_.Reserve<int32_t>(shape_.tokens, 0)),
+      pages_p_(packed_.Reserve<int32_t>(shape_.pages, 0)),
       sinks_p_(packed_.Reserve<float>(shape_.any_sinks ? shape_.tokens * group.num_heads : 0,
                                       0.0f)),
-      compressed_(packed_, shape_.compressed_rows) {}
+      extra_sent_p_(
+          packed_.Reserve<int32_t>(shape_.any_topk ? shape_.tokens * shape_.extra_width : 0, -1)),
+      upload_bytes_(packed_.bytes()),
+      extra_written_p_(
+          packed_.Reserve<int32_t>(shape_.any_topk ? 0 : shape_.tokens * shape_.extra_width, -1)),
+      main_indices_p_(packed_.Reserve<int32_t>(shape_.tokens * kSwaWindow, -1)),
+      main_lengths_p_(packed_.Reserve<int32_t>(shape_.tokens, 0)),
+      extra_lengths_p_(packed_.Reserve<int32_t>(shape_.tokens, 0)) {}
 
 absl::Status Launcher::GroupLaunch::Stage() {
-  const int64_t q_bytes = shape_.tokens * group_.num_heads * kRowBytes;
-  const int64_t kv_bytes = shape_.tokens * kRowBytes;
-  if (absl::Status status = Reserve(DeviceArena::kQ, q_bytes, q_device_); !status.ok()) {
-    return status;
-  }
-  if (absl::Status status = Reserve(DeviceArena::kKv, kv_bytes, kv_device_); !status.ok()) {
-    return status;
-  }
-  if (!host_) {
-    if (absl::Status status = Reserve(DeviceArena::kQStaging, q_bytes, q_host_); !status.ok()) {
-      return status;
-    }
-    if (absl::Status status = Reserve(DeviceArena::kKvStaging, kv_bytes, kv_host_);
-        !status.ok()) {
-      return status;
-    }
-  }
-  packed_.Allocate();
-  positions_ = packed_.Array(positions_p_);
-  swa_slots_ = packed_.Array(swa_slots_p_);
-  main_indices_ = packed_.Array(main_indices_p_);
-  main_lengths_ = packed_.Array(main_lengths_p_);
-  extra_indices_ = packed_.Array(extra_indices_p_);
-  extra_lengths_ = packed_.Array(extra_lengths_p_);
-  sinks_ = packed_.Array(sinks_p_);
+  if (absl::Status status = launcher_.Stage(packed_); !status.ok()) return status;
+  absl::StatusOr<std::shared_ptr<uint8_t>> output = launcher_.answers_.Take(out_bytes_);
+  if (!output.ok()) return output.status();
+  output_ = *std::move(output);
+  out_host_ = output_.get();
+  lse_host_ = out_host_ + q_bytes_;
+  q_ = packed_.Raw(q_p_);
+  kv_ = packed_.Raw(kv_p_);
   compressed_.Open(packed_);
+  positions_ = packed_.Raw(positions_p_);
+  swa_slots_ = packed_.Array(swa_slots_p_);
+  swa_table_ = packed_.Raw(swa_table_p_);
+  compressed_table_ = packed_.Raw(compressed_table_p_);
+  extra_rule_ = packed_.Raw(extra_rule_p_);
+  pages_ = packed_.Raw(pages_p_);
+  sinks_ = packed_.Raw(sinks_p_);
+  extra_indices_ = packed_.Raw(extra_p());
   int64_t t0 = 0;
   for (const AttendPlan* plan : group_.plans) {
     StageMessage(*plan, t0);
     t0 += plan->num_tokens;
   }
-  output_.reset(new uint8_t[shape_.tokens * group_.num_heads * (kRowBytes + 4)]);
-  out_host_ = output_.get();
-  lse_host_ = out_host_ + shape_.tokens * group_.num_heads * kRowBytes;
-  return absl::OkStatus();
+  // The compressed arrays and the tables were sized before the loop that
+  // fills them.
+  if (pages_used_ != shape_.pages) {
+    return absl::InternalError(
+        absl::StrCat("batch holds ", pages_used_, " page table entries, sized for ", shape_.pages));
+  }
+  return compressed_.CheckFull("compressed");
 }
 
 void Launcher::GroupLaunch::StageMessage(const AttendPlan& plan, int64_t t0) {
   const AttendInput& input = *plan.input;
-  input.q.CopyTo((host_ ? q_device_ : q_host_) + t0 * group_.num_heads * kRowBytes);
-  if (input.kv.present) input.kv.CopyTo((host_ ? kv_device_ : kv_host_) + t0 * kRowBytes);
+  const int64_t q_at = t0 * group_.num_heads * kRowBytes;
+  const int64_t kv_at = t0 * kRowBytes;
+  input.q.CopyTo(q_.data() + q_at);
+  // Without kv no segment inserts: its tokens' SWA slots stay -1 and the
+  // prologue reads none of their rows.
+  if (input.kv.present) input.kv.CopyTo(kv_.data() + kv_at);
   const int ratio = plan.profile->compress_ratio(input.layer);
   int64_t compressed_row = 0;  // of the message's compressed_kv
   int64_t t = t0;
@@ -191,37 +235,44 @@ void Launcher::GroupLaunch::StageMessage(const AttendPlan& plan, int64_t t0) {
                                 segment.first_compressed_row, segment.num_compressed_rows, ratio);
     }
     compressed_row += segment.num_compressed_rows;
+    const auto [swa_table, compressed_table] = StageTables(plan, s);
     for (int32_t i = 0; i < segment.num_tokens; ++i, ++t) {
+      swa_table_[t] = swa_table;
+      compressed_table_[t] = compressed_table;
       StageToken(plan, s, t, t - t0, segment.position + i);
     }
   }
+}
+
+std::pair<int32_t, int32_t> Launcher::GroupLaunch::StageTables(const AttendPlan& plan, size_t s) {
+  const LayerKv& state = plan.sessions[s]->layers[plan.input->layer];
+  const int32_t swa_at = static_cast<int32_t>(pages_used_);
+  std::copy(state.swa_blocks.begin(), state.swa_blocks.begin() + kSwaRingBlocks,
+            pages_.begin() + pages_used_);
+  pages_used_ += kSwaRingBlocks;
+  const int32_t compressed_at = static_cast<int32_t>(pages_used_);
+  if (plan.profile->compress_ratio(plan.input->layer) != 0) {
+    const int64_t pages = PagesFor(plan.rows_after[s]);
+    std::copy(state.compressed_blocks.begin(), state.compressed_blocks.begin() + pages,
+              pages_.begin() + pages_used_);
+    pages_used_ += pages;
+  }
+  return {swa_at, compressed_at};
 }
 
 void Launcher::GroupLaunch::StageToken(const AttendPlan& plan, size_t s, int64_t t, int64_t m,
                                        int32_t p) {
   const int32_t layer = plan.input->layer;
   const Session& session = *plan.sessions[s];
-  const LayerKv& state = session.layers[layer];
   positions_[t] = p;
-  if (plan.inserts[s]) swa_slots_[t] = state.SwaSlot(p);
-  const int32_t first = std::max(0, p - kSwaWindow + 1);
-  main_lengths_[t] = p - first + 1;
-  for (int32_t w = first; w <= p; ++w) {
-    main_indices_[t * kSwaWindow + (w - first)] = state.SwaSlot(w);
-  }
-  int32_t* extra = extra_indices_.data() + t * shape_.extra_width;
+  if (plan.inserts[s]) swa_slots_[t] = session.layers[layer].SwaSlot(p);
   const int ratio = plan.profile->compress_ratio(layer);
   if (plan.profile->layer_kind(layer) == LayerKind::kC4A) {
-    for (int k = 0; k < plan.topk_width; ++k) {
-      const int32_t row = plan.topk[m * plan.topk_width + k];
-      extra[k] = row < 0 ? -1 : state.CompressedSlot(row);
-    }
-    extra_lengths_[t] = plan.topk_width;
-  } else if (ratio != 0) {
-    // C128A: every compressed row j < (p + 1) / 128.
-    const int32_t visible = (p + 1) / ratio;
-    for (int32_t j = 0; j < visible; ++j) extra[j] = state.CompressedSlot(j);
-    extra_lengths_[t] = visible;
+    extra_rule_[t] = plan.topk_width;
+    std::copy_n(plan.topk.begin() + m * plan.topk_width, plan.topk_width,
+                extra_indices_.begin() + t * shape_.extra_width);
+  } else {
+    extra_rule_[t] = -ratio;  // 0 without compressed keys
   }
   const int heads = group_.num_heads;
   for (int h = 0; h < (shape_.any_sinks ? heads : 0); ++h) {
@@ -229,55 +280,68 @@ void Launcher::GroupLaunch::StageToken(const AttendPlan& plan, size_t s, int64_t
   }
 }
 
-absl::Status Launcher::GroupLaunch::Upload() {
-  const int64_t tokens = shape_.tokens;
-  if (!host_) {
-    const int64_t q_bytes = tokens * group_.num_heads * kRowBytes;
-    if (absl::Status status = backend_.CopyToDevice(q_device_, q_host_, q_bytes);
-        !status.ok()) {
-      return status;
-    }
-    if (absl::Status status = backend_.CopyToDevice(kv_device_, kv_host_, tokens * kRowBytes);
-        !status.ok()) {
-      return status;
-    }
+absl::Status Launcher::GroupLaunch::Enqueue() {
+  static constexpr Step kSteps[] = {&GroupLaunch::Upload, &GroupLaunch::Prologue,
+                                    &GroupLaunch::Decode, &GroupLaunch::ReadBack};
+  int mark = 0;
+  for (Step step : kSteps) {
+    if (absl::Status status = backend_.Mark(mark++); !status.ok()) return status;
+    if (absl::Status status = (this->*step)(); !status.ok()) return status;
   }
-  // The compressed arrays were sized before the loop that fills them.
-  if (absl::Status status = compressed_.CheckFull("compressed"); !status.ok()) return status;
-  absl::StatusOr<uint8_t*> arrays = launcher_.UploadPacked(packed_);
+  return backend_.Mark(mark);
+}
+
+void Launcher::GroupLaunch::ReadTimes(LaunchTimes& times) const {
+  times.upload_us += backend_.MarkedMicros(0, 1);
+  times.prologue_us = backend_.MarkedMicros(1, 2);
+  times.decode_us = backend_.MarkedMicros(2, 3);
+  times.readback_us = backend_.MarkedMicros(3, 4);
+}
+
+absl::Status Launcher::GroupLaunch::Upload() {
+  absl::StatusOr<uint8_t*> arrays = launcher_.UploadStaged(packed_, upload_bytes_);
   if (!arrays.ok()) return arrays.status();
   arrays_ = *arrays;
-  return Reserve(DeviceArena::kQOut, tokens * group_.padded_heads * kRowBytes, q_out_);
+  return Reserve(DeviceArena::kQOut, shape_.tokens * group_.padded_heads * kRowBytes, q_out_);
 }
 
 absl::Status Launcher::GroupLaunch::Prologue() {
+  KeyListBuildParams lists;
+  lists.num_tokens = shape_.tokens;
+  lists.positions = Device(positions_p_);
+  lists.pages = Device(pages_p_);
+  lists.swa_ring_pages = kSwaRingBlocks;
+  lists.swa_table = Device(swa_table_p_);
+  lists.compressed_table = Device(compressed_table_p_);
+  lists.extra_rule = Device(extra_rule_p_);
+  lists.main_indices = Device(main_indices_p_);
+  lists.main_lengths = Device(main_lengths_p_);
+  lists.extra_width = shape_.extra_width;
+  lists.extra_indices = Device(extra_p());
+  lists.extra_lengths = Device(extra_lengths_p_);
+  if (absl::Status status = backend_.BuildKeyLists(lists); !status.ok()) return status;
   const int64_t tokens = shape_.tokens;
   PrologueParams params;
   params.num_tokens = tokens;
   params.num_heads = group_.num_heads;
   params.padded_heads = group_.padded_heads;
-  params.q = reinterpret_cast<const uint16_t*>(q_device_);
+  params.q = reinterpret_cast<const uint16_t*>(Device(q_p_));
   params.positions = Device(positions_p_);
   params.q_out = reinterpret_cast<uint16_t*>(q_out_);
   params.rms_norm_eps = group_.plans.front()->profile->rms_norm_eps;
   params.rope = launcher_.rope_view(group_.rope);
-  params.swa = {tokens, reinterpret_cast<const uint16_t*>(kv_device_), Device(positions_p_),
+  params.swa = {tokens, reinterpret_cast<const uint16_t*>(Device(kv_p_)), Device(positions_p_),
                 Device(swa_slots_p_), launcher_.pool_};
   params.compressed = compressed_.Params(arrays_, launcher_.pool_);
-  return launcher_.Drained(backend_.Prologue(params));
+  return backend_.Prologue(params);
 }
 
 absl::Status Launcher::GroupLaunch::Decode() {
   const int64_t tokens = shape_.tokens;
   const int heads = group_.num_heads;
   out_device_ = out_host_;
-  lse_device_ = lse_host_;
   if (!host_) {
-    if (absl::Status status = Reserve(DeviceArena::kOut, tokens * heads * kRowBytes, out_device_);
-        !status.ok()) {
-      return status;
-    }
-    if (absl::Status status = Reserve(DeviceArena::kLse, tokens * heads * 4, lse_device_);
+    if (absl::Status status = Reserve(DeviceArena::kOutput, out_bytes_, out_device_);
         !status.ok()) {
       return status;
     }
@@ -292,23 +356,18 @@ absl::Status Launcher::GroupLaunch::Decode() {
   params.sinks = shape_.any_sinks ? Device(sinks_p_) : nullptr;
   params.sinks_per_token = shape_.any_sinks;
   params.main = {kSwaWindow, Device(main_indices_p_), Device(main_lengths_p_), pool};
-  params.extra = {shape_.extra_width, Device(extra_indices_p_), Device(extra_lengths_p_), pool};
+  params.extra = {shape_.extra_width, Device(extra_p()), Device(extra_lengths_p_), pool};
   params.derotate = group_.derotate;
   params.positions = Device(positions_p_);
   params.rope = launcher_.rope_view(group_.rope);
   params.out = reinterpret_cast<uint16_t*>(out_device_);
-  params.lse = reinterpret_cast<float*>(lse_device_);
-  return launcher_.Drained(backend_.Decode(params));
+  params.lse = reinterpret_cast<float*>(out_device_ + q_bytes_);
+  return backend_.Decode(params);
 }
 
 absl::Status Launcher::GroupLaunch::ReadBack() {
   if (host_) return absl::OkStatus();
-  const int64_t values = shape_.tokens * group_.num_heads;
-  if (absl::Status status = backend_.CopyToHost(out_host_, out_device_, values * kRowBytes);
-      !status.ok()) {
-    return status;
-  }
-  return backend_.CopyToHost(lse_host_, lse_device_, values * 4);
+  return backend_.CopyToHostAsync(out_host_, out_device_, out_bytes_);
 }
 
 absl::StatusOr<std::unique_ptr<Launcher>> Launcher::Create(ComputeBackend& backend,
@@ -320,7 +379,11 @@ absl::StatusOr<std::unique_ptr<Launcher>> Launcher::Create(ComputeBackend& backe
 }
 
 Launcher::Launcher(ComputeBackend& backend, CachePoolView pool, int32_t max_position)
-    : backend_(backend), pool_(pool), max_position_(max_position), arena_(backend) {}
+    : backend_(backend),
+      pool_(pool),
+      max_position_(max_position),
+      arena_(backend),
+      answers_(backend, kMaxPinnedAnswerBytes) {}
 
 absl::Status Launcher::UploadRopeTables() {
   for (RopeKind kind : {RopeKind::kPlain, RopeKind::kYarn}) {
@@ -345,10 +408,19 @@ absl::Status Launcher::Drained(const absl::Status& launched) {
   return launched.ok() ? synced : launched;
 }
 
-absl::StatusOr<uint8_t*> Launcher::UploadPacked(const PackedArrays& packed) {
-  absl::StatusOr<uint8_t*> device = arena_.Reserve(DeviceArena::kPackedArrays, packed.bytes());
+absl::Status Launcher::Stage(PackedArrays& packed) {
+  absl::StatusOr<uint8_t*> staging = arena_.Reserve(DeviceArena::kStaging, packed.bytes());
+  if (!staging.ok()) return staging.status();
+  packed.UseMemory(*staging);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint8_t*> Launcher::UploadStaged(const PackedArrays& packed, size_t upload_bytes) {
+  uint8_t* staging = const_cast<uint8_t*>(packed.data());
+  if (backend_.host_accessible()) return staging;
+  absl::StatusOr<uint8_t*> device = arena_.Reserve(DeviceArena::kStaged, packed.bytes());
   if (!device.ok()) return device.status();
-  if (absl::Status status = backend_.CopyToDevice(*device, packed.data(), packed.bytes());
+  if (absl::Status status = backend_.CopyToDeviceAsync(*device, staging, upload_bytes);
       !status.ok()) {
     return status;
   }
@@ -357,26 +429,12 @@ absl::StatusOr<uint8_t*> Launcher::UploadPacked(const PackedArrays& packed) {
 
 absl::StatusOr<GroupAnswer> Launcher::Run(const LaunchGroup& group, LaunchTimes& times) {
   GroupLaunch launch(*this, group);
-  if (absl::Status status = Timed(times.upload_us,
-                                  [&] {
-                                    absl::Status staged = launch.Stage();
-                                    return staged.ok() ? launch.Upload() : staged;
-                                  });
+  if (absl::Status status = Timed(times.upload_us, [&] { return launch.Stage(); });
       !status.ok()) {
     return status;
   }
-  if (absl::Status status = Timed(times.prologue_us, [&] { return launch.Prologue(); });
-      !status.ok()) {
-    return status;
-  }
-  if (absl::Status status = Timed(times.decode_us, [&] { return launch.Decode(); });
-      !status.ok()) {
-    return status;
-  }
-  if (absl::Status status = Timed(times.readback_us, [&] { return launch.ReadBack(); });
-      !status.ok()) {
-    return status;
-  }
+  if (absl::Status status = Drained(launch.Enqueue()); !status.ok()) return status;
+  launch.ReadTimes(times);
   return launch.answer();
 }
 
@@ -404,7 +462,7 @@ absl::Status Launcher::AppendPass(const AppendPlan& plan, RopeKind rope) {
   PackedArrays packed;
   RowInsert swa(packed, swa_rows);
   RowInsert compressed(packed, compressed_rows);
-  packed.Allocate();
+  if (absl::Status status = Stage(packed); !status.ok()) return status;
   swa.Open(packed);
   compressed.Open(packed);
   for (int layer : layers) {
@@ -424,7 +482,7 @@ absl::Status Launcher::AppendPass(const AppendPlan& plan, RopeKind rope) {
 
 absl::Status Launcher::Insert(const PackedArrays& packed, const RowInsert& swa,
                               const RowInsert& compressed, PrologueParams params) {
-  absl::StatusOr<uint8_t*> arrays = UploadPacked(packed);
+  absl::StatusOr<uint8_t*> arrays = UploadStaged(packed, packed.bytes());
   if (!arrays.ok()) return arrays.status();
   params.swa = swa.Params(*arrays, pool_);
   params.compressed = compressed.Params(*arrays, pool_);

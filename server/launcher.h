@@ -1,24 +1,29 @@
 // The launcher of one device: how planned requests run on the compute
 // backend (spec sections 4 and 5).
 //
-// Run() launches one group of Attend plans in four steps: stage (the
-// group's host arrays, and q and kv in token order, written in place on a
-// host-accessible backend), prologue (the uploads, then one prologue that
-// normalises and rotates the queries and writes the new SWA and compressed
-// rows), decode (both key lists of every token, sinks, the optional
-// de-rotation) and read back (out and lse into host memory). Each step
-// returns its failure at once and Run answers the first; the time of each
-// step that ran is reported either way (LaunchTimes). Append() writes an
-// AppendKV's rows with the same row staging (RowInsert) and one prologue
-// without queries per RoPE kind.
+// Run() launches one group of Attend plans. On the host it stages
+// everything the launch sends (q, kv and the new compressed rows of every
+// message in token order, the sessions' page tables, the top-k rows, the
+// sinks) into one pinned buffer; then it enqueues, without waiting between
+// them: one copy to the device, the key lists (built on the backend from the
+// page tables: the host translates no key to its slot), one prologue
+// (queries normalised and rotated, new SWA and compressed rows written), one
+// decode (both key lists of every token, sinks, the optional de-rotation)
+// and one copy of out and lse into a pinned answer buffer from the
+// HostBufferPool, which the responses are serialised from. On a
+// host-accessible backend the staging is the backend's memory and nothing
+// is copied. Each step returns its failure at once and Run answers the
+// first; the time of each step is reported (LaunchTimes: the backend's
+// marks between the steps). Append() writes an AppendKV's rows with the same
+// row staging (RowInsert) and one prologue without queries per RoPE kind.
 //
-// After every prologue and decode the launcher waits for the backend,
-// failed or not: Synchronize also clears what the backend holds to report,
-// and the next request must not get it. It changes no session: the caller
-// commits a plan or gives its pages back. It owns the RoPE tables in backend
-// memory (made by Create) and a DeviceArena of scratch buffers; the backend
-// and the pool's memory must outlive it. Not thread-safe: the engine thread
-// owns it.
+// Each launch ends by waiting for the backend, failed or not: Synchronize
+// also clears what the backend holds to report, and the next request must
+// not get it; and the next launch reuses the staging. It changes no
+// session: the caller commits a plan or gives its pages back. It owns the
+// RoPE tables in backend memory (made by Create), a DeviceArena of scratch
+// buffers and the answer pool; the backend and the pool's memory must
+// outlive it (answers need not). Not thread-safe: the engine thread owns it.
 #ifndef MLA_OFFLOAD_SERVER_LAUNCHER_H_
 #define MLA_OFFLOAD_SERVER_LAUNCHER_H_
 
@@ -33,6 +38,7 @@
 #include "server/append_plan.h"
 #include "server/attend_plan.h"
 #include "server/device_arena.h"
+#include "server/host_buffer_pool.h"
 #include "server/packed_arrays.h"
 #include "server/row_insert.h"
 
@@ -42,15 +48,16 @@ namespace mla {
 // ([N, H] f32) of the group's N tokens, in the order of its plans, in host
 // memory that `memory` keeps alive.
 struct GroupAnswer {
-  std::shared_ptr<uint8_t[]> memory;
+  std::shared_ptr<uint8_t> memory;
   const uint8_t* out = nullptr;
   const uint8_t* lse = nullptr;
 };
 
-// Wall time of each step of a group's launch, in microseconds; 0 for a step
-// that did not run. upload: staging (q and kv out of the messages, the key
-// lists and sinks) and the host-to-device copies; prologue and decode: the
-// launch until the backend is done; readback: out and lse to host memory.
+// Time of each step of a group's launch, in microseconds; 0 for a step that
+// did not run. upload: staging on the host (q, kv, rows, tables, top-k and
+// sinks out of the messages) and the copy to the device; prologue: the key
+// lists and the prologue; decode; readback: out and lse to host memory. All
+// but the staging are the backend's own times (its marks: events on a GPU).
 struct LaunchTimes {
   double upload_us = 0;
   double prologue_us = 0;
@@ -77,8 +84,12 @@ class Launcher {
   // Waits for the backend's launches (Synchronize) whatever `launched` is,
   // and returns the first failure: launched's, else the wait's.
   absl::Status Drained(const absl::Status& launched);
-  // The device's copy of `packed` (one copy).
-  absl::StatusOr<uint8_t*> UploadPacked(const PackedArrays& packed);
+  // Gives `packed` the arena's staging memory for all of its bytes.
+  absl::Status Stage(PackedArrays& packed);
+  // The backend's view of the staged `packed`: the staging itself on a
+  // host-accessible backend, else the device's copy of its first
+  // `upload_bytes` (enqueued).
+  absl::StatusOr<uint8_t*> UploadStaged(const PackedArrays& packed, size_t upload_bytes);
   // The rows of one RoPE kind of an AppendKV.
   absl::Status AppendPass(const AppendPlan& plan, RopeKind rope);
   // Uploads `packed` and runs a prologue without queries that writes `swa`
@@ -91,6 +102,7 @@ class Launcher {
   int32_t max_position_;
   DeviceBuffer rope_tables_[2];  // indexed by RopeKind
   DeviceArena arena_;
+  HostBufferPool answers_;
 };
 
 }  // namespace mla

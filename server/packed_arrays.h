@@ -1,20 +1,19 @@
-// Host arrays laid out in one buffer, so that a launch's small arrays reach
-// the device in one copy (one host-to-device copy and synchronisation
-// instead of one per array).
+// Host arrays laid out in one buffer, so that everything a launch sends to
+// the device (q, kv, rows and the small arrays) goes in one copy.
 //
-// Offsets are reserved first (Reserve), then the buffer is made once
-// (Allocate) and the arrays are views of it (Array), filled in place; the
-// same offsets find them in the device's copy of the buffer (In). Each array
-// starts at a 16-byte boundary: the CUDA prologue reads compressed rows as
-// 16-byte vectors. The buffer is owned by the PackedArrays; views die with
-// it. Not thread-safe.
+// Offsets are reserved first (Reserve), then the buffer is given once
+// (UseMemory: the caller's, of at least bytes(), typically the launcher's
+// pinned staging) and the arrays are views of it (Array, filled in place,
+// or Raw, left as they are for arrays the caller writes in full); the same
+// offsets find them in the device's copy of the buffer (In). Each array
+// starts at a 16-byte boundary: the CUDA kernels read q and rows as 16-byte
+// vectors. The memory must outlive the views. Not thread-safe.
 #ifndef MLA_OFFLOAD_SERVER_PACKED_ARRAYS_H_
 #define MLA_OFFLOAD_SERVER_PACKED_ARRAYS_H_
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 
 #include "absl/types/span.h"
 
@@ -37,14 +36,19 @@ class PackedArrays {
     bytes_ = at + sizeof(T) * static_cast<size_t>(count);
     return Place<T>{at, count, fill};
   }
-  // Makes the buffer of every array reserved so far (contents undefined).
-  void Allocate();
-  // The array, every element set to its fill; only after Allocate().
+  // The buffer of every array reserved so far: `memory`, bytes() of it.
+  void UseMemory(uint8_t* memory) { data_ = memory; }
+  // The array, every element set to its fill; only after UseMemory().
   template <typename T>
   absl::Span<T> Array(const Place<T>& place) {
-    T* first = reinterpret_cast<T*>(data_.get() + place.at);
-    std::fill(first, first + place.count, place.fill);
-    return absl::Span<T>(first, static_cast<size_t>(place.count));
+    absl::Span<T> array = Raw(place);
+    std::fill(array.begin(), array.end(), place.fill);
+    return array;
+  }
+  // The array as the memory holds it (its fill unused).
+  template <typename T>
+  absl::Span<T> Raw(const Place<T>& place) {
+    return absl::Span<T>(reinterpret_cast<T*>(data_ + place.at), static_cast<size_t>(place.count));
   }
   // The array in a copy of the buffer at `copy` (null without one).
   template <typename T>
@@ -52,12 +56,12 @@ class PackedArrays {
     return copy == nullptr ? nullptr : reinterpret_cast<T*>(copy + place.at);
   }
 
-  const uint8_t* data() const { return data_.get(); }
+  const uint8_t* data() const { return data_; }
   size_t bytes() const { return bytes_; }
 
  private:
   size_t bytes_ = 0;
-  std::unique_ptr<uint8_t[]> data_;
+  uint8_t* data_ = nullptr;
 };
 
 }  // namespace mla

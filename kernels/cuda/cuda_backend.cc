@@ -117,6 +117,12 @@ CudaBackend::CudaBackend(int device) : device_(device) {
                            "cudaStreamCreate");
   if (!init_status_.ok()) return;
   stream_ = stream;
+  for (void*& mark : marks_) {
+    cudaEvent_t event = nullptr;
+    init_status_ = CudaError(cudaEventCreate(&event), "cudaEventCreate");
+    if (!init_status_.ok()) return;
+    mark = event;
+  }
   bool fp8_ok = false;
   init_status_ = CudaError(cuda::CheckFp8NegativeZero(stream, &fp8_ok), "fp8 self-check kernel");
   if (init_status_.ok() && !fp8_ok) {
@@ -130,6 +136,9 @@ CudaBackend::~CudaBackend() {
     cudaSetDevice(device_);
     cudaStreamSynchronize(AsStream(stream_));
     cudaStreamDestroy(AsStream(stream_));
+  }
+  for (void* mark : marks_) {
+    if (mark != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(mark));
   }
   if (scratch_ != nullptr) cudaFree(scratch_);
 }
@@ -231,6 +240,62 @@ absl::Status CudaBackend::CopyToHost(void* host_dst, const void* device_src, int
   return CudaError(cudaStreamSynchronize(AsStream(stream_)),
                    in_flight_.empty() ? std::string("cudaMemcpy to host")
                                       : absl::StrCat("cudaMemcpy to host after ", in_flight_));
+}
+
+absl::Status CudaBackend::EnqueueCopy(void* dst, const void* src, int64_t bytes, int kind,
+                                      const char* what) {
+  if (bytes <= 0) return absl::OkStatus();
+  if (absl::Status status = Activate(); !status.ok()) return status;
+  absl::StrAppend(&in_flight_, in_flight_.empty() ? "" : ", ", what);
+  return CudaError(cudaMemcpyAsync(dst, src, bytes, static_cast<cudaMemcpyKind>(kind),
+                                   AsStream(stream_)),
+                   what);
+}
+
+absl::Status CudaBackend::CopyToDeviceAsync(void* device_dst, const void* host_src,
+                                            int64_t bytes) {
+  return EnqueueCopy(device_dst, host_src, bytes, cudaMemcpyHostToDevice, "copy to device");
+}
+
+absl::Status CudaBackend::CopyToHostAsync(void* host_dst, const void* device_src, int64_t bytes) {
+  return EnqueueCopy(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, "copy to host");
+}
+
+absl::Status CudaBackend::BuildKeyLists(const KeyListBuildParams& params) {
+  if (absl::Status status = CheckKeyListBuildParams(params); !status.ok()) return status;
+  if (absl::Status status = Activate(); !status.ok()) return status;
+  return Launched("key list kernel", cuda::LaunchKeyLists(params, AsStream(stream_)));
+}
+
+absl::Status CudaBackend::Mark(int mark) {
+  if (mark < 0 || mark >= kMaxMarks) {
+    return absl::InvalidArgumentError(absl::StrCat("mark ", mark, " is outside 0..", kMaxMarks - 1));
+  }
+  if (absl::Status status = Activate(); !status.ok()) return status;
+  marked_[mark] = false;
+  if (absl::Status status = CudaError(
+          cudaEventRecord(static_cast<cudaEvent_t>(marks_[mark]), AsStream(stream_)),
+          "cudaEventRecord");
+      !status.ok()) {
+    return status;
+  }
+  marked_[mark] = true;
+  return absl::OkStatus();
+}
+
+double CudaBackend::MarkedMicros(int from, int to) const {
+  if (from < 0 || from >= kMaxMarks || to < 0 || to >= kMaxMarks || !marked_[from] ||
+      !marked_[to]) {
+    return 0;
+  }
+  float ms = 0;
+  if (!CudaError(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(marks_[from]),
+                                      static_cast<cudaEvent_t>(marks_[to])),
+                 "cudaEventElapsedTime")
+           .ok()) {
+    return 0;
+  }
+  return ms * 1000.0;
 }
 
 absl::Status CudaBackend::Prologue(const PrologueParams& params) {

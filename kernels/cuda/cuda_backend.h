@@ -8,7 +8,9 @@
 // backend's stream and return; values inside index, slot and position arrays
 // are the caller's contract and are not read on the host. Synchronize() waits
 // for the stream and reports the first CUDA error, naming the kernels that
-// were in flight. Copies are synchronous with respect to the stream.
+// were in flight. CopyToDevice and CopyToHost return with the copy done; the
+// Async forms and BuildKeyLists only enqueue. Marks are CUDA events on the
+// stream.
 #ifndef MLA_OFFLOAD_KERNELS_CUDA_CUDA_BACKEND_H_
 #define MLA_OFFLOAD_KERNELS_CUDA_CUDA_BACKEND_H_
 
@@ -54,9 +56,14 @@ class CudaBackend : public ComputeBackend {
   absl::StatusOr<DeviceBuffer> AllocateHost(int64_t bytes) override;
   absl::Status CopyToDevice(void* device_dst, const void* host_src, int64_t bytes) override;
   absl::Status CopyToHost(void* host_dst, const void* device_src, int64_t bytes) override;
+  absl::Status CopyToDeviceAsync(void* device_dst, const void* host_src, int64_t bytes) override;
+  absl::Status CopyToHostAsync(void* host_dst, const void* device_src, int64_t bytes) override;
+  absl::Status BuildKeyLists(const KeyListBuildParams& params) override;
   absl::Status Prologue(const PrologueParams& params) override;
   absl::Status Decode(const DecodeParams& params) override;
   absl::Status Synchronize() override;
+  absl::Status Mark(int mark) override;
+  double MarkedMicros(int from, int to) const override;
 
   // The backend's stream (a cudaStream_t), for timing and interop: work
   // enqueued on it is ordered with the backend's kernels, with one limit.
@@ -75,6 +82,8 @@ class CudaBackend : public ComputeBackend {
  private:
   absl::Status Activate();
   absl::Status Launched(const char* kernel, int error);
+  // Enqueues a copy of `kind` (a cudaMemcpyKind).
+  absl::Status EnqueueCopy(void* dst, const void* src, int64_t bytes, int kind, const char* what);
 
   int device_;
   absl::Status init_status_;
@@ -88,6 +97,8 @@ class CudaBackend : public ComputeBackend {
   absl::Status deferred_;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
+  void* marks_[kMaxMarks] = {};  // cudaEvent_t, made with the stream
+  bool marked_[kMaxMarks] = {};
 };
 
 }  // namespace mla

@@ -32,6 +32,7 @@
 #include "kernels/cuda/test_kernels.h"
 #include "kernels/geometry.h"
 #include "kernels/head_padding.h"
+#include "kernels/key_lists.h"
 #include "kernels/reference/backend_test_support.h"
 #include "kernels/reference/reference_f64.h"
 #include "kernels/reference/tolerance.h"
@@ -430,8 +431,8 @@ TEST(DecodeRejectTest, IgnoresEntriesPastTheLength) {
 // The copy contract of backend.h: the caller's memory may change as soon as
 // CopyToDevice returns, copies of many sizes one after another each land
 // where they were sent, and two writes of one buffer land in call order.
-// (CudaBackend copies synchronously today; the test holds any faster copy
-// path, such as pinned staging, to the same contract.)
+// (CopyToDevice and CopyToHost wait for their copy; the Async forms are
+// tested below.)
 TEST(CopyTest, UploadsTakeTheBytesAtOnceAndLandInOrder) {
   MAKE_CUDA_BACKEND(backend);
   const std::vector<int64_t> sizes = {1, 4096, 3 << 20, 3 << 20, 5 << 20, 257, 12 << 20, 7};
@@ -460,6 +461,133 @@ TEST(CopyTest, UploadsTakeTheBytesAtOnceAndLandInOrder) {
   ASSERT_TRUE(backend.CopyToDevice(buffers[1].data(), second.data(), 4096).ok());
   ASSERT_TRUE(backend.CopyToHost(back.data(), buffers[1].data(), 4096).ok());
   EXPECT_EQ(back, second);
+}
+
+// The Async copies: pinned staging, a round trip without waiting between
+// the two copies, the bytes in place after Synchronize; and the marks
+// around them measure the stream's time (a round trip of 8 MiB takes more
+// than a microsecond and less than a second).
+TEST(CopyTest, AsyncCopiesLandByTheNextSynchronizeAndMarksTimeThem) {
+  MAKE_CUDA_BACKEND(backend);
+  constexpr int64_t kBytes = int64_t{8} << 20;
+  absl::StatusOr<DeviceBuffer> staging = backend.AllocateHost(kBytes);
+  absl::StatusOr<DeviceBuffer> answer = backend.AllocateHost(kBytes);
+  absl::StatusOr<DeviceBuffer> device = backend.Allocate(kBytes);
+  ASSERT_TRUE(staging.ok() && answer.ok() && device.ok());
+  uint8_t* in = staging->as<uint8_t>();
+  uint8_t* out = answer->as<uint8_t>();
+  for (int64_t b = 0; b < kBytes; ++b) in[b] = static_cast<uint8_t>(b * 13 + 5);
+  std::memset(out, 0xee, kBytes);
+  ASSERT_TRUE(backend.Mark(0).ok());
+  ASSERT_TRUE(backend.CopyToDeviceAsync(device->data(), in, kBytes).ok());
+  ASSERT_TRUE(backend.Mark(1).ok());
+  ASSERT_TRUE(backend.CopyToHostAsync(out, device->data(), kBytes).ok());
+  ASSERT_TRUE(backend.Mark(2).ok());
+  ASSERT_TRUE(backend.Synchronize().ok());
+  EXPECT_EQ(std::memcmp(in, out, kBytes), 0);
+  for (auto [from, to] : {std::pair<int, int>{0, 1}, {1, 2}}) {
+    EXPECT_GT(backend.MarkedMicros(from, to), 1) << from << ".." << to;
+    EXPECT_LT(backend.MarkedMicros(from, to), 1e6) << from << ".." << to;
+  }
+  EXPECT_EQ(backend.MarkedMicros(0, 5), 0) << "mark 5 was never set";
+  EXPECT_EQ(backend.Mark(ComputeBackend::kMaxMarks).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The CUDA key lists equal the host's (kernels/key_lists.cc) bit for bit on
+// random tables: every rule (top-k with pads, C128A, none), positions before
+// and past the window and the ring's wrap, widths that are not a multiple
+// of the CTA, and more tokens than SMs.
+TEST(KeyListTest, MatchesTheHostOnRandomTables) {
+  MAKE_CUDA_BACKEND(backend);
+  std::mt19937 rng(4242);
+  for (int width : {0, 1, 200, 1024}) {
+    constexpr int kTables = 37;
+    constexpr int kRingPages = 4;
+    const int64_t tokens = 1500;
+    std::vector<int32_t> pages;
+    std::vector<int32_t> swa_at(kTables), compressed_at(kTables), rows(kTables);
+    for (int table = 0; table < kTables; ++table) {
+      swa_at[table] = static_cast<int32_t>(pages.size());
+      for (int i = 0; i < kRingPages; ++i) pages.push_back(static_cast<int32_t>(rng() % 5000));
+      compressed_at[table] = static_cast<int32_t>(pages.size());
+      rows[table] = static_cast<int32_t>(rng() % 3000);
+      for (int64_t i = 0; i < (rows[table] + 63) / 64; ++i) {
+        pages.push_back(static_cast<int32_t>(rng() % 5000));
+      }
+    }
+    std::vector<int32_t> positions(tokens), swa_table(tokens), compressed_table(tokens),
+        rule(tokens), extra(tokens * width);
+    for (int64_t t = 0; t < tokens; ++t) {
+      const int table = static_cast<int>(rng() % kTables);
+      swa_table[t] = swa_at[table];
+      compressed_table[t] = compressed_at[table];
+      const int kind = static_cast<int>(rng() % 3);
+      if (kind == 0 && width > 0 && rows[table] > 0) {
+        // C4A: rows below the table's, some -1.
+        positions[t] = rows[table] * 4 + static_cast<int32_t>(rng() % 4);
+        rule[t] = 1 + static_cast<int32_t>(rng() % width);
+        for (int k = 0; k < width; ++k) {
+          extra[t * width + k] =
+              rng() % 5 == 0 ? -1 : static_cast<int32_t>(rng() % rows[table]);
+        }
+      } else if (kind == 1 && width > 0) {
+        // C128A: (p + 1) / 128 visible rows, at most the width and the table's.
+        const int32_t visible = static_cast<int32_t>(rng() % (std::min(width, rows[table]) + 1));
+        positions[t] = visible * 128 + static_cast<int32_t>(rng() % 128);
+        rule[t] = -128;
+      } else {
+        positions[t] = static_cast<int32_t>(rng() % 100000);
+        rule[t] = 0;
+      }
+    }
+    // Host: in place in host vectors. Device: the same inputs uploaded.
+    std::vector<int32_t> host_main(tokens * kSwaWindow, 9), host_main_len(tokens, 9),
+        host_extra = extra, host_extra_len(tokens, 9);
+    KeyListBuildParams host;
+    host.num_tokens = tokens;
+    host.positions = positions.data();
+    host.pages = pages.data();
+    host.swa_ring_pages = kRingPages;
+    host.swa_table = swa_table.data();
+    host.compressed_table = compressed_table.data();
+    host.extra_rule = rule.data();
+    host.main_indices = host_main.data();
+    host.main_lengths = host_main_len.data();
+    host.extra_width = width;
+    host.extra_indices = host_extra.data();
+    host.extra_lengths = host_extra_len.data();
+    ASSERT_TRUE(BuildKeyListsOnHost(host).ok());
+
+    std::vector<DeviceBuffer> keep;
+    auto upload = [&](const std::vector<int32_t>& v) -> int32_t* {
+      absl::StatusOr<DeviceBuffer> buffer = backend.Allocate(std::max<int64_t>(v.size(), 1) * 4);
+      EXPECT_TRUE(buffer.ok());
+      EXPECT_TRUE(backend.CopyToDevice(buffer->data(), v.data(), v.size() * 4).ok());
+      keep.push_back(*std::move(buffer));
+      return keep.back().as<int32_t>();
+    };
+    KeyListBuildParams device = host;
+    device.positions = upload(positions);
+    device.pages = upload(pages);
+    device.swa_table = upload(swa_table);
+    device.compressed_table = upload(compressed_table);
+    device.extra_rule = upload(rule);
+    device.main_indices = upload(std::vector<int32_t>(tokens * kSwaWindow, 7));
+    device.main_lengths = upload(std::vector<int32_t>(tokens, 7));
+    device.extra_indices = upload(extra);
+    device.extra_lengths = upload(std::vector<int32_t>(tokens, 7));
+    ASSERT_TRUE(backend.BuildKeyLists(device).ok());
+    ASSERT_TRUE(backend.Synchronize().ok());
+    auto download = [&](const int32_t* from, size_t count) {
+      std::vector<int32_t> v(count);
+      EXPECT_TRUE(backend.CopyToHost(v.data(), from, count * 4).ok());
+      return v;
+    };
+    EXPECT_EQ(download(device.main_indices, tokens * kSwaWindow), host_main) << "width " << width;
+    EXPECT_EQ(download(device.main_lengths, tokens), host_main_len) << "width " << width;
+    EXPECT_EQ(download(device.extra_indices, tokens * width), host_extra) << "width " << width;
+    EXPECT_EQ(download(device.extra_lengths, tokens), host_extra_len) << "width " << width;
+  }
 }
 
 }  // namespace

@@ -12,6 +12,12 @@
 namespace mla {
 namespace cuda {
 
+// The key lists of a decode batch (KeyListBuildParams), one CTA a token. A
+// plain launch: the decode kernel that reads the lists before it waits for
+// the kernel before it (programmatic dependent launch) must not follow this
+// one directly.
+cudaError_t LaunchKeyLists(const KeyListBuildParams& params, cudaStream_t stream);
+
 // Spec section 4 in one launch: q rows (norm, RoPE, padding heads) and the
 // rows of both insert lists (RoPE, bf16, quantise, write), on a GPU of
 // `num_sms` SMs.
