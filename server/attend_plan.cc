@@ -106,25 +106,37 @@ absl::Status CheckRowTensors(const AttendInput& input, const AttendPlan& plan) {
   return absl::OkStatus();
 }
 
-// Every entry of plan.topk is -1 or a compressed row that exists at its
-// token's position.
+// Row t of a [T, width] int32 tensor: in the message's memory when the
+// tensor is one aligned piece (the usual case), else copied into `scratch`
+// (width entries).
+const int32_t* Int32Row(const TensorInput& tensor, int64_t t, int64_t width, int32_t* scratch) {
+  const int64_t at = t * width * 4;
+  if (tensor.pieces.size() == 1 && reinterpret_cast<uintptr_t>(tensor.pieces[0].first) % 4 == 0) {
+    return reinterpret_cast<const int32_t*>(tensor.pieces[0].first + at);
+  }
+  tensor.CopyRange(at, width * 4, scratch);
+  return scratch;
+}
+
+// Every top-k entry is -1 or a compressed row that exists at its token's
+// position. Read where the message holds it (the launcher copies it once,
+// into the staging).
 absl::Status CheckTopkRows(const AttendInput& input, const AttendPlan& plan) {
   const int ratio = plan.profile->compress_ratio(input.layer);
   const int64_t width = plan.topk_width;
+  std::vector<int32_t> scratch(width);
   int64_t t = 0;
   for (const SegmentInput& segment : input.segments) {
     for (int32_t i = 0; i < segment.num_tokens; ++i, ++t) {
       const int32_t rows = (segment.position + i + 1) / ratio;
-      // The row's extremes first (a loop that vectorises); the entries only
-      // when one is out of range, to name it.
-      const int32_t* row_of = plan.topk.data() + t * width;
-      int32_t lowest = row_of[0];
-      int32_t highest = row_of[0];
-      for (int64_t k = 1; k < width; ++k) {
-        lowest = std::min(lowest, row_of[k]);
-        highest = std::max(highest, row_of[k]);
-      }
-      if (lowest >= -1 && highest < rows) continue;
+      const int32_t* row_of = Int32Row(input.topk, t, width, scratch.data());
+      // -1..rows-1 are the unsigned values 0..rows of row + 1: one branchless
+      // comparison an entry (a loop that vectorises); the entries are looked
+      // at one by one only to name a bad one.
+      const uint32_t limit = static_cast<uint32_t>(rows) + 1u;
+      bool bad = false;
+      for (int64_t k = 0; k < width; ++k) bad |= static_cast<uint32_t>(row_of[k]) + 1u >= limit;
+      if (!bad) continue;
       for (int64_t k = 0; k < width; ++k) {
         const int32_t row = row_of[k];
         if (row < -1 || row >= rows) {
@@ -164,8 +176,6 @@ absl::Status CheckTopk(const AttendInput& input, AttendPlan& plan) {
                                                    profile.indexer_topk, " for ", profile.name));
   }
   plan.topk_width = static_cast<int>(width);
-  plan.topk.resize(plan.num_tokens * width);
-  input.topk.CopyTo(plan.topk.data());
   return CheckTopkRows(input, plan);
 }
 
@@ -203,6 +213,8 @@ absl::Status AttendPlanner::CheckSegments(const AttendInput& input, AttendPlan& 
   if (input.segments.empty()) {
     return absl::InvalidArgumentError("segments: a message needs at least one segment of tokens");
   }
+  absl::flat_hash_set<const Session*> seen;
+  seen.reserve(input.segments.size());
   for (size_t s = 0; s < input.segments.size(); ++s) {
     const SegmentInput& segment = input.segments[s];
     absl::StatusOr<Session*> session = sessions_.Find(segment.session_id);
@@ -210,12 +222,10 @@ absl::Status AttendPlanner::CheckSegments(const AttendInput& input, AttendPlan& 
       return absl::Status(session.status().code(),
                           absl::StrCat("segments[", s, "]: ", session.status().message()));
     }
-    for (size_t earlier = 0; earlier < s; ++earlier) {
-      if (input.segments[earlier].session_id == segment.session_id) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "segments[", s, "]: session ", EchoClientText(segment.session_id),
-            " appears twice in one message; send its tokens as one segment"));
-      }
+    if (!seen.insert(*session).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "segments[", s, "]: session ", EchoClientText(segment.session_id),
+          " appears twice in one message; send its tokens as one segment"));
     }
     if (s == 0) {
       plan.profile = (*session)->profile;

@@ -76,12 +76,11 @@ struct AttendPlan {
   std::vector<Session*> sessions;   // per segment
   std::vector<bool> inserts;        // per segment: write its rows (else another rank did)
   std::vector<int32_t> rows_after;  // per segment: compressed rows after this step
-  std::vector<int32_t> topk;        // C4A: [num_tokens, topk_width], session rows, -1 pads
   PageReservation pages;            // given back if its launch fails
   int num_heads = 0;
   int padded_heads = 0;
   int64_t num_tokens = 0;
-  int topk_width = 0;
+  int topk_width = 0;  // C4A: input->topk is [num_tokens, topk_width], checked
   bool defer = false;  // touches a session layer an earlier message of this wave writes
 };
 

@@ -224,6 +224,10 @@ void Launcher::GroupLaunch::StageMessage(const AttendPlan& plan, int64_t t0) {
   // Without kv no segment inserts: its tokens' SWA slots stay -1 and the
   // prologue reads none of their rows.
   if (input.kv.present) input.kv.CopyTo(kv_.data() + kv_at);
+  // A message's top-k rows as wide as the launch's lists are one copy.
+  if (plan.topk_width > 0 && plan.topk_width == shape_.extra_width) {
+    input.topk.CopyTo(extra_indices_.data() + t0 * shape_.extra_width);
+  }
   const int ratio = plan.profile->compress_ratio(input.layer);
   int64_t compressed_row = 0;  // of the message's compressed_kv
   int64_t t = t0;
@@ -269,8 +273,10 @@ void Launcher::GroupLaunch::StageToken(const AttendPlan& plan, size_t s, int64_t
   const int ratio = plan.profile->compress_ratio(layer);
   if (plan.profile->layer_kind(layer) == LayerKind::kC4A) {
     extra_rule_[t] = plan.topk_width;
-    std::copy_n(plan.topk.begin() + m * plan.topk_width, plan.topk_width,
-                extra_indices_.begin() + t * shape_.extra_width);
+    if (plan.topk_width != shape_.extra_width) {
+      plan.input->topk.CopyRange(m * plan.topk_width * 4, int64_t{plan.topk_width} * 4,
+                                 extra_indices_.data() + t * shape_.extra_width);
+    }
   } else {
     extra_rule_[t] = -ratio;  // 0 without compressed keys
   }

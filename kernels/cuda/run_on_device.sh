@@ -3,7 +3,7 @@
 # kernels/cuda/prepare_device.sh filled .device/ here): the CUDA backend's
 # tests, compute-sanitizer memcheck and racecheck on a smaller case set, then
 # the benchmark. Logs go to $OUT as logs_STEPS.tar.gz, results*.json beside.
-#   run_on_device.sh [test|padded|mma|simt|sanitize|tool|bench|e2e|transport|all]...   (default: all)
+#   run_on_device.sh [test|padded|mma|simt|sanitize|tool|bench|e2e|transport|service|all]...   (default: all)
 # test also checks that no kernel uses local memory (cuobjdump, when the
 # machine has it). test, sanitize, tool, bench and e2e use the decode kernels MLA_CUDA_DECODE
 # selects (unset: the default, warpgroup MMA); padded, mma and simt run the
@@ -11,7 +11,14 @@
 # For the sanitizers or the benchmark with other kernels, set
 # MLA_CUDA_DECODE for the whole call.
 # e2e: the server's end-to-end tests with --backend=cuda; transport: the
-# transport benchmark with the CUDA backend (TRANSPORT_ARGS adds flags).
+# transport benchmark with the CUDA backend (TRANSPORT_ARGS adds flags);
+# service: the service path of server/bench/README.md (the load test on
+# V4-Pro TP8 against a CUDA server: 64 and 128 tokens a layer step, one
+# stream, 1 and 2 in flight, and 8 streams x 16 sessions x 4 in flight;
+# then host_copy_bench's pinned copy floor of those steps), for every server
+# binary named mla_offload_server* here (a second build, e.g.
+# mla_offload_server_base, is measured in the same run), reports and step
+# CSVs in service.tar.gz. Not part of all.
 set -uo pipefail
 cd "$(dirname "$0")"
 OUT=${OUT:-/tmp/out}
@@ -108,6 +115,39 @@ if [[ $steps == *all* || $steps == *transport* ]]; then
   ./transport_bench --backend=cuda --json_out="$OUT/transport.json" ${TRANSPORT_ARGS:-} 2>&1 |
     tee "$OUT/transport.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if [[ $steps == *service* ]]; then
+  mkdir -p "$OUT/service"
+  for server in mla_offload_server*; do
+    name=${server#mla_offload_server}
+    name=${name#_}
+    name=${name:-this}
+    echo "== service path: $server (V4-Pro TP8, CUDA)"
+    ./"$server" --backend=cuda --listen=127.0.0.1:50051 --metrics_port=-1 --kv_cache_gb=30 \
+      > "$OUT/service/server_$name.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 100); do (echo > /dev/tcp/127.0.0.1/50051) 2> /dev/null && break; sleep 0.2; done
+    # sessions x 1 token = tokens a layer step; streams; in flight
+    for shape in 64:1:1 128:1:1 64:1:2 16:8:4; do
+      IFS=: read -r sessions streams inflight <<< "$shape"
+      run="${name}_s${sessions}_n${streams}_c${inflight}"
+      timeout 120 ./mla_offload_loadtest --target=127.0.0.1:50051 --model=deepseek-v4-pro --tp=8 \
+        --streams="$streams" --sessions="$sessions" --prompt=1024 --concurrency="$inflight" \
+        --warmup_s=2 --duration_s=6 --baseline --progress=false \
+        $([ "$streams" = 1 ] && [ "$inflight" = 1 ] && echo --verify) \
+        --json_out="$OUT/service/$run.json" --csv_out="$OUT/service/$run.csv" \
+        > "$OUT/service/$run.txt" 2>&1
+      rc=$?
+      echo "-- $run (exit $rc)"
+      grep -E 'layer steps/s|p50|server|stage|verify|Echo|echo' "$OUT/service/$run.txt" | head -24
+      [ $rc -eq 0 ] || status=1
+    done
+    kill -TERM $pid; wait $pid
+  done
+  echo "== host_copy_bench (pinned copies of a V4-Pro TP8 step: C4A at 64 and 128 tokens)"
+  ./host_copy_bench --backend=cuda --sizes=1417216:1052672,2834432:2105344 2>&1 |
+    tee "$OUT/service/host_copy.txt"
+  (cd "$OUT" && tar czf service.tar.gz service && rm -rf service)
 fi
 # At most 8 files come back from a device run: the logs travel as one archive.
 (cd "$OUT" && ls ./*.log > /dev/null 2>&1 && tar czf "logs_${steps// /_}.tar.gz" ./*.log && rm -f ./*.log)
