@@ -18,7 +18,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<ComputeBa
   absl::StatusOr<KvBlockPool> pool = KvBlockPool::Create(*backend, options.kv_blocks);
   if (!pool.ok()) return pool.status();
   absl::StatusOr<std::unique_ptr<Launcher>> launcher =
-      Launcher::Create(*backend, pool->view(), options.max_position);
+      Launcher::Create(*backend, pool->view(), options.max_position, options.copy_threads);
   if (!launcher.ok()) return launcher.status();
   return std::unique_ptr<Engine>(
       new Engine(std::move(backend), *std::move(pool), *std::move(launcher), options));

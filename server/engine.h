@@ -55,6 +55,9 @@ struct EngineOptions {
   // refused with RESOURCE_EXHAUSTED before anything changes: the service
   // could not send it. 0: no limit.
   int64_t max_answer_bytes = 0;
+  // Threads (the engine's own among them) that copy large tensors into the
+  // staging; 0: a quarter of the host's hardware threads, 1 to 4.
+  int copy_threads = 0;
 };
 
 class Engine {

@@ -351,6 +351,7 @@ std::unique_ptr<Engine> NewEngine(int64_t blocks, int32_t max_position = kMaxPos
   options.max_position = max_position;
   options.max_tokens_per_message = max_tokens;
   options.default_idle_ttl = idle_ttl;
+  options.copy_threads = 3;  // large tensors staged in pieces, as on a GPU host
   for (const char* name : {kFlash, kPro}) options.models.push_back(*FindModelProfile(name));
   if (backend == nullptr) backend = std::make_unique<CpuBackend>(2);
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(std::move(backend), options);

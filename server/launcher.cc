@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -17,6 +18,17 @@ namespace {
 // Pinned host memory the answers may hold at once; past it they are read
 // back into ordinary heap memory (slower copies), see HostBufferPool.
 constexpr int64_t kMaxPinnedAnswerBytes = int64_t{256} << 20;
+
+// Tensors are copied in pieces of at least this many bytes, one a thread.
+constexpr int64_t kMinCopyPiece = int64_t{256} << 10;
+
+// Copy threads, the caller's among them: `asked`, or for 0 a quarter of
+// the host's, 1 to 4.
+int CopyThreads(int asked) {
+  if (asked > 0) return asked;
+  const int hardware = static_cast<int>(std::thread::hardware_concurrency());
+  return std::clamp(hardware / 4, 1, 4);
+}
 
 // Runs `step`, setting `micros` to the time it took.
 absl::Status Timed(double& micros, absl::FunctionRef<absl::Status()> step) {
@@ -220,13 +232,14 @@ void Launcher::GroupLaunch::StageMessage(const AttendPlan& plan, int64_t t0) {
   const AttendInput& input = *plan.input;
   const int64_t q_at = t0 * group_.num_heads * kRowBytes;
   const int64_t kv_at = t0 * kRowBytes;
-  input.q.CopyTo(q_.data() + q_at);
+  launcher_.CopyOut(input.q, q_.data() + q_at);
   // Without kv no segment inserts: its tokens' SWA slots stay -1 and the
   // prologue reads none of their rows.
-  if (input.kv.present) input.kv.CopyTo(kv_.data() + kv_at);
+  if (input.kv.present) launcher_.CopyOut(input.kv, kv_.data() + kv_at);
   // A message's top-k rows as wide as the launch's lists are one copy.
   if (plan.topk_width > 0 && plan.topk_width == shape_.extra_width) {
-    input.topk.CopyTo(extra_indices_.data() + t0 * shape_.extra_width);
+    launcher_.CopyOut(input.topk,
+                      reinterpret_cast<uint8_t*>(extra_indices_.data() + t0 * shape_.extra_width));
   }
   const int ratio = plan.profile->compress_ratio(input.layer);
   int64_t compressed_row = 0;  // of the message's compressed_kv
@@ -378,18 +391,36 @@ absl::Status Launcher::GroupLaunch::ReadBack() {
 
 absl::StatusOr<std::unique_ptr<Launcher>> Launcher::Create(ComputeBackend& backend,
                                                            CachePoolView pool,
-                                                           int32_t max_position) {
-  std::unique_ptr<Launcher> launcher(new Launcher(backend, pool, max_position));
+                                                           int32_t max_position,
+                                                           int copy_threads) {
+  std::unique_ptr<Launcher> launcher(new Launcher(backend, pool, max_position, copy_threads));
   if (absl::Status status = launcher->UploadRopeTables(); !status.ok()) return status;
   return launcher;
 }
 
-Launcher::Launcher(ComputeBackend& backend, CachePoolView pool, int32_t max_position)
+Launcher::Launcher(ComputeBackend& backend, CachePoolView pool, int32_t max_position,
+                   int copy_threads)
     : backend_(backend),
       pool_(pool),
       max_position_(max_position),
       arena_(backend),
-      answers_(backend, kMaxPinnedAnswerBytes) {}
+      answers_(backend, kMaxPinnedAnswerBytes),
+      copiers_(CopyThreads(copy_threads)) {}
+
+void Launcher::CopyOut(const TensorInput& tensor, uint8_t* dst) {
+  const int64_t bytes = tensor.bytes();
+  const int64_t pieces =
+      std::min<int64_t>(copiers_.num_threads(), std::max<int64_t>(1, bytes / kMinCopyPiece));
+  if (pieces <= 1) {
+    tensor.CopyTo(dst);
+    return;
+  }
+  const int64_t piece = (bytes + pieces - 1) / pieces;
+  copiers_.ParallelFor(pieces, [&](int64_t i) {
+    const int64_t at = i * piece;
+    if (at < bytes) tensor.CopyRange(at, std::min(piece, bytes - at), dst + at);
+  });
+}
 
 absl::Status Launcher::UploadRopeTables() {
   for (RopeKind kind : {RopeKind::kPlain, RopeKind::kYarn}) {

@@ -10,7 +10,8 @@
 // (queries normalised and rotated, new SWA and compressed rows written), one
 // decode (both key lists of every token, sinks, the optional de-rotation)
 // and one copy of out and lse into a pinned answer buffer from the
-// HostBufferPool, which the responses are serialised from. On a
+// HostBufferPool, which the responses are serialised from. Large tensors
+// (q above all) are copied into the staging by a few threads at once. On a
 // host-accessible backend the staging is the backend's memory and nothing
 // is copied. Each step returns its failure at once and Run answers the
 // first; the time of each step is reported (LaunchTimes: the backend's
@@ -35,6 +36,7 @@
 #include "kernels/backend.h"
 #include "kernels/cache_format.h"
 #include "kernels/rope.h"
+#include "kernels/thread_pool.h"
 #include "server/append_plan.h"
 #include "server/attend_plan.h"
 #include "server/device_arena.h"
@@ -67,10 +69,13 @@ struct LaunchTimes {
 
 class Launcher {
  public:
-  // Uploads the RoPE tables of positions below `max_position`.
+  // Uploads the RoPE tables of positions below `max_position`. Large
+  // tensors are staged by `copy_threads` threads (the caller's among them;
+  // 0: a quarter of the host's hardware threads, 1 to 4).
   static absl::StatusOr<std::unique_ptr<Launcher>> Create(ComputeBackend& backend,
                                                           CachePoolView pool,
-                                                          int32_t max_position);
+                                                          int32_t max_position,
+                                                          int copy_threads = 0);
 
   absl::StatusOr<GroupAnswer> Run(const LaunchGroup& group, LaunchTimes& times);
   absl::Status Append(const AppendPlan& plan);
@@ -78,7 +83,7 @@ class Launcher {
  private:
   class GroupLaunch;
 
-  Launcher(ComputeBackend& backend, CachePoolView pool, int32_t max_position);
+  Launcher(ComputeBackend& backend, CachePoolView pool, int32_t max_position, int copy_threads);
   absl::Status UploadRopeTables();
   RopeTableView rope_view(RopeKind kind) const;
   // Waits for the backend's launches (Synchronize) whatever `launched` is,
@@ -92,6 +97,8 @@ class Launcher {
   absl::StatusOr<uint8_t*> UploadStaged(const PackedArrays& packed, size_t upload_bytes);
   // The rows of one RoPE kind of an AppendKV.
   absl::Status AppendPass(const AppendPlan& plan, RopeKind rope);
+  // Copies `tensor` to `dst`; a large one in pieces on the copy threads.
+  void CopyOut(const TensorInput& tensor, uint8_t* dst);
   // Uploads `packed` and runs a prologue without queries that writes `swa`
   // and `compressed`, two RowInserts of it.
   absl::Status Insert(const PackedArrays& packed, const RowInsert& swa,
@@ -103,6 +110,9 @@ class Launcher {
   DeviceBuffer rope_tables_[2];  // indexed by RopeKind
   DeviceArena arena_;
   HostBufferPool answers_;
+  // Threads that copy the messages' large tensors into the staging: one
+  // memcpy thread moves well under the host's memory bandwidth.
+  ThreadPool copiers_;
 };
 
 }  // namespace mla
