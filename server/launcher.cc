@@ -39,8 +39,17 @@ absl::Status Timed(double& micros, absl::FunctionRef<absl::Status()> step) {
   return status;
 }
 
-// The sizes of one group's launch.
+// Where one plan's part of a launch starts: its first token, its first new
+// compressed row, its first page table entry.
+struct PlanStart {
+  int64_t token = 0;
+  int64_t compressed_row = 0;
+  int64_t page = 0;
+};
+
+// The sizes of one group's launch, and where each plan's part starts.
 struct GroupShape {
+  std::vector<PlanStart> starts;  // per plan, in the group's order
   int64_t tokens = 0;
   int extra_width = 0;          // entries of a token's compressed key list
   bool any_topk = false;        // some token's compressed keys are its top-k rows
@@ -51,8 +60,9 @@ struct GroupShape {
 
 GroupShape ShapeOf(const LaunchGroup& group) {
   GroupShape shape;
-  shape.tokens = group.num_tokens;
   for (const AttendPlan* plan : group.plans) {
+    shape.starts.push_back({shape.tokens, shape.compressed_rows, shape.pages});
+    shape.tokens += plan->num_tokens;
     const int32_t layer = plan->input->layer;
     const bool compressed = plan->profile->compress_ratio(layer) != 0;
     if (plan->profile->layer_kind(layer) == LayerKind::kC4A) {
@@ -98,10 +108,14 @@ class Launcher::GroupLaunch {
   absl::Status Decode();
   absl::Status ReadBack();
 
-  // Copies a message's q and kv and fills its tokens' arrays, from token t0 on.
-  void StageMessage(const AttendPlan& plan, int64_t t0);
-  // The page tables of segment `s` of `plan`, appended; where they start.
-  std::pair<int32_t, int32_t> StageTables(const AttendPlan& plan, size_t s);
+  // Copies a message's tensors (large ones on the copy threads when
+  // `parallel_copies`) and fills its tokens' arrays, from `start` on.
+  void StageMessage(const AttendPlan& plan, PlanStart start, bool parallel_copies);
+  // Copies `tensor` to `dst`, on the copy threads when `parallel`.
+  void Copy(const TensorInput& tensor, void* dst, bool parallel);
+  // The page tables of segment `s` of `plan` at entry `page` on; where the
+  // SWA and the compressed table start. `page` moves past them.
+  std::pair<int32_t, int32_t> StageTables(const AttendPlan& plan, size_t s, int64_t& page);
   // Token t, the message's token m, at position p of segment s.
   void StageToken(const AttendPlan& plan, size_t s, int64_t t, int64_t m, int32_t p);
   // Points `into` at the arena's `slot`, at least `bytes` of it.
@@ -154,7 +168,6 @@ class Launcher::GroupLaunch {
   absl::Span<int32_t> positions_, swa_slots_, swa_table_, compressed_table_, extra_rule_, pages_,
       extra_indices_;
   absl::Span<float> sinks_;
-  int64_t pages_used_ = 0;
   uint8_t* arrays_ = nullptr;  // the backend's view of packed_
   uint8_t* q_out_ = nullptr;   // the prologue's [N, Hp, 512]
   // The output lives in host memory shared by the answers of this group; a
@@ -214,45 +227,54 @@ absl::Status Launcher::GroupLaunch::Stage() {
   pages_ = packed_.Raw(pages_p_);
   sinks_ = packed_.Raw(sinks_p_);
   extra_indices_ = packed_.Raw(extra_p());
-  int64_t t0 = 0;
-  for (const AttendPlan* plan : group_.plans) {
-    StageMessage(*plan, t0);
-    t0 += plan->num_tokens;
+  // One message: its large tensors in pieces on the copy threads; several:
+  // the messages on the copy threads, each writing its own part.
+  const int64_t plans = static_cast<int64_t>(group_.plans.size());
+  if (plans == 1) {
+    StageMessage(*group_.plans[0], shape_.starts[0], /*parallel_copies=*/true);
+  } else {
+    launcher_.copiers_.ParallelFor(plans, [&](int64_t i) {
+      StageMessage(*group_.plans[i], shape_.starts[i], /*parallel_copies=*/false);
+    });
   }
-  // The compressed arrays and the tables were sized before the loop that
-  // fills them.
-  if (pages_used_ != shape_.pages) {
-    return absl::InternalError(
-        absl::StrCat("batch holds ", pages_used_, " page table entries, sized for ", shape_.pages));
-  }
-  return compressed_.CheckFull("compressed");
+  return absl::OkStatus();
 }
 
-void Launcher::GroupLaunch::StageMessage(const AttendPlan& plan, int64_t t0) {
+void Launcher::GroupLaunch::Copy(const TensorInput& tensor, void* dst, bool parallel) {
+  if (parallel) {
+    launcher_.CopyOut(tensor, static_cast<uint8_t*>(dst));
+  } else {
+    tensor.CopyTo(dst);
+  }
+}
+
+void Launcher::GroupLaunch::StageMessage(const AttendPlan& plan, PlanStart start,
+                                         bool parallel_copies) {
   const AttendInput& input = *plan.input;
-  const int64_t q_at = t0 * group_.num_heads * kRowBytes;
-  const int64_t kv_at = t0 * kRowBytes;
-  launcher_.CopyOut(input.q, q_.data() + q_at);
+  const int64_t t0 = start.token;
+  Copy(input.q, q_.data() + t0 * group_.num_heads * kRowBytes, parallel_copies);
   // Without kv no segment inserts: its tokens' SWA slots stay -1 and the
   // prologue reads none of their rows.
-  if (input.kv.present) launcher_.CopyOut(input.kv, kv_.data() + kv_at);
+  if (input.kv.present) Copy(input.kv, kv_.data() + t0 * kRowBytes, parallel_copies);
   // A message's top-k rows as wide as the launch's lists are one copy.
   if (plan.topk_width > 0 && plan.topk_width == shape_.extra_width) {
-    launcher_.CopyOut(input.topk,
-                      reinterpret_cast<uint8_t*>(extra_indices_.data() + t0 * shape_.extra_width));
+    Copy(input.topk, extra_indices_.data() + t0 * shape_.extra_width, parallel_copies);
   }
   const int ratio = plan.profile->compress_ratio(input.layer);
   int64_t compressed_row = 0;  // of the message's compressed_kv
+  int64_t at = start.compressed_row;
+  int64_t page = start.page;
   int64_t t = t0;
   for (size_t s = 0; s < input.segments.size(); ++s) {
     const SegmentInput& segment = input.segments[s];
     if (plan.inserts[s] && segment.num_compressed_rows > 0) {
-      compressed_.AddCompressed(input.compressed_kv, compressed_row,
+      compressed_.AddCompressed(at, input.compressed_kv, compressed_row,
                                 plan.sessions[s]->layers[input.layer],
                                 segment.first_compressed_row, segment.num_compressed_rows, ratio);
+      at += segment.num_compressed_rows;
     }
     compressed_row += segment.num_compressed_rows;
-    const auto [swa_table, compressed_table] = StageTables(plan, s);
+    const auto [swa_table, compressed_table] = StageTables(plan, s, page);
     for (int32_t i = 0; i < segment.num_tokens; ++i, ++t) {
       swa_table_[t] = swa_table;
       compressed_table_[t] = compressed_table;
@@ -261,18 +283,19 @@ void Launcher::GroupLaunch::StageMessage(const AttendPlan& plan, int64_t t0) {
   }
 }
 
-std::pair<int32_t, int32_t> Launcher::GroupLaunch::StageTables(const AttendPlan& plan, size_t s) {
+std::pair<int32_t, int32_t> Launcher::GroupLaunch::StageTables(const AttendPlan& plan, size_t s,
+                                                               int64_t& page) {
   const LayerKv& state = plan.sessions[s]->layers[plan.input->layer];
-  const int32_t swa_at = static_cast<int32_t>(pages_used_);
+  const int32_t swa_at = static_cast<int32_t>(page);
   std::copy(state.swa_blocks.begin(), state.swa_blocks.begin() + kSwaRingBlocks,
-            pages_.begin() + pages_used_);
-  pages_used_ += kSwaRingBlocks;
-  const int32_t compressed_at = static_cast<int32_t>(pages_used_);
+            pages_.begin() + page);
+  page += kSwaRingBlocks;
+  const int32_t compressed_at = static_cast<int32_t>(page);
   if (plan.profile->compress_ratio(plan.input->layer) != 0) {
     const int64_t pages = PagesFor(plan.rows_after[s]);
     std::copy(state.compressed_blocks.begin(), state.compressed_blocks.begin() + pages,
-              pages_.begin() + pages_used_);
-    pages_used_ += pages;
+              pages_.begin() + page);
+    page += pages;
   }
   return {swa_at, compressed_at};
 }
@@ -502,13 +525,17 @@ absl::Status Launcher::AppendPass(const AppendPlan& plan, RopeKind rope) {
   if (absl::Status status = Stage(packed); !status.ok()) return status;
   swa.Open(packed);
   compressed.Open(packed);
+  int64_t swa_at = 0;
+  int64_t compressed_at = 0;
   for (int layer : layers) {
     const LayerRowsInput& rows = *plan.by_layer[layer];
     const LayerKv& state = session.layers[layer];
-    swa.AddSwa(rows.swa_kv, swa_from - plan.first, state, swa_from, plan.end - swa_from);
-    compressed.AddCompressed(rows.compressed_kv, 0, state, state.compressed_rows,
-                             plan.RowsAfter(layer) - state.compressed_rows,
-                             profile.compress_ratio(layer));
+    const int32_t new_rows = plan.RowsAfter(layer) - state.compressed_rows;
+    swa.AddSwa(swa_at, rows.swa_kv, swa_from - plan.first, state, swa_from, plan.end - swa_from);
+    compressed.AddCompressed(compressed_at, rows.compressed_kv, 0, state, state.compressed_rows,
+                             new_rows, profile.compress_ratio(layer));
+    swa_at += plan.end - swa_from;
+    compressed_at += new_rows;
   }
   PrologueParams params;
   params.num_heads = session.num_heads;

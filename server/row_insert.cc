@@ -1,6 +1,5 @@
 #include "server/row_insert.h"
 
-#include "absl/strings/str_cat.h"
 #include "kernels/geometry.h"
 
 namespace mla {
@@ -16,35 +15,26 @@ void RowInsert::Open(PackedArrays& packed) {
   rows_ = packed.Array(rows_place_);
 }
 
-int64_t RowInsert::CopyRows(const TensorInput& src, int64_t src_row, int32_t count) {
-  const int64_t first = added_;
-  src.CopyRange(src_row * kRowBytes, int64_t{count} * kRowBytes, rows_.data() + first * kRowBytes);
-  added_ += count;
-  return first;
+void RowInsert::CopyRows(int64_t at, const TensorInput& src, int64_t src_row, int32_t count) {
+  src.CopyRange(src_row * kRowBytes, int64_t{count} * kRowBytes, rows_.data() + at * kRowBytes);
 }
 
-void RowInsert::AddSwa(const TensorInput& src, int64_t src_row, const LayerKv& layer,
+void RowInsert::AddSwa(int64_t at, const TensorInput& src, int64_t src_row, const LayerKv& layer,
                        int32_t first_position, int32_t count) {
-  const int64_t at = CopyRows(src, src_row, count);
+  CopyRows(at, src, src_row, count);
   for (int32_t i = 0; i < count; ++i) {
     positions_[at + i] = first_position + i;
     slots_[at + i] = layer.SwaSlot(first_position + i);
   }
 }
 
-void RowInsert::AddCompressed(const TensorInput& src, int64_t src_row, const LayerKv& layer,
-                              int32_t first_row, int32_t count, int ratio) {
-  const int64_t at = CopyRows(src, src_row, count);
+void RowInsert::AddCompressed(int64_t at, const TensorInput& src, int64_t src_row,
+                              const LayerKv& layer, int32_t first_row, int32_t count, int ratio) {
+  CopyRows(at, src, src_row, count);
   for (int32_t i = 0; i < count; ++i) {
     positions_[at + i] = (first_row + i) * ratio;
     slots_[at + i] = layer.CompressedSlot(first_row + i);
   }
-}
-
-absl::Status RowInsert::CheckFull(absl::string_view kind) const {
-  if (added_ == positions_place_.count) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("batch holds ", added_, " ", kind, " rows, sized for ",
-                                          positions_place_.count));
 }
 
 KvInsertParams RowInsert::Params(uint8_t* device, CachePoolView pool) const {

@@ -5,18 +5,16 @@
 // pool: an Attend launch stages its messages' new compressed rows with it,
 // an AppendKV its SWA and compressed rows.
 //
-// Construct before the PackedArrays' Allocate() (it reserves the arrays),
-// Open() after it, then add exactly the reserved number of rows (CheckFull
-// says when not). The RowInsert points into the PackedArrays, which must
-// outlive it; the rows are copied out of the TensorInputs when added.
-// Not thread-safe.
+// Construct before the PackedArrays get their memory (it reserves the
+// arrays), Open() after, then add the rows at the indices the caller
+// assigns, each of 0..rows()-1 once. The RowInsert points into the PackedArrays, which
+// must outlive it; the rows are copied out of the TensorInputs when added.
+// Adds to disjoint indices may run on several threads at once.
 #ifndef MLA_OFFLOAD_SERVER_ROW_INSERT_H_
 #define MLA_OFFLOAD_SERVER_ROW_INSERT_H_
 
 #include <cstdint>
 
-#include "absl/status/status.h"
-#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "kernels/backend.h"
 #include "kernels/cache_format.h"
@@ -34,25 +32,21 @@ class RowInsert {
   void Open(PackedArrays& packed);
 
   // Rows src_row.. of `src` ([*, 512] bf16) are the SWA rows of positions
-  // first_position.. of `layer`.
-  void AddSwa(const TensorInput& src, int64_t src_row, const LayerKv& layer,
+  // first_position.. of `layer`; they go to indices at..at+count-1.
+  void AddSwa(int64_t at, const TensorInput& src, int64_t src_row, const LayerKv& layer,
               int32_t first_position, int32_t count);
   // Rows src_row.. of `src` are compressed rows first_row.. of `layer`, whose
   // compress ratio is `ratio` (row j sits at position j * ratio).
-  void AddCompressed(const TensorInput& src, int64_t src_row, const LayerKv& layer,
+  void AddCompressed(int64_t at, const TensorInput& src, int64_t src_row, const LayerKv& layer,
                      int32_t first_row, int32_t count, int ratio);
 
-  // InternalError naming the rows' `kind` ("compressed") unless exactly the
-  // reserved rows were added.
-  absl::Status CheckFull(absl::string_view kind) const;
   // The prologue's view of the rows in `device`, the device's copy of the
   // PackedArrays.
   KvInsertParams Params(uint8_t* device, CachePoolView pool) const;
 
  private:
-  // Copies `count` rows of `src` from row `src_row` on; returns the index of
-  // the first.
-  int64_t CopyRows(const TensorInput& src, int64_t src_row, int32_t count);
+  // Copies `count` rows of `src` from row `src_row` on to index `at`.
+  void CopyRows(int64_t at, const TensorInput& src, int64_t src_row, int32_t count);
 
   PackedArrays::Place<int32_t> positions_place_;
   PackedArrays::Place<int32_t> slots_place_;
@@ -60,7 +54,6 @@ class RowInsert {
   absl::Span<int32_t> positions_;
   absl::Span<int32_t> slots_;
   absl::Span<uint8_t> rows_;
-  int64_t added_ = 0;
 };
 
 }  // namespace mla
