@@ -1,4 +1,4 @@
-// Host entry points of the CUDA kernels (prologue.cu, decode.cu). Each one
+// Host entry points of the CUDA kernels (key_lists.cu, prologue.cu, decode.cu). Each one
 // enqueues its kernel(s) on `stream` and returns the launch error, if any;
 // parameters were checked by the caller (CudaBackend) beforehand.
 #ifndef MLA_OFFLOAD_KERNELS_CUDA_KERNELS_H_
