@@ -31,11 +31,12 @@ absl::StatusOr<bool> Inserts(const SegmentInput& segment, size_t s, int32_t laye
 // inserts, at most the last ones when it repeats a step.
 absl::Status CheckCompressedRows(const SegmentInput& segment, size_t s, int32_t layer, int ratio,
                                  bool insert, int32_t rows_now, int32_t rows_after) {
-  const std::string field = absl::StrCat("segments[", s, "]");
+  // Formatted only for an error: this runs for every segment of every message.
+  const auto field = [s] { return absl::StrCat("segments[", s, "]"); };
   const int32_t end = segment.position + segment.num_tokens;
   if (ratio == 0 && segment.num_compressed_rows != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        field, ".num_compressed_rows: layer ", layer, " is SWA-only and has none"));
+        field(), ".num_compressed_rows: layer ", layer, " is SWA-only and has none"));
   }
   // Both counts are non-negative here, so the differences cannot
   // overflow; first_compressed_row matters only when rows come.
@@ -43,7 +44,7 @@ absl::Status CheckCompressedRows(const SegmentInput& segment, size_t s, int32_t 
       (segment.num_compressed_rows != rows_after - rows_now ||
        (segment.num_compressed_rows > 0 && segment.first_compressed_row != rows_now))) {
     return absl::InvalidArgumentError(absl::StrCat(
-        field, ".first_compressed_row/num_compressed_rows: after position ", end - 1, " layer ",
+        field(), ".first_compressed_row/num_compressed_rows: after position ", end - 1, " layer ",
         layer, " (compress ratio ", ratio, ") has ", rows_after, " compressed rows and ",
         rows_now, " exist, so the message must bring rows ", rows_now, "..", rows_after - 1,
         "; it brings ", segment.num_compressed_rows, " from row ",
@@ -52,7 +53,7 @@ absl::Status CheckCompressedRows(const SegmentInput& segment, size_t s, int32_t 
   if (ratio != 0 && !insert && segment.num_compressed_rows != 0 &&
       segment.first_compressed_row != rows_after - segment.num_compressed_rows) {
     return absl::InvalidArgumentError(absl::StrCat(
-        field, ".first_compressed_row: a repeated step may resend rows only up to row ",
+        field(), ".first_compressed_row: a repeated step may resend rows only up to row ",
         rows_after - 1));
   }
   return absl::OkStatus();
@@ -215,6 +216,9 @@ absl::Status AttendPlanner::CheckSegments(const AttendInput& input, AttendPlan& 
   }
   absl::flat_hash_set<const Session*> seen;
   seen.reserve(input.segments.size());
+  plan.sessions.reserve(input.segments.size());
+  plan.inserts.reserve(input.segments.size());
+  plan.rows_after.reserve(input.segments.size());
   for (size_t s = 0; s < input.segments.size(); ++s) {
     const SegmentInput& segment = input.segments[s];
     absl::StatusOr<Session*> session = sessions_.Find(segment.session_id);
