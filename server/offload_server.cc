@@ -49,6 +49,10 @@ absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
+  // gRPC binds with SO_REUSEPORT by default: a second server on a port in
+  // use would start, and the kernel would split new connections between
+  // the two. Without it the bind fails and the server refuses to start.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(server->service_.get());
   const int transport_limit = TransportMessageLimit(options.service.max_message_bytes);
   builder.SetMaxReceiveMessageSize(transport_limit);

@@ -171,6 +171,26 @@ class ServiceTest : public ::testing::Test {
 // queued first, fail FAILED_PRECONDITION, and so did every later step.
 // The hook gives the read of message 2 a second to start; with the fix it
 // never can.
+// A second server on a port in use refuses to start (gRPC's default
+// SO_REUSEPORT would let it bind, and new connections would be split
+// between the two servers); the first one goes on serving.
+TEST_F(ServiceTest, ASecondServerOnAPortInUseRefusesToStart) {
+  Start();
+  OffloadServerOptions options;
+  options.engine.kv_blocks = 100;
+  options.engine.max_position = 4096;
+  options.engine.models = {*FindModelProfile(kFlash)};
+  options.listen = absl::StrCat("127.0.0.1:", server_->port());
+  metrics::Registry registry;
+  absl::StatusOr<std::unique_ptr<OffloadServer>> second =
+      OffloadServer::Start(std::make_unique<CpuBackend>(1), options, registry);
+  ASSERT_FALSE(second.ok()) << "a second server listens on port " << server_->port();
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable) << second.status();
+  EXPECT_NE(second.status().message().find("address in use"), absl::string_view::npos)
+      << second.status();
+  EXPECT_FALSE(CreateSession().empty()) << "the first server stopped answering";
+}
+
 TEST_F(ServiceTest, AStreamsMessagesRunInTheOrderTheyWereSent) {
   std::mutex mutex;
   std::condition_variable changed;
