@@ -597,20 +597,20 @@ absl::StatusOr<uint64_t> AttendStream::Send(const AttendInput& input) {
       request.segments.push_back({segment.session_id, segment.position, segment.num_tokens,
                                   segment.first_compressed_row, segment.num_compressed_rows});
     }
-    request.q = tensor(mla_offload::v1::DTYPE_BF16, {tokens, heads, kHeadDim}, input.q.data(),
-                       input.q.size() * 2);
+    request.q =
+        tensor(wire::DType::kBf16, {tokens, heads, kHeadDim}, input.q.data(), input.q.size() * 2);
     if (!input.kv.empty()) {
-      request.kv = tensor(mla_offload::v1::DTYPE_BF16, {tokens, kHeadDim}, input.kv.data(),
-                          input.kv.size() * 2);
+      request.kv =
+          tensor(wire::DType::kBf16, {tokens, kHeadDim}, input.kv.data(), input.kv.size() * 2);
     }
     if (!input.compressed_kv.empty()) {
-      request.compressed_kv = tensor(mla_offload::v1::DTYPE_BF16, {compressed_rows, kHeadDim},
+      request.compressed_kv = tensor(wire::DType::kBf16, {compressed_rows, kHeadDim},
                                      input.compressed_kv.data(), input.compressed_kv.size() * 2);
     }
     if (!input.topk.empty()) {
-      request.topk = tensor(mla_offload::v1::DTYPE_I32,
-                            {tokens, static_cast<int64_t>(input.topk.size()) / tokens},
-                            input.topk.data(), input.topk.size() * 4);
+      request.topk =
+          tensor(wire::DType::kI32, {tokens, static_cast<int64_t>(input.topk.size()) / tokens},
+                 input.topk.data(), input.topk.size() * 4);
     }
     return wire::SerializeAttendRequest(request);
   }, {tokens, heads, kHeadDim});
@@ -641,23 +641,27 @@ absl::StatusOr<AttendResult> AttendStream::Receive() {
   // something to hand on.
   auto check = [&what](const wire::TensorView& tensor, const char* name, wire::DType dtype,
                        const std::vector<int64_t>& shape) -> absl::Status {
-    absl::Status status = wire::CheckTensorBytes(tensor, name);
-    if (status.ok() && tensor.dtype == dtype && tensor.shape == shape) return status;
+    absl::Status status = wire::CheckTensor(tensor, name, dtype, shape);
+    if (status.ok()) return status;
+    const auto dtype_name = [](wire::DType value) {
+      return mla_offload::v1::DType_Name(static_cast<mla_offload::v1::DType>(value));
+    };
+    // The checker's words only when dtype and shape are right and the bytes
+    // are not; the rest says it already.
+    const bool bytes_wrong = tensor.dtype == dtype && tensor.shape == shape;
     return absl::InternalError(absl::StrCat(
         what, ": ", name, " is [", absl::StrJoin(tensor.shape, ", "), "] ",
-        mla_offload::v1::DType_Name(tensor.dtype), " where [", absl::StrJoin(shape, ", "), "] ",
-        mla_offload::v1::DType_Name(dtype), " is expected", status.ok() ? "" : ": ",
-        status.message()));
+        dtype_name(tensor.dtype), " where [", absl::StrJoin(shape, ", "), "] ", dtype_name(dtype),
+        " is expected", bytes_wrong ? ": " : "", bytes_wrong ? status.message() : ""));
   };
   const std::vector<int64_t>& shape = answer->expected_shape;  // [T, H, 512]
-  if (absl::Status status =
-          check(*response->out, "AttendResponse.out", mla_offload::v1::DTYPE_BF16, shape);
+  if (absl::Status status = check(*response->out, "AttendResponse.out", wire::DType::kBf16, shape);
       !status.ok()) {
     return status;
   }
   if (response->lse.has_value()) {
-    if (absl::Status status = check(*response->lse, "AttendResponse.lse",
-                                    mla_offload::v1::DTYPE_F32, {shape[0], shape[1]});
+    if (absl::Status status =
+            check(*response->lse, "AttendResponse.lse", wire::DType::kF32, {shape[0], shape[1]});
         !status.ok()) {
       return status;
     }

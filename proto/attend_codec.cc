@@ -1,14 +1,17 @@
 #include "proto/attend_codec.h"
 
 #include <cstring>
-#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
 #include <type_traits>
 #include <utility>
 
 #include <grpcpp/support/slice.h>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "proto/mla_offload.pb.h"
+#include "proto/wire_reader.h"
 #include "proto/wire_writer.h"
 
 namespace mla::wire {
@@ -20,6 +23,13 @@ using ::mla_offload::v1::RequestStatus;
 using ::mla_offload::v1::Segment;
 using ::mla_offload::v1::Tensor;
 using ::mla_offload::v1::Timing;
+
+// The views' DType carries the wire's numbers.
+static_assert(static_cast<int>(DType::kUnspecified) ==
+              ::mla_offload::v1::DTYPE_UNSPECIFIED);
+static_assert(static_cast<int>(DType::kBf16) == ::mla_offload::v1::DTYPE_BF16);
+static_assert(static_cast<int>(DType::kF32) == ::mla_offload::v1::DTYPE_F32);
+static_assert(static_cast<int>(DType::kI32) == ::mla_offload::v1::DTYPE_I32);
 
 // Where a field sits in the message, for error messages: built on the stack
 // as parsing descends, turned into text only when something fails.
@@ -435,7 +445,8 @@ absl::StatusOr<View> ParseMessage(
 
 WireWriter EncodeTensor(const TensorView& tensor) {
   WireWriter writer;
-  writer.WriteVarint(Tensor::kDtypeFieldNumber, ToVarint(tensor.dtype));
+  writer.WriteVarint(Tensor::kDtypeFieldNumber,
+                     ToVarint(static_cast<int32_t>(tensor.dtype)));
   writer.WritePackedInt64(Tensor::kShapeFieldNumber, tensor.shape);
   writer.WriteBytes(Tensor::kDataFieldNumber, tensor.pieces,
                     tensor.keep_alive);
@@ -448,92 +459,6 @@ void WriteTensor(uint32_t field, const std::optional<TensorView>& tensor,
 }
 
 }  // namespace
-
-size_t DTypeSize(DType dtype) {
-  switch (dtype) {
-    case ::mla_offload::v1::DTYPE_BF16:
-      return 2;
-    case ::mla_offload::v1::DTYPE_F32:
-    case ::mla_offload::v1::DTYPE_I32:
-      return 4;
-    default:
-      return 0;
-  }
-}
-
-size_t TensorView::size_bytes() const {
-  size_t size = 0;
-  for (const Piece& piece : pieces) size += piece.size();
-  return size;
-}
-
-void TensorView::CopyTo(void* dst) const {
-  auto* out = static_cast<uint8_t*>(dst);
-  for (const Piece& piece : pieces) {
-    std::memcpy(out, piece.data(), piece.size());
-    out += piece.size();
-  }
-}
-
-std::optional<Piece> TensorView::contiguous() const {
-  if (pieces.empty()) return Piece();
-  if (pieces.size() == 1) return pieces.front();
-  return std::nullopt;
-}
-
-TensorView MakeTensorView(DType dtype, std::vector<int64_t> shape,
-                          const void* data, size_t size_bytes,
-                          std::shared_ptr<const void> keep_alive) {
-  TensorView view;
-  view.dtype = dtype;
-  view.shape = std::move(shape);
-  if (size_bytes > 0) {
-    view.pieces.emplace_back(static_cast<const uint8_t*>(data), size_bytes);
-  }
-  view.keep_alive = std::move(keep_alive);
-  return view;
-}
-
-absl::Status CheckTensorBytes(const TensorView& tensor,
-                              absl::string_view field) {
-  const size_t element_size = DTypeSize(tensor.dtype);
-  if (element_size == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": dtype ", static_cast<int>(tensor.dtype),
-        " is not one of DTYPE_BF16, DTYPE_F32, DTYPE_I32"));
-  }
-  const std::string shape_text =
-      absl::StrCat("[", absl::StrJoin(tensor.shape, ", "), "]");
-  bool has_zero = false;
-  for (int64_t dimension : tensor.shape) {
-    if (dimension < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ": shape ", shape_text, " has a negative dimension"));
-    }
-    has_zero = has_zero || dimension == 0;
-  }
-  // Multiplying only when no dimension is 0 keeps a legitimately empty tensor
-  // with huge other dimensions from tripping the overflow check.
-  size_t expected = 0;
-  if (!has_zero) {
-    expected = element_size;
-    for (int64_t dimension : tensor.shape) {
-      const auto d = static_cast<uint64_t>(dimension);
-      if (expected > std::numeric_limits<size_t>::max() / d) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            field, ": shape ", shape_text, " is too large"));
-      }
-      expected *= d;
-    }
-  }
-  if (expected != tensor.size_bytes()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": shape ", shape_text, " of ",
-        ::mla_offload::v1::DType_Name(tensor.dtype), " needs ", expected,
-        " bytes, data has ", tensor.size_bytes()));
-  }
-  return absl::OkStatus();
-}
 
 uint64_t LeadingRequestId(const grpc::ByteBuffer& buffer) {
   std::vector<grpc::Slice> slices;

@@ -221,13 +221,12 @@ void BM_SerializeResponseCodec(benchmark::State& state) {
   for (auto _ : state) {
     AttendResponseView response;
     response.request_id = 123456789;
-    response.out = MakeTensorView(mla_offload::v1::DTYPE_BF16,
-                                  {kTokens, kHeads, kHeadDim},
-                                  output.out->data(), output.out->size(),
-                                  output.out);
-    response.lse = MakeTensorView(mla_offload::v1::DTYPE_F32,
-                                  {kTokens, kHeads}, output.lse->data(),
-                                  output.lse->size(), output.lse);
+    response.out =
+        MakeTensorView(DType::kBf16, {kTokens, kHeads, kHeadDim},
+                       output.out->data(), output.out->size(), output.out);
+    response.lse =
+        MakeTensorView(DType::kF32, {kTokens, kHeads}, output.lse->data(),
+                       output.lse->size(), output.lse);
     response.timing = TimingView{12.5, 30.25, 80.0, 140.0, 512};
     grpc::ByteBuffer buffer = SerializeAttendResponse(response);
     bytes = buffer.Length();

@@ -206,17 +206,17 @@ TEST(AttendCodecMalformedTest, UninitialisedBuffer) {
 }
 
 // An unknown dtype is not a wire error (proto3 enums are open): the value
-// comes through and CheckTensorBytes names it.
-TEST(AttendCodecMalformedTest, UnknownDtypeIsLeftToCheckTensorBytes) {
+// comes through and CheckTensor names it.
+TEST(AttendCodecMalformedTest, UnknownDtypeIsLeftToCheckTensor) {
   const std::string wire = LengthDelimited(
       5, VarintField(1, 9) + VarintField(2, 1) + LengthDelimited(3, "ab"));
   absl::StatusOr<AttendRequestView> view =
       ParseAttendRequest(StaticBuffer(wire), kNoLimit);
   ASSERT_TRUE(view.ok()) << view.status();
   EXPECT_EQ(static_cast<int>(view->q->dtype), 9);
-  EXPECT_EQ(CheckTensorBytes(*view->q, "AttendRequest.q").message(),
-            "AttendRequest.q: dtype 9 is not one of DTYPE_BF16, DTYPE_F32, "
-            "DTYPE_I32");
+  EXPECT_EQ(
+      CheckTensor(view->q, "AttendRequest.q", DType::kBf16, {1}).message(),
+      "AttendRequest.q: expected bf16 [1], got dtype 9 [1]");
 }
 
 // Damages `wire` in one of several ways that hit tags, lengths and varints.

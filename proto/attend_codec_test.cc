@@ -274,7 +274,7 @@ TEST(AttendCodecTest, FieldsOutOfOrderAndRepeatedMergeLikeProtobuf) {
   ASSERT_EQ(view->segments.size(), 3u);
   EXPECT_EQ(view->segments[2].session_id, "d");
   EXPECT_EQ(view->segments[2].num_tokens, 9);
-  EXPECT_EQ(view->q->dtype, mla_offload::v1::DTYPE_F32);
+  EXPECT_EQ(view->q->dtype, DType::kF32);
   EXPECT_THAT(view->q->shape, ::testing::ElementsAre(4, 5, 6));
   EXPECT_EQ(view->q->size_bytes(), 6u);
 
@@ -402,12 +402,11 @@ TEST(AttendCodecTest, ResponseReferencesCallerMemoryUntilFreed) {
     std::shared_ptr<const void> keep_alive = CountingKeepAlive(&out, &released);
     AttendResponseView response;
     response.request_id = 77;
-    response.out = MakeTensorView(mla_offload::v1::DTYPE_BF16,
-                                  {3, 1 << 19}, out.data(), out.size(),
-                                  keep_alive);
+    response.out = MakeTensorView(DType::kBf16, {3, 1 << 19}, out.data(),
+                                  out.size(), keep_alive);
     // The lse in two pieces, guarded by the same keep-alive.
-    response.lse = MakeTensorView(mla_offload::v1::DTYPE_F32, {1024},
-                                  lse.data(), 1000, keep_alive);
+    response.lse =
+        MakeTensorView(DType::kF32, {1024}, lse.data(), 1000, keep_alive);
     response.lse->pieces.emplace_back(lse.data() + 1000, lse.size() - 1000);
     response.timing = TimingView{1, 2, 3, 4, 5};
     buffer = SerializeAttendResponse(response);
@@ -452,8 +451,7 @@ TEST(AttendCodecTest, RequestReferencesCallerMemoryToo) {
   {
     AttendRequestView request;
     request.segments.push_back(SegmentView{"session", 10, 4, 0, 0});
-    request.q = MakeTensorView(mla_offload::v1::DTYPE_BF16, {4, 1, 131072},
-                               q.data(), q.size(),
+    request.q = MakeTensorView(DType::kBf16, {4, 1, 131072}, q.data(), q.size(),
                                CountingKeepAlive(&q, &released));
     buffer = SerializeAttendRequest(request);
   }
@@ -479,8 +477,8 @@ TEST(AttendCodecTest, RequestReferencesCallerMemoryToo) {
 TEST(AttendCodecTest, TensorWithoutKeepAliveIsCopied) {
   std::vector<uint8_t> data(100000, 3);
   AttendResponseView response;
-  response.out = MakeTensorView(mla_offload::v1::DTYPE_BF16, {50000},
-                                data.data(), data.size(), nullptr);
+  response.out =
+      MakeTensorView(DType::kBf16, {50000}, data.data(), data.size(), nullptr);
   grpc::ByteBuffer buffer = SerializeAttendResponse(response);
   std::vector<grpc::Slice> slices;
   ASSERT_TRUE(buffer.Dump(&slices).ok());
@@ -492,55 +490,6 @@ TEST(AttendCodecTest, TensorWithoutKeepAliveIsCopied) {
   AttendResponse parsed;
   ASSERT_TRUE(parsed.ParseFromString(Flatten(buffer)));
   EXPECT_EQ(parsed.out().data(), std::string(100000, 3));
-}
-
-TEST(AttendCodecTest, TensorViewHelpers) {
-  const std::string bytes = "0123456789";
-  TensorView tensor;
-  EXPECT_EQ(tensor.size_bytes(), 0u);
-  ASSERT_TRUE(tensor.contiguous().has_value());
-  EXPECT_TRUE(tensor.contiguous()->empty());
-  const auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
-  tensor.pieces = {Piece(data, 4)};
-  EXPECT_EQ(tensor.contiguous()->data(), data);
-  tensor.pieces.emplace_back(data + 4, 6);
-  EXPECT_EQ(tensor.size_bytes(), 10u);
-  EXPECT_FALSE(tensor.contiguous().has_value());
-  std::string copy(10, '\0');
-  tensor.CopyTo(copy.data());
-  EXPECT_EQ(copy, bytes);
-}
-
-TEST(AttendCodecTest, CheckTensorBytes) {
-  std::vector<uint8_t> data(24);
-  auto tensor = [&data](int dtype, std::vector<int64_t> shape, size_t size) {
-    return MakeTensorView(static_cast<DType>(dtype), std::move(shape),
-                          data.data(), size, nullptr);
-  };
-  EXPECT_TRUE(CheckTensorBytes(tensor(1, {3, 4}, 24), "q").ok());
-  EXPECT_TRUE(CheckTensorBytes(tensor(2, {6}, 24), "lse").ok());
-  EXPECT_TRUE(CheckTensorBytes(tensor(3, {2, 3}, 24), "topk").ok());
-  EXPECT_TRUE(CheckTensorBytes(tensor(1, {}, 2), "q").ok());
-  EXPECT_TRUE(
-      CheckTensorBytes(tensor(1, {int64_t{1} << 62, 0, int64_t{1} << 62}, 0),
-                       "q")
-          .ok());
-
-  const auto error = [](const absl::Status& status) {
-    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-    return std::string(status.message());
-  };
-  EXPECT_EQ(error(CheckTensorBytes(tensor(9, {12}, 24), "q")),
-            "q: dtype 9 is not one of DTYPE_BF16, DTYPE_F32, DTYPE_I32");
-  EXPECT_EQ(error(CheckTensorBytes(tensor(0, {12}, 24), "kv")),
-            "kv: dtype 0 is not one of DTYPE_BF16, DTYPE_F32, DTYPE_I32");
-  EXPECT_EQ(error(CheckTensorBytes(tensor(1, {3, 5}, 24), "q")),
-            "q: shape [3, 5] of DTYPE_BF16 needs 30 bytes, data has 24");
-  EXPECT_EQ(error(CheckTensorBytes(tensor(1, {3, -5}, 24), "q")),
-            "q: shape [3, -5] has a negative dimension");
-  EXPECT_EQ(error(CheckTensorBytes(
-                tensor(1, {int64_t{1} << 62, int64_t{1} << 62}, 24), "q")),
-            "q: shape [4611686018427387904, 4611686018427387904] is too large");
 }
 
 }  // namespace

@@ -61,7 +61,7 @@ void FillRandomTensor(Rng& rng, size_t max_bytes, Tensor* tensor) {
 }
 
 void TensorToProto(const TensorView& view, Tensor* tensor) {
-  tensor->set_dtype(view.dtype);
+  tensor->set_dtype(static_cast<mla_offload::v1::DType>(view.dtype));
   for (int64_t dimension : view.shape) tensor->add_shape(dimension);
   std::string data(view.size_bytes(), '\0');
   view.CopyTo(data.data());
@@ -72,8 +72,8 @@ TensorView TensorViewOf(const Tensor& tensor,
                         const std::shared_ptr<const void>& keep_alive,
                         Rng* rng) {
   TensorView view =
-      MakeTensorView(tensor.dtype(), {tensor.shape().begin(),
-                                      tensor.shape().end()},
+      MakeTensorView(static_cast<DType>(tensor.dtype()),
+                     {tensor.shape().begin(), tensor.shape().end()},
                      tensor.data().data(), tensor.data().size(), keep_alive);
   const size_t size = tensor.data().size();
   if (rng != nullptr && size > 1) {

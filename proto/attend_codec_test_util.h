@@ -19,6 +19,7 @@
 
 #include "proto/attend_codec.h"
 #include "proto/mla_offload.pb.h"
+#include "proto/wire_reader.h"
 
 namespace mla::wire::testing {
 

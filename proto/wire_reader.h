@@ -25,10 +25,9 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "proto/views.h"
 
 namespace mla::wire {
-
-using Piece = absl::Span<const uint8_t>;
 
 enum class WireType : uint8_t {
   kVarint = 0,

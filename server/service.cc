@@ -81,10 +81,11 @@ grpc::ByteBuffer ResultResponse(const AttendResult& result) {
   if (!result.status.ok()) return ErrorResponse(result.request_id, result.status);
   wire::AttendResponseView response;
   response.request_id = result.request_id;
-  response.out = wire::MakeTensorView(pb::DTYPE_BF16, {result.num_tokens, result.num_heads, kHeadDim},
-                                      result.out, result.out_bytes(), result.keep_alive);
+  response.out =
+      wire::MakeTensorView(wire::DType::kBf16, {result.num_tokens, result.num_heads, kHeadDim},
+                           result.out, result.out_bytes(), result.keep_alive);
   if (result.lse != nullptr) {
-    response.lse = wire::MakeTensorView(pb::DTYPE_F32, {result.num_tokens, result.num_heads},
+    response.lse = wire::MakeTensorView(wire::DType::kF32, {result.num_tokens, result.num_heads},
                                         result.lse, result.lse_bytes(), result.keep_alive);
   }
   const AttendTiming& t = result.timing;

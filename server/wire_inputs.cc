@@ -17,7 +17,7 @@ TensorInput FromView(const std::optional<wire::TensorView>& view) {
   TensorInput input;
   if (!view.has_value()) return input;
   input.present = true;
-  input.dtype = view->dtype;
+  input.dtype = static_cast<int>(view->dtype);
   input.shape = view->shape;
   for (const wire::Piece& piece : view->pieces) input.pieces.emplace_back(piece.data(), piece.size());
   return input;

@@ -819,9 +819,9 @@ class AttendWorkload final : public Workload {
       segment.position = position;
       segment.num_tokens = 1;
     }
-    request.q = wire::MakeTensorView(pb::DTYPE_BF16, {tokens_, heads_, kHeadDim}, q_->data(),
+    request.q = wire::MakeTensorView(wire::DType::kBf16, {tokens_, heads_, kHeadDim}, q_->data(),
                                      q_->size() * 2, q_);
-    request.kv = wire::MakeTensorView(pb::DTYPE_BF16, {tokens_, kHeadDim}, kv_->data(),
+    request.kv = wire::MakeTensorView(wire::DType::kBf16, {tokens_, kHeadDim}, kv_->data(),
                                       kv_->size() * 2, kv_);
     return wire::SerializeAttendRequest(request);
   }

@@ -24,7 +24,6 @@
 namespace mla::fuzz {
 namespace {
 
-namespace pb = ::mla_offload::v1;
 using Rng = std::mt19937;
 
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
@@ -74,7 +73,7 @@ void MutateInt32(Rng& rng, int32_t& value) {
 wire::TensorView Bf16Rows(Rng& rng, std::vector<int64_t> shape, int64_t rows) {
   std::vector<uint16_t> values(static_cast<size_t>(rows) * kHeadDim);
   for (uint16_t& value : values) value = static_cast<uint16_t>(0x3c00 + Below(rng, 0x400));
-  return OwnedTensor(pb::DTYPE_BF16, std::move(shape), std::move(values));
+  return OwnedTensor(wire::DType::kBf16, std::move(shape), std::move(values));
 }
 
 // The dimension `index` of the tensor's shape if it is a count a message
@@ -109,8 +108,8 @@ bool Fit(Rng& rng, wire::AttendRequestView& view) {
       return true;
     default: {
       const int64_t width = DimOr(view.topk, 1, 8);
-      view.topk = OwnedTensor(pb::DTYPE_I32, {tokens, width},
-                           std::vector<int32_t>(static_cast<size_t>(tokens * width), -1));
+      view.topk = OwnedTensor(wire::DType::kI32, {tokens, width},
+                              std::vector<int32_t>(static_cast<size_t>(tokens * width), -1));
       return true;
     }
   }

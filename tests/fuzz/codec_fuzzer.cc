@@ -95,8 +95,10 @@ std::string Flatten(const grpc::ByteBuffer& buffer) {
 void CheckPieces(const std::optional<wire::TensorView>& tensor) {
   if (!tensor.has_value()) return;
   for (const wire::Piece& piece : tensor->pieces) Require(piece.size() > 0, "an empty piece");
-  // Its verdict is the engine's business; this only runs it on the shape.
-  wire::CheckTensorBytes(*tensor, "tensor").IgnoreError();
+  // Its verdict is the engine's business; this only runs it on the shape
+  // (any size in each dimension, so that the byte count is computed).
+  const std::vector<int64_t> any_size(tensor->shape.size(), -1);
+  wire::CheckTensor(*tensor, "tensor", tensor->dtype, any_size).IgnoreError();
 }
 
 void CheckTensors(const wire::AttendRequestView& request) {

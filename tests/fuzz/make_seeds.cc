@@ -52,7 +52,7 @@ std::string Flat(const grpc::ByteBuffer& buffer) {
 wire::TensorView Rows(uint64_t seed, std::vector<int64_t> shape) {
   int64_t rows = 1;
   for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
-  return OwnedTensor(pb::DTYPE_BF16, std::move(shape), TestRows(seed, rows));
+  return OwnedTensor(wire::DType::kBf16, std::move(shape), TestRows(seed, rows));
 }
 
 struct Segment {
@@ -94,7 +94,7 @@ wire::TensorView TopK(const std::vector<Segment>& segments, int width) {
       for (int k = 0; k < width; ++k) topk.push_back(k < visible ? visible - 1 - k : -1);
     }
   }
-  return OwnedTensor(pb::DTYPE_I32, {tokens, width}, std::move(topk));
+  return OwnedTensor(wire::DType::kI32, {tokens, width}, std::move(topk));
 }
 
 wire::AttendRequestView AttendC4A(uint64_t id, int32_t layer, int heads,
@@ -177,12 +177,12 @@ std::vector<std::pair<std::string, wire::AttendRequestView>> AttendSeeds() {
   id_max.request_id = std::numeric_limits<uint64_t>::max();
   add("edge-request-id-max", id_max);
   wire::AttendRequestView huge_q = Bare(0, {sinks0});
-  huge_q.q = OwnedTensor<uint16_t>(pb::DTYPE_BF16,
+  huge_q.q = OwnedTensor<uint16_t>(wire::DType::kBf16,
                                    {1, std::numeric_limits<int64_t>::max(), kHeadDim}, {});
   add("edge-q-shape-int64-max", huge_q);
   wire::AttendRequestView topk_extremes = AttendC4A(15, 2, 16, {prompt_next}, 2);
-  topk_extremes.topk = OwnedTensor<int32_t>(pb::DTYPE_I32, {1, 2},
-                                       {std::numeric_limits<int32_t>::min(), kInt32Max});
+  topk_extremes.topk = OwnedTensor<int32_t>(wire::DType::kI32, {1, 2},
+                                            {std::numeric_limits<int32_t>::min(), kInt32Max});
   add("edge-topk-int32-extremes", topk_extremes);
 
   // Reproducers of the fuzzers' findings (tests/fuzz/README.md): the known
@@ -206,11 +206,11 @@ std::vector<std::pair<std::string, wire::AttendRequestView>> AttendSeeds() {
   add("known-compressed-rows-overflow-repeat", rows_repeat);
   // A top-k shape whose size in bytes overflows int64 (CheckTensor).
   wire::AttendRequestView wide_topk = h4;
-  wide_topk.topk = OwnedTensor<int32_t>(pb::DTYPE_I32, {1, int64_t{1} << 62}, {});
+  wide_topk.topk = OwnedTensor<int32_t>(wire::DType::kI32, {1, int64_t{1} << 62}, {});
   add("known-topk-shape-overflow", wide_topk);
   // NaN queries: the CPU decode's exp casts a NaN score to int32.
   wire::AttendRequestView nan_query = h4;
-  nan_query.q = OwnedTensor(pb::DTYPE_BF16, {1, 4, kHeadDim},
+  nan_query.q = OwnedTensor(wire::DType::kBf16, {1, 4, kHeadDim},
                             std::vector<uint16_t>(4 * kHeadDim, 0x7fc0));
   add("known-nan-query", nan_query);
   return seeds;
@@ -221,7 +221,7 @@ std::vector<std::pair<std::string, std::string>> OtherCodecSeeds() {
   wire::AttendResponseView answer;
   answer.request_id = 1;
   answer.out = Rows(100, {1, 16, kHeadDim});
-  answer.lse = OwnedTensor<float>(pb::DTYPE_F32, {1, 16}, std::vector<float>(16, 5.5f));
+  answer.lse = OwnedTensor<float>(wire::DType::kF32, {1, 16}, std::vector<float>(16, 5.5f));
   answer.timing = wire::TimingView{12.5, 80.0, 150.25, 260.0, 4};
   seeds.emplace_back("response-out-lse-timing", Flat(wire::SerializeAttendResponse(answer)));
   wire::AttendResponseView refused;
