@@ -1,5 +1,6 @@
 #include "proto/unary_codec.h"
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,8 @@
 
 namespace mla::wire {
 namespace {
+
+namespace pb = ::mla_offload::v1;
 
 using ::google::protobuf::Descriptor;
 using ::google::protobuf::FieldDescriptor;
@@ -125,6 +128,40 @@ grpc::ByteBuffer SerializeUnaryMessage(const google::protobuf::Message& message)
   const std::string bytes = message.SerializeAsString();
   grpc::Slice slice(bytes);
   return grpc::ByteBuffer(&slice, 1);
+}
+
+namespace {
+
+// The view of a Tensor field, nullopt when the message lacks it.
+std::optional<TensorView> ViewOf(const pb::Tensor& tensor, bool present) {
+  if (!present) return std::nullopt;
+  return MakeTensorView(static_cast<DType>(tensor.dtype()),
+                        {tensor.shape().begin(), tensor.shape().end()}, tensor.data().data(),
+                        tensor.data().size(), nullptr);
+}
+
+}  // namespace
+
+CreateSessionRequestView CreateSessionView(const pb::CreateSessionRequest& request) {
+  CreateSessionRequestView view;
+  view.model = request.model();
+  view.num_heads = request.num_heads();
+  view.sinks = ViewOf(request.sinks(), request.has_sinks());
+  view.idle_ttl_seconds = request.idle_ttl_seconds();
+  return view;
+}
+
+AppendKVRequestView AppendKVView(const pb::AppendKVRequest& request) {
+  AppendKVRequestView view;
+  view.session_id = request.session_id();
+  view.first_position = request.first_position();
+  view.num_positions = request.num_positions();
+  for (const pb::LayerRows& rows : request.layers()) {
+    view.layers.push_back({rows.layer(), ViewOf(rows.swa_kv(), rows.has_swa_kv()),
+                           ViewOf(rows.compressed_kv(), rows.has_compressed_kv()),
+                           rows.first_compressed_row()});
+  }
+  return view;
 }
 
 }  // namespace mla::wire

@@ -12,6 +12,10 @@
 // InvalidArgument naming the path, e.g.
 // "AppendKVRequest.layers[0].swa_kv.shape[0]: truncated varint".
 //
+// CreateSessionView and AppendKVView give the engine's view of a parsed
+// request (proto/views.h): its tensors point into the message's `data`
+// strings (no bytes are copied), so the message must outlive the view.
+//
 // Thread safety: reentrant.
 #ifndef MLA_OFFLOAD_PROTO_UNARY_CODEC_H_
 #define MLA_OFFLOAD_PROTO_UNARY_CODEC_H_
@@ -21,6 +25,8 @@
 #include <google/protobuf/message.h>
 
 #include "absl/status/status.h"
+#include "proto/mla_offload.pb.h"
+#include "proto/views.h"
 
 namespace mla::wire {
 
@@ -30,6 +36,11 @@ absl::Status ParseUnaryMessage(const grpc::ByteBuffer& buffer, google::protobuf:
 
 // The message's wire bytes in one owned slice.
 grpc::ByteBuffer SerializeUnaryMessage(const google::protobuf::Message& message);
+
+// Views of `request`, valid while it lives and is not changed. A tensor
+// field is present in the view when the message has it.
+CreateSessionRequestView CreateSessionView(const ::mla_offload::v1::CreateSessionRequest& request);
+AppendKVRequestView AppendKVView(const ::mla_offload::v1::AppendKVRequest& request);
 
 }  // namespace mla::wire
 

@@ -2,6 +2,7 @@
 #include "proto/unary_codec.h"
 
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -83,6 +84,60 @@ TEST(UnaryCodecTest, NamesTheFieldThatDidNotParse) {
     pb::AppendKVRequest generated;
     EXPECT_FALSE(generated.ParseFromString(bad.bytes)) << bad.name;
   }
+}
+
+// The views point at the generated message's data, field for field.
+TEST(UnaryCodecTest, AppendKVViewPointsIntoTheMessage) {
+  pb::AppendKVRequest request = SomeAppend();
+  request.mutable_layers(1)->set_first_compressed_row(3);
+  pb::Tensor* compressed = request.mutable_layers(1)->mutable_compressed_kv();
+  compressed->set_dtype(pb::DTYPE_BF16);
+  compressed->add_shape(1);
+  compressed->add_shape(512);
+  compressed->set_data(std::string(1024, 'c'));
+  request.mutable_layers(2)->mutable_compressed_kv();  // present and empty
+  const AppendKVRequestView view = AppendKVView(request);
+  EXPECT_EQ(view.session_id, "abc");
+  EXPECT_EQ(view.first_position, 7);
+  EXPECT_EQ(view.num_positions, 2);
+  ASSERT_EQ(view.layers.size(), 3u);
+  for (int layer = 0; layer < 3; ++layer) {
+    const LayerRowsView& rows = view.layers[layer];
+    EXPECT_EQ(rows.layer, layer);
+    ASSERT_TRUE(rows.swa_kv.has_value());
+    EXPECT_EQ(rows.swa_kv->dtype, DType::kBf16);
+    EXPECT_EQ(rows.swa_kv->shape, (std::vector<int64_t>{2, 512}));
+    ASSERT_EQ(rows.swa_kv->pieces.size(), 1u);
+    EXPECT_EQ(static_cast<const void*>(rows.swa_kv->pieces[0].data()),
+              request.layers(layer).swa_kv().data().data());
+    EXPECT_EQ(rows.swa_kv->size_bytes(), 2048u);
+  }
+  EXPECT_FALSE(view.layers[0].compressed_kv.has_value());
+  ASSERT_TRUE(view.layers[1].compressed_kv.has_value());
+  EXPECT_EQ(view.layers[1].compressed_kv->size_bytes(), 1024u);
+  EXPECT_EQ(view.layers[1].first_compressed_row, 3);
+  ASSERT_TRUE(view.layers[2].compressed_kv.has_value());
+  EXPECT_TRUE(view.layers[2].compressed_kv->pieces.empty());
+}
+
+TEST(UnaryCodecTest, CreateSessionView) {
+  pb::CreateSessionRequest request;
+  request.set_model("V4-Flash");
+  request.set_num_heads(16);
+  request.set_idle_ttl_seconds(30);
+  EXPECT_FALSE(CreateSessionView(request).sinks.has_value());
+  request.mutable_sinks()->set_dtype(static_cast<pb::DType>(7));
+  request.mutable_sinks()->add_shape(2);
+  request.mutable_sinks()->set_data(std::string(8, '\0'));
+  const CreateSessionRequestView view = CreateSessionView(request);
+  EXPECT_EQ(view.model, "V4-Flash");
+  EXPECT_EQ(view.num_heads, 16);
+  EXPECT_EQ(view.idle_ttl_seconds, 30);
+  ASSERT_TRUE(view.sinks.has_value());
+  EXPECT_EQ(static_cast<int>(view.sinks->dtype), 7);  // as it came
+  EXPECT_EQ(view.sinks->shape, std::vector<int64_t>{2});
+  EXPECT_EQ(static_cast<const void*>(view.sinks->pieces.at(0).data()),
+            request.sinks().data().data());
 }
 
 }  // namespace
