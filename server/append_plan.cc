@@ -10,11 +10,11 @@ namespace {
 
 // One layer's rows: SWA rows of every position, and the compressed rows
 // the positions complete, continuing the layer's rows.
-absl::Status CheckLayerRows(const LayerRowsInput& rows, const AppendPlan& plan) {
+absl::Status CheckLayerRows(const wire::LayerRowsView& rows, const AppendPlan& plan) {
   const std::string field = absl::StrCat("layers[layer=", rows.layer, "]");
   const int32_t count = plan.end - plan.first;
   if (absl::Status status =
-          CheckTensor(rows.swa_kv, field + ".swa_kv", DType::kBf16, {count, kHeadDim});
+          wire::CheckTensor(rows.swa_kv, field + ".swa_kv", wire::DType::kBf16, {count, kHeadDim});
       !status.ok()) {
     return status;
   }
@@ -23,7 +23,7 @@ absl::Status CheckLayerRows(const LayerRowsInput& rows, const AppendPlan& plan) 
   const int32_t rows_after = plan.RowsAfter(rows.layer);
   const int32_t expected = rows_after - state.compressed_rows;
   // first_compressed_row matters only when the layer brings rows.
-  if (ratio == 0 ? rows.compressed_kv.present && rows.compressed_kv.bytes() > 0
+  if (ratio == 0 ? rows.compressed_kv.has_value() && rows.compressed_kv->size_bytes() > 0
                  : expected > 0 && rows.first_compressed_row != state.compressed_rows) {
     return absl::InvalidArgumentError(absl::StrCat(
         field, ".compressed_kv: ",
@@ -31,9 +31,9 @@ absl::Status CheckLayerRows(const LayerRowsInput& rows, const AppendPlan& plan) 
                    : absl::StrCat("rows must continue at row ", state.compressed_rows, ", not ",
                                   rows.first_compressed_row)));
   }
-  if (ratio != 0 && (expected > 0 || rows.compressed_kv.present)) {
-    if (absl::Status status = CheckTensor(rows.compressed_kv, field + ".compressed_kv",
-                                          DType::kBf16, {expected, kHeadDim});
+  if (ratio != 0 && (expected > 0 || rows.compressed_kv.has_value())) {
+    if (absl::Status status = wire::CheckTensor(rows.compressed_kv, field + ".compressed_kv",
+                                                wire::DType::kBf16, {expected, kHeadDim});
         !status.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
           status.message(), "; positions up to ", plan.end - 1, " at compress ratio ", ratio,
@@ -45,7 +45,7 @@ absl::Status CheckLayerRows(const LayerRowsInput& rows, const AppendPlan& plan) 
 
 }  // namespace
 
-absl::StatusOr<AppendPlan> AppendPlanner::Plan(const AppendInput& input) {
+absl::StatusOr<AppendPlan> AppendPlanner::Plan(const wire::AppendKVRequestView& input) {
   absl::StatusOr<Session*> session = sessions_.Find(input.session_id);
   if (!session.ok()) return session.status();
   if (absl::Status status = CheckPositions(input, **session); !status.ok()) return status;
@@ -55,7 +55,7 @@ absl::StatusOr<AppendPlan> AppendPlanner::Plan(const AppendInput& input) {
   plan.end = input.first_position + input.num_positions;
   const int layers = plan.session->profile->num_attention_layers();
   plan.by_layer.assign(layers, nullptr);
-  for (const LayerRowsInput& rows : input.layers) {
+  for (const wire::LayerRowsView& rows : input.layers) {
     if (rows.layer < 0 || rows.layer >= layers || plan.by_layer[rows.layer] != nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("layers[layer=", rows.layer,
                                                      "]: each layer 0..", layers - 1,
@@ -71,7 +71,7 @@ absl::StatusOr<AppendPlan> AppendPlanner::Plan(const AppendInput& input) {
 
 // Positions first..end-1 exist on this server and continue every layer;
 // the request has an entry for every layer.
-absl::Status AppendPlanner::CheckPositions(const AppendInput& input,
+absl::Status AppendPlanner::CheckPositions(const wire::AppendKVRequestView& input,
                                            const Session& session) const {
   const ModelProfile& profile = *session.profile;
   const int layers = profile.num_attention_layers();

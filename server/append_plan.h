@@ -10,7 +10,7 @@
 // request that fails changes nothing. After the launch the plan is committed
 // (every layer advances) or its pages go back (ReturnPages).
 //
-// A plan points into its AppendInput and its session, which must outlive
+// A plan points into its request and its session, which must outlive
 // it; the planner points at the session table and the pool, which must
 // outlive it. Not thread-safe: the engine thread owns it.
 #ifndef MLA_OFFLOAD_SERVER_APPEND_PLAN_H_
@@ -23,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "proto/views.h"
 #include "server/kv_pool.h"
 #include "server/page_reservation.h"
 #include "server/requests.h"
@@ -36,8 +37,8 @@ struct AppendPlan {
   Session* session = nullptr;
   int32_t first = 0;
   int32_t end = 0;
-  std::vector<const LayerRowsInput*> by_layer;  // the request's rows of each layer
-  PageReservation pages;                        // given back if its launch fails
+  std::vector<const wire::LayerRowsView*> by_layer;  // the request's rows of each layer
+  PageReservation pages;                             // given back if its launch fails
 
   // Compressed rows of `layer` once the positions are in.
   int32_t RowsAfter(int layer) const {
@@ -55,14 +56,14 @@ class AppendPlanner {
       : sessions_(sessions), pool_(pool), max_position_(max_position) {}
 
   // The plan of `input`, or why it may not run, with nothing changed.
-  absl::StatusOr<AppendPlan> Plan(const AppendInput& input);
+  absl::StatusOr<AppendPlan> Plan(const wire::AppendKVRequestView& input);
   // The plan's launch succeeded: every layer of its session advances.
   static AppendResult Commit(const AppendPlan& plan, absl::Time now);
   // The plan's launch failed: the pages it took go back to the pool.
   void ReturnPages(AppendPlan& plan) { plan.pages.ReturnPages(pool_); }
 
  private:
-  absl::Status CheckPositions(const AppendInput& input, const Session& session) const;
+  absl::Status CheckPositions(const wire::AppendKVRequestView& input, const Session& session) const;
 
   SessionTable& sessions_;
   KvBlockPool& pool_;

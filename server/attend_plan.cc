@@ -16,7 +16,7 @@ constexpr int64_t kAnswerFramingBytes = 1024;
 
 // Whether segment `s` writes its rows (it continues the session layer at
 // its next position) or repeats the last step (another rank wrote them).
-absl::StatusOr<bool> Inserts(const SegmentInput& segment, size_t s, int32_t layer,
+absl::StatusOr<bool> Inserts(const wire::SegmentView& segment, size_t s, int32_t layer,
                              const LayerKv& state) {
   if (segment.position == state.next_position) return true;
   if (segment.position + segment.num_tokens == state.next_position) return false;
@@ -29,8 +29,8 @@ absl::StatusOr<bool> Inserts(const SegmentInput& segment, size_t s, int32_t laye
 
 // The compressed rows segment `s` brings: exactly the missing ones when it
 // inserts, at most the last ones when it repeats a step.
-absl::Status CheckCompressedRows(const SegmentInput& segment, size_t s, int32_t layer, int ratio,
-                                 bool insert, int32_t rows_now, int32_t rows_after) {
+absl::Status CheckCompressedRows(const wire::SegmentView& segment, size_t s, int32_t layer,
+                                 int ratio, bool insert, int32_t rows_now, int32_t rows_after) {
   // Formatted only for an error: this runs for every segment of every message.
   const auto field = [s] { return absl::StrCat("segments[", s, "]"); };
   const int32_t end = segment.position + segment.num_tokens;
@@ -61,11 +61,11 @@ absl::Status CheckCompressedRows(const SegmentInput& segment, size_t s, int32_t 
 
 // Per segment: does it insert, and how many compressed rows follow its step.
 // Defers the plan, and stops, at a session layer this wave writes already.
-absl::Status CheckPositions(const AttendInput& input, const WrittenLayers& written,
+absl::Status CheckPositions(const wire::AttendRequestView& input, const WrittenLayers& written,
                             AttendPlan& plan) {
   const int ratio = plan.profile->compress_ratio(input.layer);
   for (size_t s = 0; s < input.segments.size(); ++s) {
-    const SegmentInput& segment = input.segments[s];
+    const wire::SegmentView& segment = input.segments[s];
     const LayerKv& state = plan.sessions[s]->layers[input.layer];
     if (written.contains(SessionLayer{plan.sessions[s], input.layer})) {
       plan.defer = true;
@@ -88,21 +88,23 @@ absl::Status CheckPositions(const AttendInput& input, const WrittenLayers& writt
 
 // kv when any segment inserts (or the message sends it anyway), and
 // compressed_kv holding every segment's compressed rows.
-absl::Status CheckRowTensors(const AttendInput& input, const AttendPlan& plan) {
+absl::Status CheckRowTensors(const wire::AttendRequestView& input, const AttendPlan& plan) {
   const bool any_insert = std::find(plan.inserts.begin(), plan.inserts.end(), true) !=
                           plan.inserts.end();
-  if (any_insert || input.kv.present) {
+  if (any_insert || input.kv.has_value()) {
     if (absl::Status status =
-            CheckTensor(input.kv, "kv", DType::kBf16, {plan.num_tokens, kHeadDim});
+            wire::CheckTensor(input.kv, "kv", wire::DType::kBf16, {plan.num_tokens, kHeadDim});
         !status.ok()) {
       return status;
     }
   }
   int64_t compressed_rows = 0;
-  for (const SegmentInput& segment : input.segments) compressed_rows += segment.num_compressed_rows;
-  if (compressed_rows > 0 || input.compressed_kv.present) {
-    return CheckTensor(input.compressed_kv, "compressed_kv", DType::kBf16,
-                       {compressed_rows, kHeadDim});
+  for (const wire::SegmentView& segment : input.segments) {
+    compressed_rows += segment.num_compressed_rows;
+  }
+  if (compressed_rows > 0 || input.compressed_kv.has_value()) {
+    return wire::CheckTensor(input.compressed_kv, "compressed_kv", wire::DType::kBf16,
+                             {compressed_rows, kHeadDim});
   }
   return absl::OkStatus();
 }
@@ -110,10 +112,11 @@ absl::Status CheckRowTensors(const AttendInput& input, const AttendPlan& plan) {
 // Row t of a [T, width] int32 tensor: in the message's memory when the
 // tensor is one aligned piece (the usual case), else copied into `scratch`
 // (width entries).
-const int32_t* Int32Row(const TensorInput& tensor, int64_t t, int64_t width, int32_t* scratch) {
+const int32_t* Int32Row(const wire::TensorView& tensor, int64_t t, int64_t width,
+                        int32_t* scratch) {
   const int64_t at = t * width * 4;
-  if (tensor.pieces.size() == 1 && reinterpret_cast<uintptr_t>(tensor.pieces[0].first) % 4 == 0) {
-    return reinterpret_cast<const int32_t*>(tensor.pieces[0].first + at);
+  if (tensor.pieces.size() == 1 && reinterpret_cast<uintptr_t>(tensor.pieces[0].data()) % 4 == 0) {
+    return reinterpret_cast<const int32_t*>(tensor.pieces[0].data() + at);
   }
   tensor.CopyRange(at, width * 4, scratch);
   return scratch;
@@ -122,15 +125,15 @@ const int32_t* Int32Row(const TensorInput& tensor, int64_t t, int64_t width, int
 // Every top-k entry is -1 or a compressed row that exists at its token's
 // position. Read where the message holds it (the launcher copies it once,
 // into the staging).
-absl::Status CheckTopkRows(const AttendInput& input, const AttendPlan& plan) {
+absl::Status CheckTopkRows(const wire::AttendRequestView& input, const AttendPlan& plan) {
   const int ratio = plan.profile->compress_ratio(input.layer);
   const int64_t width = plan.topk_width;
   std::vector<int32_t> scratch(width);
   int64_t t = 0;
-  for (const SegmentInput& segment : input.segments) {
+  for (const wire::SegmentView& segment : input.segments) {
     for (int32_t i = 0; i < segment.num_tokens; ++i, ++t) {
       const int32_t rows = (segment.position + i + 1) / ratio;
-      const int32_t* row_of = Int32Row(input.topk, t, width, scratch.data());
+      const int32_t* row_of = Int32Row(*input.topk, t, width, scratch.data());
       // -1..rows-1 are the unsigned values 0..rows of row + 1: one branchless
       // comparison an entry (a loop that vectorises); the entries are looked
       // at one by one only to name a bad one.
@@ -153,25 +156,26 @@ absl::Status CheckTopkRows(const AttendInput& input, const AttendPlan& plan) {
 }
 
 // A C4A layer's queries attend the message's top-k; no other layer takes one.
-absl::Status CheckTopk(const AttendInput& input, AttendPlan& plan) {
+absl::Status CheckTopk(const wire::AttendRequestView& input, AttendPlan& plan) {
   const ModelProfile& profile = *plan.profile;
   const LayerKind kind = profile.layer_kind(input.layer);
-  if (!input.topk.present && kind == LayerKind::kC4A) {
+  if (!input.topk.has_value() && kind == LayerKind::kC4A) {
     return absl::InvalidArgumentError(absl::StrCat(
         "topk: layer ", input.layer, " is C4A; its queries attend the indexer's top-k "
         "compressed rows, so the message must carry them ([T, K] int32, -1 pads)"));
   }
-  if (!input.topk.present) return absl::OkStatus();
+  if (!input.topk.has_value()) return absl::OkStatus();
   if (kind != LayerKind::kC4A) {
     return absl::InvalidArgumentError(absl::StrCat(
         "topk: layer ", input.layer, " is ", LayerKindName(kind),
         "; only C4A layers take the indexer's top-k (the server lists C128A rows itself)"));
   }
-  if (absl::Status status = CheckTensor(input.topk, "topk", DType::kI32, {plan.num_tokens, -1});
+  if (absl::Status status =
+          wire::CheckTensor(input.topk, "topk", wire::DType::kI32, {plan.num_tokens, -1});
       !status.ok()) {
     return status;
   }
-  const int64_t width = input.topk.shape[1];
+  const int64_t width = input.topk->shape[1];
   if (width < 1 || width > profile.indexer_topk) {
     return absl::InvalidArgumentError(absl::StrCat("topk: width ", width, " is outside 1..",
                                                    profile.indexer_topk, " for ", profile.name));
@@ -182,13 +186,14 @@ absl::Status CheckTopk(const AttendInput& input, AttendPlan& plan) {
 
 }  // namespace
 
-absl::StatusOr<AttendPlan> AttendPlanner::Plan(const AttendInput& input, WrittenLayers& written) {
+absl::StatusOr<AttendPlan> AttendPlanner::Plan(const wire::AttendRequestView& input,
+                                               WrittenLayers& written) {
   AttendPlan plan;
   plan.input = &input;
   if (absl::Status status = CheckSegments(input, plan); !status.ok()) return status;
   if (absl::Status status = CheckHeadsAndSize(input, plan); !status.ok()) return status;
-  if (absl::Status status =
-          CheckTensor(input.q, "q", DType::kBf16, {plan.num_tokens, plan.num_heads, kHeadDim});
+  if (absl::Status status = wire::CheckTensor(input.q, "q", wire::DType::kBf16,
+                                              {plan.num_tokens, plan.num_heads, kHeadDim});
       !status.ok()) {
     return status;
   }
@@ -210,7 +215,7 @@ absl::StatusOr<AttendPlan> AttendPlanner::Plan(const AttendInput& input, Written
 
 // Each segment names a session of this server, once; all of one model and
 // head count; token counts and positions within bounds.
-absl::Status AttendPlanner::CheckSegments(const AttendInput& input, AttendPlan& plan) {
+absl::Status AttendPlanner::CheckSegments(const wire::AttendRequestView& input, AttendPlan& plan) {
   if (input.segments.empty()) {
     return absl::InvalidArgumentError("segments: a message needs at least one segment of tokens");
   }
@@ -220,7 +225,7 @@ absl::Status AttendPlanner::CheckSegments(const AttendInput& input, AttendPlan& 
   plan.inserts.reserve(input.segments.size());
   plan.rows_after.reserve(input.segments.size());
   for (size_t s = 0; s < input.segments.size(); ++s) {
-    const SegmentInput& segment = input.segments[s];
+    const wire::SegmentView& segment = input.segments[s];
     absl::StatusOr<Session*> session = sessions_.Find(segment.session_id);
     if (!session.ok()) {
       return absl::Status(session.status().code(),
@@ -264,7 +269,7 @@ absl::Status AttendPlanner::CheckSegments(const AttendInput& input, AttendPlan& 
 }
 
 // The message's tokens, layer and heads exist, and its answer fits a message.
-absl::Status AttendPlanner::CheckHeadsAndSize(const AttendInput& input,
+absl::Status AttendPlanner::CheckHeadsAndSize(const wire::AttendRequestView& input,
                                               const AttendPlan& plan) const {
   const ModelProfile& profile = *plan.profile;
   const int64_t tokens = plan.num_tokens;
@@ -300,7 +305,7 @@ absl::Status AttendPlanner::CheckHeadsAndSize(const AttendInput& input,
 void AttendPlanner::Commit(const AttendPlan& plan, absl::Time now) {
   for (size_t s = 0; s < plan.sessions.size(); ++s) {
     LayerKv& state = plan.sessions[s]->layers[plan.input->layer];
-    const SegmentInput& segment = plan.input->segments[s];
+    const wire::SegmentView& segment = plan.input->segments[s];
     state.next_position = std::max(state.next_position, segment.position + segment.num_tokens);
     state.compressed_rows = std::max(state.compressed_rows, plan.rows_after[s]);
     plan.sessions[s]->last_used = now;

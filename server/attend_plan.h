@@ -17,7 +17,7 @@
 // go back (ReturnPages). The plans of one wave that can share a kernel
 // launch form a LaunchGroup.
 //
-// A plan points into its AttendInput and the sessions, which must outlive
+// A plan points into its message and the sessions, which must outlive
 // it; the planner points at the session table and the pool, which must
 // outlive it. Not thread-safe: the engine thread owns it.
 #ifndef MLA_OFFLOAD_SERVER_ATTEND_PLAN_H_
@@ -71,7 +71,7 @@ using WrittenLayers = absl::flat_hash_set<SessionLayer>;
 // One Attend message, checked, with what its launch needs to know.
 struct AttendPlan {
   int index = 0;  // in the batch
-  const AttendInput* input = nullptr;
+  const wire::AttendRequestView* input = nullptr;
   const ModelProfile* profile = nullptr;
   std::vector<Session*> sessions;   // per segment
   std::vector<bool> inserts;        // per segment: write its rows (else another rank did)
@@ -91,15 +91,16 @@ class AttendPlanner {
 
   // The plan of `input`, whose session layers it writes are added to
   // `written`; or why the message may not run, with nothing changed.
-  absl::StatusOr<AttendPlan> Plan(const AttendInput& input, WrittenLayers& written);
+  absl::StatusOr<AttendPlan> Plan(const wire::AttendRequestView& input, WrittenLayers& written);
   // The plan's launch succeeded: its session layers advance past its tokens.
   static void Commit(const AttendPlan& plan, absl::Time now);
   // The plan's launch failed: the pages it took go back to the pool.
   void ReturnPages(AttendPlan& plan) { plan.pages.ReturnPages(pool_); }
 
  private:
-  absl::Status CheckSegments(const AttendInput& input, AttendPlan& plan);
-  absl::Status CheckHeadsAndSize(const AttendInput& input, const AttendPlan& plan) const;
+  absl::Status CheckSegments(const wire::AttendRequestView& input, AttendPlan& plan);
+  absl::Status CheckHeadsAndSize(const wire::AttendRequestView& input,
+                                 const AttendPlan& plan) const;
 
   SessionTable& sessions_;
   KvBlockPool& pool_;

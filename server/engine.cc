@@ -38,8 +38,8 @@ Engine::Engine(std::unique_ptr<ComputeBackend> backend, KvBlockPool pool,
 
 Engine::~Engine() = default;
 
-absl::StatusOr<CreateSessionResult> Engine::CreateSession(const CreateSessionInput& input,
-                                                          absl::Time now) {
+absl::StatusOr<CreateSessionResult> Engine::CreateSession(
+    const wire::CreateSessionRequestView& input, absl::Time now) {
   return sessions_.Create(input, now);
 }
 
@@ -53,7 +53,8 @@ std::vector<SessionSummary> Engine::ListSessions(absl::Time now) const {
 
 std::vector<std::string> Engine::ExpireIdle(absl::Time now) { return sessions_.ExpireIdle(now); }
 
-absl::StatusOr<AppendResult> Engine::AppendKV(const AppendInput& input, absl::Time now) {
+absl::StatusOr<AppendResult> Engine::AppendKV(const wire::AppendKVRequestView& input,
+                                              absl::Time now) {
   absl::StatusOr<AppendPlan> plan = append_planner_.Plan(input);
   if (!plan.ok()) return plan.status();
   if (absl::Status status = launcher_->Append(*plan); !status.ok()) {
@@ -64,20 +65,20 @@ absl::StatusOr<AppendResult> Engine::AppendKV(const AppendInput& input, absl::Ti
   return AppendPlanner::Commit(*plan, now);
 }
 
-std::vector<AttendResult> Engine::Attend(const std::vector<const AttendInput*>& batch,
+std::vector<AttendResult> Engine::Attend(const std::vector<const ReceivedAttend*>& batch,
                                          absl::Time now) {
   std::vector<AttendResult> results(batch.size());
   std::vector<int> pending(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
     pending[i] = static_cast<int>(i);
-    results[i].request_id = batch[i]->request_id;
+    results[i].request_id = batch[i]->request.request_id;
     results[i].timing.queue_us = absl::ToDoubleMicroseconds(now - batch[i]->arrival);
   }
   while (!pending.empty()) pending = RunWave(batch, pending, now, results);
   return results;
 }
 
-std::vector<int> Engine::RunWave(const std::vector<const AttendInput*>& batch,
+std::vector<int> Engine::RunWave(const std::vector<const ReceivedAttend*>& batch,
                                  const std::vector<int>& pending, absl::Time now,
                                  std::vector<AttendResult>& results) {
   WrittenLayers written;
@@ -86,7 +87,7 @@ std::vector<int> Engine::RunWave(const std::vector<const AttendInput*>& batch,
   std::vector<int> deferred;
   const auto planning = std::chrono::steady_clock::now();
   for (int index : pending) {
-    absl::StatusOr<AttendPlan> plan = attend_planner_.Plan(*batch[index], written);
+    absl::StatusOr<AttendPlan> plan = attend_planner_.Plan(batch[index]->request, written);
     if (!plan.ok()) {
       results[index].status = plan.status();
     } else if (plan->defer) {

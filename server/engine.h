@@ -66,9 +66,9 @@ class Engine {
                                                         const EngineOptions& options);
   ~Engine();
 
-  absl::StatusOr<CreateSessionResult> CreateSession(const CreateSessionInput& input,
+  absl::StatusOr<CreateSessionResult> CreateSession(const wire::CreateSessionRequestView& input,
                                                     absl::Time now);
-  absl::StatusOr<AppendResult> AppendKV(const AppendInput& input, absl::Time now);
+  absl::StatusOr<AppendResult> AppendKV(const wire::AppendKVRequestView& input, absl::Time now);
   // Frees the session's blocks; returns how many.
   absl::StatusOr<int64_t> CloseSession(const std::string& session_id);
   std::vector<SessionSummary> ListSessions(absl::Time now) const;
@@ -76,7 +76,7 @@ class Engine {
   std::vector<std::string> ExpireIdle(absl::Time now);
 
   // Runs a batch; results[i] answers *batch[i].
-  std::vector<AttendResult> Attend(const std::vector<const AttendInput*>& batch, absl::Time now);
+  std::vector<AttendResult> Attend(const std::vector<const ReceivedAttend*>& batch, absl::Time now);
 
   const EngineOptions& options() const { return options_; }
   const ComputeBackend& backend() const { return *backend_; }
@@ -89,7 +89,7 @@ class Engine {
          std::unique_ptr<Launcher> launcher, const EngineOptions& options);
   // Plans the pending messages of a batch and runs those that may run now;
   // returns those deferred to the next wave.
-  std::vector<int> RunWave(const std::vector<const AttendInput*>& batch,
+  std::vector<int> RunWave(const std::vector<const ReceivedAttend*>& batch,
                            const std::vector<int>& pending, absl::Time now,
                            std::vector<AttendResult>& results);
   // Launches one group and writes its answers (or its failure) into results.

@@ -112,7 +112,7 @@ class Launcher::GroupLaunch {
   // `parallel_copies`) and fills its tokens' arrays, from `start` on.
   void StageMessage(const AttendPlan& plan, PlanStart start, bool parallel_copies);
   // Copies `tensor` to `dst`, on the copy threads when `parallel`.
-  void Copy(const TensorInput& tensor, void* dst, bool parallel);
+  void Copy(const wire::TensorView& tensor, void* dst, bool parallel);
   // The page tables of segment `s` of `plan` at entry `page` on; where the
   // SWA and the compressed table start. `page` moves past them.
   std::pair<int32_t, int32_t> StageTables(const AttendPlan& plan, size_t s, int64_t& page);
@@ -240,7 +240,7 @@ absl::Status Launcher::GroupLaunch::Stage() {
   return absl::OkStatus();
 }
 
-void Launcher::GroupLaunch::Copy(const TensorInput& tensor, void* dst, bool parallel) {
+void Launcher::GroupLaunch::Copy(const wire::TensorView& tensor, void* dst, bool parallel) {
   if (parallel) {
     launcher_.CopyOut(tensor, static_cast<uint8_t*>(dst));
   } else {
@@ -250,15 +250,15 @@ void Launcher::GroupLaunch::Copy(const TensorInput& tensor, void* dst, bool para
 
 void Launcher::GroupLaunch::StageMessage(const AttendPlan& plan, PlanStart start,
                                          bool parallel_copies) {
-  const AttendInput& input = *plan.input;
+  const wire::AttendRequestView& input = *plan.input;
   const int64_t t0 = start.token;
-  Copy(input.q, q_.data() + t0 * group_.num_heads * kRowBytes, parallel_copies);
+  Copy(*input.q, q_.data() + t0 * group_.num_heads * kRowBytes, parallel_copies);
   // Without kv no segment inserts: its tokens' SWA slots stay -1 and the
   // prologue reads none of their rows.
-  if (input.kv.present) Copy(input.kv, kv_.data() + t0 * kRowBytes, parallel_copies);
+  if (input.kv.has_value()) Copy(*input.kv, kv_.data() + t0 * kRowBytes, parallel_copies);
   // A message's top-k rows as wide as the launch's lists are one copy.
   if (plan.topk_width > 0 && plan.topk_width == shape_.extra_width) {
-    Copy(input.topk, extra_indices_.data() + t0 * shape_.extra_width, parallel_copies);
+    Copy(*input.topk, extra_indices_.data() + t0 * shape_.extra_width, parallel_copies);
   }
   const int ratio = plan.profile->compress_ratio(input.layer);
   int64_t compressed_row = 0;  // of the message's compressed_kv
@@ -266,7 +266,7 @@ void Launcher::GroupLaunch::StageMessage(const AttendPlan& plan, PlanStart start
   int64_t page = start.page;
   int64_t t = t0;
   for (size_t s = 0; s < input.segments.size(); ++s) {
-    const SegmentInput& segment = input.segments[s];
+    const wire::SegmentView& segment = input.segments[s];
     if (plan.inserts[s] && segment.num_compressed_rows > 0) {
       compressed_.AddCompressed(at, input.compressed_kv, compressed_row,
                                 plan.sessions[s]->layers[input.layer],
@@ -310,8 +310,8 @@ void Launcher::GroupLaunch::StageToken(const AttendPlan& plan, size_t s, int64_t
   if (plan.profile->layer_kind(layer) == LayerKind::kC4A) {
     extra_rule_[t] = plan.topk_width;
     if (plan.topk_width != shape_.extra_width) {
-      plan.input->topk.CopyRange(m * plan.topk_width * 4, int64_t{plan.topk_width} * 4,
-                                 extra_indices_.data() + t * shape_.extra_width);
+      plan.input->topk->CopyRange(m * plan.topk_width * 4, int64_t{plan.topk_width} * 4,
+                                  extra_indices_.data() + t * shape_.extra_width);
     }
   } else {
     extra_rule_[t] = -ratio;  // 0 without compressed keys
@@ -430,8 +430,8 @@ Launcher::Launcher(ComputeBackend& backend, CachePoolView pool, int32_t max_posi
       answers_(backend, kMaxPinnedAnswerBytes),
       copiers_(CopyThreads(copy_threads)) {}
 
-void Launcher::CopyOut(const TensorInput& tensor, uint8_t* dst) {
-  const int64_t bytes = tensor.bytes();
+void Launcher::CopyOut(const wire::TensorView& tensor, uint8_t* dst) {
+  const int64_t bytes = static_cast<int64_t>(tensor.size_bytes());
   const int64_t pieces =
       std::min<int64_t>(copiers_.num_threads(), std::max<int64_t>(1, bytes / kMinCopyPiece));
   if (pieces <= 1) {
@@ -528,7 +528,7 @@ absl::Status Launcher::AppendPass(const AppendPlan& plan, RopeKind rope) {
   int64_t swa_at = 0;
   int64_t compressed_at = 0;
   for (int layer : layers) {
-    const LayerRowsInput& rows = *plan.by_layer[layer];
+    const wire::LayerRowsView& rows = *plan.by_layer[layer];
     const LayerKv& state = session.layers[layer];
     const int32_t new_rows = plan.RowsAfter(layer) - state.compressed_rows;
     swa.AddSwa(swa_at, rows.swa_kv, swa_from - plan.first, state, swa_from, plan.end - swa_from);

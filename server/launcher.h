@@ -98,7 +98,7 @@ class Launcher {
   // The rows of one RoPE kind of an AppendKV.
   absl::Status AppendPass(const AppendPlan& plan, RopeKind rope);
   // Copies `tensor` to `dst`; a large one in pieces on the copy threads.
-  void CopyOut(const TensorInput& tensor, uint8_t* dst);
+  void CopyOut(const wire::TensorView& tensor, uint8_t* dst);
   // Uploads `packed` and runs a prologue without queries that writes `swa`
   // and `compressed`, two RowInserts of it.
   absl::Status Insert(const PackedArrays& packed, const RowInsert& swa,

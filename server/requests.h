@@ -1,57 +1,21 @@
-// What the engine is asked to do and what it answers, free of gRPC: the
-// service turns wire messages into these (tensor bytes stay where gRPC put
-// them; TensorInput points at them) and results back into wire messages.
+// What the engine answers, free of gRPC: results, timing and summaries,
+// which the service turns into wire messages. The engine takes its requests
+// as the wire views of proto/views.h (tensor bytes stay where gRPC put them);
+// an Attend message travels with its arrival time (ReceivedAttend).
 #ifndef MLA_OFFLOAD_SERVER_REQUESTS_H_
 #define MLA_OFFLOAD_SERVER_REQUESTS_H_
 
 #include <cstdint>
-#include <cstring>
 #include <memory>
 #include <string>
-#include <utility>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "kernels/geometry.h"
+#include "proto/views.h"
 
 namespace mla {
-
-// Element types, numbered as mla_offload.v1.DType.
-enum class DType : int { kUnspecified = 0, kBf16 = 1, kF32 = 2, kI32 = 3 };
-
-// A tensor received from a client: dtype, shape and its bytes as pieces of
-// memory owned by whoever built the TensorInput (the gRPC message buffers),
-// which must outlive the request.
-struct TensorInput {
-  bool present = false;  // the field was in the message
-  int dtype = 0;         // a DType value, or whatever the client sent
-  std::vector<int64_t> shape;
-  std::vector<std::pair<const uint8_t*, size_t>> pieces;
-
-  int64_t bytes() const {
-    int64_t total = 0;
-    for (const auto& piece : pieces) total += static_cast<int64_t>(piece.second);
-    return total;
-  }
-  // Copies the data into contiguous memory of bytes() bytes.
-  void CopyTo(void* dst) const {
-    uint8_t* out = static_cast<uint8_t*>(dst);
-    for (const auto& piece : pieces) {
-      std::memcpy(out, piece.first, piece.second);
-      out += piece.second;
-    }
-  }
-  // Copies bytes [offset, offset + length) of the data.
-  void CopyRange(int64_t offset, int64_t length, void* dst) const;
-};
-
-// Checks dtype and shape ({-1} entries match any size); InvalidArgument
-// naming the field otherwise. Also checks that the bytes match the shape
-// (a shape whose byte count overflows int64 matches no data).
-absl::Status CheckTensor(const TensorInput& tensor, absl::string_view field, DType dtype,
-                         const std::vector<int64_t>& shape);
 
 // A string the client sent (a session id, a model name), fit to quote in an
 // error message: at most 64 bytes of it, C-escaped, then its length if it
@@ -60,31 +24,10 @@ std::string EchoClientText(absl::string_view text);
 
 // ---- Sessions and their KV: CreateSession, AppendKV, ListSessions.
 
-struct CreateSessionInput {
-  std::string model;
-  int32_t num_heads = 0;
-  TensorInput sinks;  // optional f32 [layers, h_total] or [layers, num_heads]
-  int32_t idle_ttl_seconds = 0;
-};
-
 struct CreateSessionResult {
   std::string session_id;
   int num_heads = 0;
   int padded_heads = 0;
-};
-
-struct LayerRowsInput {
-  int32_t layer = 0;
-  TensorInput swa_kv;         // [P, 512] bf16
-  TensorInput compressed_kv;  // [M, 512] bf16
-  int32_t first_compressed_row = 0;
-};
-
-struct AppendInput {
-  std::string session_id;
-  int32_t first_position = 0;
-  int32_t num_positions = 0;
-  std::vector<LayerRowsInput> layers;
 };
 
 struct AppendResult {
@@ -103,26 +46,12 @@ struct SessionSummary {
 
 // ---- Attend messages and their answers.
 
-struct SegmentInput {
-  std::string session_id;
-  int32_t position = 0;
-  int32_t num_tokens = 0;
-  int32_t first_compressed_row = 0;
-  int32_t num_compressed_rows = 0;
-};
-
-struct AttendInput {
-  uint64_t request_id = 0;
-  int32_t layer = 0;
-  std::vector<SegmentInput> segments;
-  int32_t head_offset = 0;
-  TensorInput q;              // [T, H, 512] bf16
-  TensorInput kv;             // [T, 512] bf16
-  TensorInput compressed_kv;  // [M, 512] bf16
-  TensorInput topk;           // [T, K] int32
-  bool return_lse = false;
-  bool derotate_output = false;
-  absl::Time arrival;         // when the service received it
+// One Attend message as the engine runs it: the parsed wire message, whose
+// tensors point into the received slices it keeps alive, and when the
+// service received it (on the scheduler's clock).
+struct ReceivedAttend {
+  wire::AttendRequestView request;
+  absl::Time arrival;
 };
 
 // A message's time in each stage (mla_offload.v1.Timing), microseconds.
@@ -137,7 +66,7 @@ struct AttendTiming {
   double readback_us = 0;
 };
 
-// The answer to one AttendInput. On success `out` ([T, H, 512] bf16) and,
+// The answer to one Attend message. On success `out` ([T, H, 512] bf16) and,
 // when asked, `lse` ([T, H] fp32) point into memory kept alive by
 // `keep_alive`, shared with the other requests of the same launch.
 struct AttendResult {

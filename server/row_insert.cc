@@ -15,12 +15,14 @@ void RowInsert::Open(PackedArrays& packed) {
   rows_ = packed.Array(rows_place_);
 }
 
-void RowInsert::CopyRows(int64_t at, const TensorInput& src, int64_t src_row, int32_t count) {
-  src.CopyRange(src_row * kRowBytes, int64_t{count} * kRowBytes, rows_.data() + at * kRowBytes);
+void RowInsert::CopyRows(int64_t at, const std::optional<wire::TensorView>& src, int64_t src_row,
+                         int32_t count) {
+  if (count == 0) return;
+  src->CopyRange(src_row * kRowBytes, int64_t{count} * kRowBytes, rows_.data() + at * kRowBytes);
 }
 
-void RowInsert::AddSwa(int64_t at, const TensorInput& src, int64_t src_row, const LayerKv& layer,
-                       int32_t first_position, int32_t count) {
+void RowInsert::AddSwa(int64_t at, const std::optional<wire::TensorView>& src, int64_t src_row,
+                       const LayerKv& layer, int32_t first_position, int32_t count) {
   CopyRows(at, src, src_row, count);
   for (int32_t i = 0; i < count; ++i) {
     positions_[at + i] = first_position + i;
@@ -28,8 +30,9 @@ void RowInsert::AddSwa(int64_t at, const TensorInput& src, int64_t src_row, cons
   }
 }
 
-void RowInsert::AddCompressed(int64_t at, const TensorInput& src, int64_t src_row,
-                              const LayerKv& layer, int32_t first_row, int32_t count, int ratio) {
+void RowInsert::AddCompressed(int64_t at, const std::optional<wire::TensorView>& src,
+                              int64_t src_row, const LayerKv& layer, int32_t first_row,
+                              int32_t count, int ratio) {
   CopyRows(at, src, src_row, count);
   for (int32_t i = 0; i < count; ++i) {
     positions_[at + i] = (first_row + i) * ratio;

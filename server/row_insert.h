@@ -7,17 +7,20 @@
 //
 // Construct before the PackedArrays get their memory (it reserves the
 // arrays), Open() after, then add the rows at the indices the caller
-// assigns, each of 0..rows()-1 once. The RowInsert points into the PackedArrays, which
-// must outlive it; the rows are copied out of the TensorInputs when added.
+// assigns, each of 0..rows()-1 once. The RowInsert points into the
+// PackedArrays, which must outlive it; the rows are copied out of the
+// request's tensors when added (a tensor the request lacks may add no rows).
 // Adds to disjoint indices may run on several threads at once.
 #ifndef MLA_OFFLOAD_SERVER_ROW_INSERT_H_
 #define MLA_OFFLOAD_SERVER_ROW_INSERT_H_
 
 #include <cstdint>
+#include <optional>
 
 #include "absl/types/span.h"
 #include "kernels/backend.h"
 #include "kernels/cache_format.h"
+#include "proto/views.h"
 #include "server/packed_arrays.h"
 #include "server/requests.h"
 #include "server/session.h"
@@ -33,12 +36,12 @@ class RowInsert {
 
   // Rows src_row.. of `src` ([*, 512] bf16) are the SWA rows of positions
   // first_position.. of `layer`; they go to indices at..at+count-1.
-  void AddSwa(int64_t at, const TensorInput& src, int64_t src_row, const LayerKv& layer,
-              int32_t first_position, int32_t count);
+  void AddSwa(int64_t at, const std::optional<wire::TensorView>& src, int64_t src_row,
+              const LayerKv& layer, int32_t first_position, int32_t count);
   // Rows src_row.. of `src` are compressed rows first_row.. of `layer`, whose
   // compress ratio is `ratio` (row j sits at position j * ratio).
-  void AddCompressed(int64_t at, const TensorInput& src, int64_t src_row, const LayerKv& layer,
-                     int32_t first_row, int32_t count, int ratio);
+  void AddCompressed(int64_t at, const std::optional<wire::TensorView>& src, int64_t src_row,
+                     const LayerKv& layer, int32_t first_row, int32_t count, int ratio);
 
   // The prologue's view of the rows in `device`, the device's copy of the
   // PackedArrays.
@@ -46,7 +49,8 @@ class RowInsert {
 
  private:
   // Copies `count` rows of `src` from row `src_row` on to index `at`.
-  void CopyRows(int64_t at, const TensorInput& src, int64_t src_row, int32_t count);
+  void CopyRows(int64_t at, const std::optional<wire::TensorView>& src, int64_t src_row,
+                int32_t count);
 
   PackedArrays::Place<int32_t> positions_place_;
   PackedArrays::Place<int32_t> slots_place_;

@@ -11,9 +11,9 @@ namespace {
 // The tokens a message claims, for the batch's budget. Not yet validated
 // (the engine refuses a bad count), so a negative count counts as none: it
 // must not make room in the batch for others.
-int64_t TokensOf(const AttendInput& input) {
+int64_t TokensOf(const wire::AttendRequestView& input) {
   int64_t tokens = 0;
-  for (const SegmentInput& segment : input.segments) {
+  for (const wire::SegmentView& segment : input.segments) {
     tokens += std::max<int32_t>(segment.num_tokens, 0);
   }
   return tokens;
@@ -33,7 +33,7 @@ Scheduler::~Scheduler() {
   thread_.join();
 }
 
-absl::Status Scheduler::SubmitAttend(std::shared_ptr<const AttendInput> input, AttendDone done,
+absl::Status Scheduler::SubmitAttend(std::shared_ptr<const ReceivedAttend> input, AttendDone done,
                                      std::shared_ptr<const AttendStreamTag> stream) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -43,7 +43,7 @@ absl::Status Scheduler::SubmitAttend(std::shared_ptr<const AttendInput> input, A
           "the server's queue is full (", options_.max_queued_messages,
           " messages waiting); retry later, send fewer messages in flight, or add servers"));
     }
-    const int64_t tokens = TokensOf(*input);
+    const int64_t tokens = TokensOf(input->request);
     if (stream != nullptr) streams_[stream.get()] = StreamSeen{stream, options_.clock()};
     queue_.push_back(Item{std::move(input), tokens, std::move(done), std::move(stream), nullptr});
     ++queued_attends_;
@@ -182,14 +182,14 @@ void Scheduler::RunBatch(std::vector<Item>& batch) {
       continue;
     }
     AttendResult result;
-    result.request_id = item.attend->request_id;
+    result.request_id = item.attend->request.request_id;
     result.status = absl::CancelledError(
         "the stream was cancelled before this message ran; nothing of it was applied");
     item.done(std::move(result));
   }
   if (live.empty()) return;
   const auto start = std::chrono::steady_clock::now();
-  std::vector<const AttendInput*> inputs;
+  std::vector<const ReceivedAttend*> inputs;
   BatchStats stats;
   for (const Item& item : live) {
     inputs.push_back(item.attend.get());

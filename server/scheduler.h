@@ -87,7 +87,7 @@ class Scheduler {
   // own); `done` is called exactly once with its result unless this returns
   // an error (queue full, or stopped). When the stream is cancelled as the
   // message's batch forms, the message is answered CANCELLED and not run.
-  absl::Status SubmitAttend(std::shared_ptr<const AttendInput> input, AttendDone done,
+  absl::Status SubmitAttend(std::shared_ptr<const ReceivedAttend> input, AttendDone done,
                             std::shared_ptr<const AttendStreamTag> stream = nullptr);
   // Queues work that needs the engine; it runs on the engine thread, in FIFO
   // order with the Attend messages.
@@ -109,7 +109,7 @@ class Scheduler {
 
  private:
   struct Item {
-    std::shared_ptr<const AttendInput> attend;
+    std::shared_ptr<const ReceivedAttend> attend;
     int64_t tokens = 0;
     AttendDone done;
     std::shared_ptr<const AttendStreamTag> stream;

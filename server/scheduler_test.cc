@@ -74,9 +74,9 @@ TEST(SchedulerTest, RunNextGoesAheadOfQueuedWork) {
     return Scheduler::Reply();
   });
   for (int i = 0; i < 2; ++i) {
-    auto input = std::make_shared<AttendInput>();
-    input->request_id = i;
-    input->segments.push_back({"no such session", 0, 1, 0, 0});
+    auto input = std::make_shared<ReceivedAttend>();
+    input->request.request_id = i;
+    input->request.segments.push_back({"no such session", 0, 1, 0, 0});
     ASSERT_TRUE(scheduler
                     .SubmitAttend(input,
                                   [&, i](AttendResult) {
@@ -108,7 +108,7 @@ TEST(SchedulerTest, IdleExpiryFollowsTheSchedulersClock) {
   options.clock = [&now_ms] { return absl::UnixEpoch() + absl::Milliseconds(now_ms.load()); };
   Scheduler scheduler(NewEngine(), options);
   RunAndWait(scheduler, [&](Engine& engine) {
-    CreateSessionInput input;
+    wire::CreateSessionRequestView input;
     input.model = "deepseek-v4-flash";
     input.num_heads = 8;
     input.idle_ttl_seconds = 1;
@@ -132,10 +132,10 @@ TEST(SchedulerTest, IdleExpiryFollowsTheSchedulersClock) {
 
 // A message to no session (the engine refuses it; the scheduler batches it
 // all the same).
-std::shared_ptr<AttendInput> Message(uint64_t id) {
-  auto input = std::make_shared<AttendInput>();
-  input->request_id = id;
-  input->segments.push_back({"no such session", 0, 1, 0, 0});
+std::shared_ptr<ReceivedAttend> Message(uint64_t id) {
+  auto input = std::make_shared<ReceivedAttend>();
+  input->request.request_id = id;
+  input->request.segments.push_back({"no such session", 0, 1, 0, 0});
   return input;
 }
 
@@ -159,7 +159,7 @@ class Batches {
 };
 
 // Submits `input` for `stream` and returns a future of its answer.
-std::future<AttendResult> Submit(Scheduler& scheduler, std::shared_ptr<AttendInput> input,
+std::future<AttendResult> Submit(Scheduler& scheduler, std::shared_ptr<ReceivedAttend> input,
                                  std::shared_ptr<const AttendStreamTag> stream) {
   auto answer = std::make_shared<std::promise<AttendResult>>();
   std::future<AttendResult> future = answer->get_future();
@@ -228,15 +228,15 @@ TEST(SchedulerTest, ActiveStreamsMeetInOneBatchAndQuietOnesHoldNobody) {
 
 // A message of one segment claiming `tokens` tokens (the scheduler counts
 // them before the engine validates anything).
-std::shared_ptr<const AttendInput> Claiming(const std::string& session_id, int32_t tokens,
-                                            uint64_t request_id) {
-  auto input = std::make_shared<AttendInput>();
-  input->request_id = request_id;
-  input->layer = 0;
-  SegmentInput segment;
+std::shared_ptr<const ReceivedAttend> Claiming(const std::string& session_id, int32_t tokens,
+                                               uint64_t request_id) {
+  auto input = std::make_shared<ReceivedAttend>();
+  input->request.request_id = request_id;
+  input->request.layer = 0;
+  wire::SegmentView segment;
   segment.session_id = session_id;
   segment.num_tokens = tokens;
-  input->segments.push_back(segment);
+  input->request.segments.push_back(segment);
   return input;
 }
 
@@ -246,7 +246,7 @@ std::shared_ptr<const AttendInput> Claiming(const std::string& session_id, int32
 TEST(SchedulerTest, NegativeTokenCountsDoNotStretchTheBudget) {
   std::unique_ptr<Engine> engine = NewEngine();
   ASSERT_NE(engine, nullptr);
-  CreateSessionInput create;
+  wire::CreateSessionRequestView create;
   create.model = "deepseek-v4-flash";
   create.num_heads = 4;
   absl::StatusOr<CreateSessionResult> session = engine->CreateSession(create, MonotonicNow());
@@ -268,7 +268,7 @@ TEST(SchedulerTest, NegativeTokenCountsDoNotStretchTheBudget) {
   // Each message's valid count, in queue order: the bad one's is none. The
   // others name no session (the engine refuses them; the scheduler only
   // counts their tokens).
-  std::vector<std::shared_ptr<const AttendInput>> messages = {
+  std::vector<std::shared_ptr<const ReceivedAttend>> messages = {
       Claiming(session->session_id, std::numeric_limits<int32_t>::min(), 1)};
   std::vector<int64_t> valid = {0};
   for (int i = 0; i < 10; ++i) {

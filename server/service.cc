@@ -14,7 +14,6 @@
 #include "kernels/head_padding.h"
 #include "proto/attend_codec.h"
 #include "proto/unary_codec.h"
-#include "server/wire_inputs.h"
 
 namespace mla {
 namespace {
@@ -55,18 +54,6 @@ absl::Status StillWanted(const grpc::CallbackServerContext& context) {
     return absl::CancelledError("the call was cancelled before the server started it; nothing was done");
   }
   return absl::OkStatus();
-}
-
-TensorInput FromProto(const pb::Tensor& tensor, bool present) {
-  TensorInput input;
-  input.present = present;
-  input.dtype = tensor.dtype();
-  input.shape.assign(tensor.shape().begin(), tensor.shape().end());
-  if (!tensor.data().empty()) {
-    input.pieces.emplace_back(reinterpret_cast<const uint8_t*>(tensor.data().data()),
-                              tensor.data().size());
-  }
-  return input;
 }
 
 grpc::ByteBuffer ErrorResponse(uint64_t request_id, const absl::Status& status) {
@@ -143,7 +130,8 @@ class MlaOffloadService::AttendReactor final
     if (status.ok()) {
       if (service_.options_.before_queue_attend) service_.options_.before_queue_attend(sequence);
       status = service_.scheduler_.SubmitAttend(
-          ToAttendInput(*std::move(view), service_.scheduler_.Now()),
+          std::make_shared<const ReceivedAttend>(
+              ReceivedAttend{*std::move(view), service_.scheduler_.Now()}),
           [this, sequence](AttendResult result) {
             service_.metrics_.RecordAttend(result);
             Deliver(sequence, ResultResponse(result));
@@ -425,13 +413,8 @@ grpc::ServerUnaryReactor* MlaOffloadService::CreateSession(grpc::CallbackServerC
       context, "CreateSession", request, response, Queue::kFifo,
       [this](Engine& engine, grpc::CallbackServerContext& call,
              const pb::CreateSessionRequest& request, pb::CreateSessionResponse& response) {
-        CreateSessionInput input;
-        input.model = request.model();
-        input.num_heads = request.num_heads();
-        input.sinks = FromProto(request.sinks(), request.has_sinks());
-        input.idle_ttl_seconds = request.idle_ttl_seconds();
         absl::StatusOr<CreateSessionResult> result =
-            engine.CreateSession(input, scheduler_.Now());
+            engine.CreateSession(wire::CreateSessionView(request), scheduler_.Now());
         if (!result.ok()) return result.status();
         // A client that has given up would never learn the id: undo.
         if (absl::Status wanted = StillWanted(call); !wanted.ok()) {
@@ -458,16 +441,8 @@ grpc::ServerUnaryReactor* MlaOffloadService::AppendKV(grpc::CallbackServerContex
       context, "AppendKV", request, response, Queue::kFifo,
       [this](Engine& engine, grpc::CallbackServerContext&, const pb::AppendKVRequest& request,
              pb::AppendKVResponse& response) {
-        AppendInput input;
-        input.session_id = request.session_id();
-        input.first_position = request.first_position();
-        input.num_positions = request.num_positions();
-        for (const pb::LayerRows& rows : request.layers()) {
-          input.layers.push_back({rows.layer(), FromProto(rows.swa_kv(), rows.has_swa_kv()),
-                                  FromProto(rows.compressed_kv(), rows.has_compressed_kv()),
-                                  rows.first_compressed_row()});
-        }
-        absl::StatusOr<AppendResult> result = engine.AppendKV(input, scheduler_.Now());
+        absl::StatusOr<AppendResult> result =
+            engine.AppendKV(wire::AppendKVView(request), scheduler_.Now());
         if (!result.ok()) return result.status();
         response.set_next_position(result->next_position);
         response.set_kv_blocks_used(result->session_blocks);

@@ -27,15 +27,16 @@ std::string NewSessionId() {
 // The session's sink logits, [layers, sink_heads], from the request's
 // optional sinks tensor: [layers, h_total] for every head of the model, or
 // [layers, num_heads] for one slice that every rank shares.
-absl::Status ReadSinks(const CreateSessionInput& input, const ModelProfile& profile,
+absl::Status ReadSinks(const wire::CreateSessionRequestView& input, const ModelProfile& profile,
                        Session& session) {
-  if (!input.sinks.present) return absl::OkStatus();
+  if (!input.sinks.has_value()) return absl::OkStatus();
   const int layers = profile.num_attention_layers();
   const bool whole =
-      CheckTensor(input.sinks, "sinks", DType::kF32, {layers, profile.num_query_heads}).ok();
+      wire::CheckTensor(input.sinks, "sinks", wire::DType::kF32, {layers, profile.num_query_heads})
+          .ok();
   if (!whole) {
     if (absl::Status status =
-            CheckTensor(input.sinks, "sinks", DType::kF32, {layers, input.num_heads});
+            wire::CheckTensor(input.sinks, "sinks", wire::DType::kF32, {layers, input.num_heads});
         !status.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat(status.message(), " (or [", layers, ", ", profile.num_query_heads,
@@ -44,7 +45,7 @@ absl::Status ReadSinks(const CreateSessionInput& input, const ModelProfile& prof
   }
   const int sink_heads = whole ? profile.num_query_heads : input.num_heads;
   std::vector<float> sinks(static_cast<size_t>(layers) * sink_heads);
-  input.sinks.CopyTo(sinks.data());
+  input.sinks->CopyTo(sinks.data());
   for (size_t i = 0; i < sinks.size(); ++i) {
     // -inf is "no sink"; NaN or +inf would make every output of the head NaN or 0.
     if (std::isnan(sinks[i]) || sinks[i] == std::numeric_limits<float>::infinity()) {
@@ -75,8 +76,8 @@ absl::StatusOr<const ModelProfile*> SessionTable::FindModel(const std::string& n
                                                  absl::StrJoin(served, ", ")));
 }
 
-absl::StatusOr<CreateSessionResult> SessionTable::Create(const CreateSessionInput& input,
-                                                         absl::Time now) {
+absl::StatusOr<CreateSessionResult> SessionTable::Create(
+    const wire::CreateSessionRequestView& input, absl::Time now) {
   absl::StatusOr<const ModelProfile*> model = FindModel(input.model);
   if (!model.ok()) return model.status();
   const ModelProfile& profile = **model;

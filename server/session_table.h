@@ -37,7 +37,8 @@ class SessionTable {
   SessionTable(KvBlockPool& pool, std::vector<const ModelProfile*> models,
                absl::Duration default_idle_ttl);
 
-  absl::StatusOr<CreateSessionResult> Create(const CreateSessionInput& input, absl::Time now);
+  absl::StatusOr<CreateSessionResult> Create(const wire::CreateSessionRequestView& input,
+                                             absl::Time now);
   absl::StatusOr<Session*> Find(const std::string& id);
   // Frees the session's blocks; returns how many.
   absl::StatusOr<int64_t> Close(const std::string& id);

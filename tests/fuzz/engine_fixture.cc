@@ -29,17 +29,12 @@ int64_t StartingBlocks(const FixtureSession& session) {
   return blocks;
 }
 
+// A view of `data`, which outlives the request it goes into.
 template <typename T>
-TensorInput TensorOf(DType dtype, std::vector<int64_t> shape, const std::vector<T>& data) {
-  TensorInput tensor;
-  tensor.present = true;
-  tensor.dtype = static_cast<int>(dtype);
-  tensor.shape = std::move(shape);
-  if (!data.empty()) {
-    tensor.pieces.emplace_back(reinterpret_cast<const uint8_t*>(data.data()),
-                               data.size() * sizeof(T));
-  }
-  return tensor;
+wire::TensorView TensorOf(wire::DType dtype, std::vector<int64_t> shape,
+                          const std::vector<T>& data) {
+  return wire::MakeTensorView(dtype, std::move(shape), data.data(), data.size() * sizeof(T),
+                              nullptr);
 }
 
 }  // namespace
@@ -115,28 +110,28 @@ absl::StatusOr<std::string> EngineFixture::Start(size_t index) {
   const ModelProfile& profile = ProfileOf(session);
   const int layers = profile.num_attention_layers();
   const SessionData& data = data_[index];
-  CreateSessionInput create;
+  wire::CreateSessionRequestView create;
   create.model = std::string(session.model);
   create.num_heads = session.num_heads;
   if (session.sinks != Sinks::kNone) {
-    create.sinks = TensorOf(DType::kF32, {layers, static_cast<int64_t>(data.sinks.size()) / layers},
-                            data.sinks);
+    create.sinks = TensorOf(wire::DType::kF32,
+                            {layers, static_cast<int64_t>(data.sinks.size()) / layers}, data.sinks);
   }
   const absl::Time now = absl::Now();
   absl::StatusOr<CreateSessionResult> created = engine_->CreateSession(create, now);
   if (!created.ok()) return created.status();
   if (session.prompt == 0) return created->session_id;
 
-  AppendInput append;
+  wire::AppendKVRequestView append;
   append.session_id = created->session_id;
   append.num_positions = session.prompt;
   for (int layer = 0; layer < layers; ++layer) {
     const int ratio = profile.compress_ratio(layer);
-    LayerRowsInput rows;
+    wire::LayerRowsView rows;
     rows.layer = layer;
-    rows.swa_kv = TensorOf(DType::kBf16, {session.prompt, kHeadDim}, data.swa_rows[layer]);
+    rows.swa_kv = TensorOf(wire::DType::kBf16, {session.prompt, kHeadDim}, data.swa_rows[layer]);
     if (ratio != 0) {
-      rows.compressed_kv = TensorOf(DType::kBf16, {session.prompt / ratio, kHeadDim},
+      rows.compressed_kv = TensorOf(wire::DType::kBf16, {session.prompt / ratio, kHeadDim},
                                     data.compressed_rows[layer]);
     }
     append.layers.push_back(std::move(rows));

@@ -3,8 +3,8 @@
 // Mutations are half structure-aware (attend_mutator.h).
 //
 // The input is an AttendRequest in wire format. It is parsed with the codec
-// and turned into an AttendInput as the service does (server/wire_inputs.h),
-// except that segments name sessions by their alias in
+// and handed to the engine as the service does (a ReceivedAttend of
+// server/requests.h), except that segments name sessions by their alias in
 // tests/fuzz/engine_fixture.h, and run as a batch of one through
 // Engine::Attend. Besides the sanitizers, it holds the engine to its
 // contract: one answer with the message's request id; on success an output
@@ -27,7 +27,6 @@
 #include "proto/attend_codec.h"
 #include "server/engine.h"
 #include "server/requests.h"
-#include "server/wire_inputs.h"
 #include "tests/fuzz/attend_mutator.h"
 #include "tests/fuzz/engine_fixture.h"
 
@@ -84,11 +83,12 @@ void Run(const uint8_t* data, size_t size) {
   for (wire::SegmentView& segment : view->segments) {
     segment.session_id = fixture->Resolve(segment.session_id);
   }
-  const std::shared_ptr<const AttendInput> input = ToAttendInput(*std::move(view), absl::Now());
+  const ReceivedAttend received_attend{*std::move(view), absl::Now()};
+  const wire::AttendRequestView* const input = &received_attend.request;
 
   Engine& engine = fixture->engine();
   const EngineState before = StateOf(engine);
-  const std::vector<AttendResult> results = engine.Attend({input.get()}, absl::Now());
+  const std::vector<AttendResult> results = engine.Attend({&received_attend}, absl::Now());
   Require(results.size() == 1, "Attend answered a batch of one with another count",
           absl::OkStatus());
   const AttendResult& result = results[0];
@@ -101,13 +101,13 @@ void Run(const uint8_t* data, size_t size) {
     return;
   }
   int64_t tokens = 0;
-  for (const SegmentInput& segment : input->segments) tokens += segment.num_tokens;
-  Require(result.num_tokens == tokens && result.num_heads == input->q.shape[1],
+  for (const wire::SegmentView& segment : input->segments) tokens += segment.num_tokens;
+  Require(result.num_tokens == tokens && result.num_heads == input->q->shape[1],
           "the output's tokens or heads are not the message's", result.status);
   Require(result.out != nullptr && (result.lse != nullptr) == input->return_lse,
           "the output or lse is missing, or lse came unasked", result.status);
   checksum = Checksum(result.out, result.out_bytes()) ^ Checksum(result.lse, result.lse_bytes());
-  for (const SegmentInput& segment : input->segments) {
+  for (const wire::SegmentView& segment : input->segments) {
     const absl::Status restarted = fixture->Restart(segment.session_id);
     Require(restarted.ok(), "the fixture failed to restart a session", restarted);
   }
