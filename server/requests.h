@@ -1,4 +1,4 @@
-// What the engine answers, free of gRPC: results, timing and summaries,
+// What the engine answers, free of gRPC: results and summaries,
 // which the service turns into wire messages. The engine takes its requests
 // as the wire views of proto/views.h (tensor bytes stay where gRPC put them);
 // an Attend message travels with its arrival time (ReceivedAttend).
@@ -54,18 +54,6 @@ struct ReceivedAttend {
   absl::Time arrival;
 };
 
-// A message's time in each stage (mla_offload.v1.Timing), microseconds.
-struct AttendTiming {
-  double queue_us = 0;
-  double prologue_us = 0;
-  double decode_us = 0;
-  double total_us = 0;
-  int32_t batch_tokens = 0;
-  double plan_us = 0;
-  double upload_us = 0;
-  double readback_us = 0;
-};
-
 // The answer to one Attend message. On success `out` ([T, H, 512] bf16) and,
 // when asked, `lse` ([T, H] fp32) point into memory kept alive by
 // `keep_alive`, shared with the other requests of the same launch.
@@ -77,7 +65,7 @@ struct AttendResult {
   const uint8_t* out = nullptr;
   const uint8_t* lse = nullptr;  // null when not asked
   std::shared_ptr<void> keep_alive;
-  AttendTiming timing;
+  wire::TimingView timing;  // microseconds in each stage
 
   int64_t out_bytes() const { return num_tokens * num_heads * kRowBytes; }
   int64_t lse_bytes() const { return lse == nullptr ? 0 : num_tokens * num_heads * 4; }

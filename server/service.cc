@@ -75,9 +75,7 @@ grpc::ByteBuffer ResultResponse(const AttendResult& result) {
     response.lse = wire::MakeTensorView(wire::DType::kF32, {result.num_tokens, result.num_heads},
                                         result.lse, result.lse_bytes(), result.keep_alive);
   }
-  const AttendTiming& t = result.timing;
-  response.timing = wire::TimingView{t.queue_us, t.prologue_us, t.decode_us, t.total_us,
-                                     t.batch_tokens, t.plan_us, t.upload_us, t.readback_us};
+  response.timing = result.timing;
   return wire::SerializeAttendResponse(response);
 }
 
