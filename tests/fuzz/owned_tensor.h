@@ -1,4 +1,4 @@
-// A wire::TensorView (proto/attend_codec.h) that owns its data: for
+// A wire::TensorView (proto/views.h) that owns its data: for
 // messages the fuzzers' seed writer and mutator build. The view's keep_alive
 // holds the values, so the view may be copied and serialised freely.
 #ifndef MLA_OFFLOAD_TESTS_FUZZ_OWNED_TENSOR_H_
@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "proto/attend_codec.h"
+#include "proto/views.h"
 
 namespace mla::fuzz {
 
