@@ -1,5 +1,7 @@
 #include "kernels/cpu_backend.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -28,15 +30,71 @@ void FloatRowToBf16(const float* src, uint16_t* dst) {
   for (int d = 0; d < kHeadDim; ++d) dst[d] = FloatToBf16(src[d]);
 }
 
-void NormRopeQuery(const uint16_t* q, const float* cos_sin, float eps, uint16_t* q_out) {
-  float x[kHeadDim];
-  Bf16RowToFloat(q, x);
-  float squares = 0.0f;
-  for (int d = 0; d < kHeadDim; ++d) squares += x[d] * x[d];
-  const float inv_rms = 1.0f / std::sqrt(squares / kHeadDim + eps);
-  for (int d = 0; d < kHeadDim; ++d) x[d] *= inv_rms;
-  ApplyRope(cos_sin, /*inverse=*/false, x + kNopeDim);
-  FloatRowToBf16(x, q_out);
+// Heads whose sums of squares are taken together, one per vector lane.
+constexpr int kNormHeads = 8;
+
+// Transposes an 8x8 block of floats: lane j of row i goes to lane i of row j.
+inline void Transpose8x8(__m256 rows[8]) {
+  const __m256 t0 = _mm256_unpacklo_ps(rows[0], rows[1]);
+  const __m256 t1 = _mm256_unpackhi_ps(rows[0], rows[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(rows[2], rows[3]);
+  const __m256 t3 = _mm256_unpackhi_ps(rows[2], rows[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(rows[4], rows[5]);
+  const __m256 t5 = _mm256_unpackhi_ps(rows[4], rows[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(rows[6], rows[7]);
+  const __m256 t7 = _mm256_unpackhi_ps(rows[6], rows[7]);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44);
+  const __m256 u1 = _mm256_shuffle_ps(t0, t2, 0xee);
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44);
+  const __m256 u3 = _mm256_shuffle_ps(t1, t3, 0xee);
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44);
+  const __m256 u5 = _mm256_shuffle_ps(t4, t6, 0xee);
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44);
+  const __m256 u7 = _mm256_shuffle_ps(t5, t7, 0xee);
+  rows[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+  rows[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+  rows[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+  rows[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+  rows[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+  rows[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+  rows[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+  rows[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+// sums[h] = x[h][0]^2 + x[h][1]^2 + ... + x[h][511]^2 for 8 rows of 512
+// floats, each square rounded to float and added in dim order: the rounding
+// of the one-row loop this replaces (which the compiler kept in order, since
+// reordering a float sum changes it). Each lane is one row's running sum; the
+// squares of 8 dims of 8 rows are transposed so that lane h gets row h's.
+void SumSquares8(const float* x, float* sums) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int d = 0; d < kHeadDim; d += 8) {
+    __m256 squares[8];
+    for (int h = 0; h < 8; ++h) {
+      const __m256 v = _mm256_load_ps(x + h * kHeadDim + d);
+      squares[h] = _mm256_mul_ps(v, v);
+    }
+    Transpose8x8(squares);
+    for (int i = 0; i < 8; ++i) acc = _mm256_add_ps(acc, squares[i]);
+  }
+  _mm256_storeu_ps(sums, acc);
+}
+
+// Heads [h0, h0 + count) of one token, count <= kNormHeads: per-head RMS norm,
+// RoPE, rounding to bf16.
+void NormRopeQueries(const uint16_t* q, int count, const float* cos_sin, float eps,
+                     uint16_t* q_out) {
+  alignas(32) float x[kNormHeads][kHeadDim];
+  for (int h = 0; h < count; ++h) Bf16RowToFloat(q + h * kHeadDim, x[h]);
+  for (int h = count; h < kNormHeads; ++h) std::fill_n(x[h], kHeadDim, 0.0f);
+  float squares[kNormHeads];
+  SumSquares8(&x[0][0], squares);
+  for (int h = 0; h < count; ++h) {
+    const float inv_rms = 1.0f / std::sqrt(squares[h] / kHeadDim + eps);
+    for (int d = 0; d < kHeadDim; ++d) x[h][d] *= inv_rms;
+    ApplyRope(cos_sin, /*inverse=*/false, x[h] + kNopeDim);
+    FloatRowToBf16(x[h], q_out + h * kHeadDim);
+  }
 }
 
 void InsertRows(const KvInsertParams& insert, const RopeTableView& rope, ThreadPool& pool) {
@@ -174,16 +232,20 @@ void DecodeHeads(const DecodeParams& p, int64_t t, int h0, int h1, DecodeScratch
   AppendKeys(p.extra, t, scratch);
   const int64_t num_keys = static_cast<int64_t>(scratch.data_rows.size());
 
-  scratch.q.assign(size_t{kHeadDim} * blocked, 0.0f);
-  scratch.o.assign(size_t{kHeadDim} * blocked, 0.0f);
-  // One spare row lets ScoreBlock read rows in pairs past an odd chunk end.
-  scratch.keys.assign(size_t{kHeadDim} * (kChunkRows + 1), 0.0f);
+  // Only what is read before it is written is set here: the padding heads'
+  // queries. The output starts as zero times the first chunk's alpha, and
+  // key rows past a chunk's end (ScoreBlock reads rows in pairs, one spare
+  // row) only feed scores that are never read.
+  scratch.q.resize(size_t{kHeadDim} * blocked);
+  scratch.o.resize(size_t{kHeadDim} * blocked);
+  scratch.keys.resize(size_t{kHeadDim} * (kChunkRows + 1));
   scratch.probs.resize(size_t{kChunkRows} * blocked);
   scratch.running_max.assign(blocked, -std::numeric_limits<float>::infinity());
   scratch.running_sum.assign(blocked, 0.0f);
   for (int h = 0; h < heads; ++h) {
     Bf16RowToFloat(p.q + (t * p.padded_heads + h0 + h) * kHeadDim, &scratch.q[h * kHeadDim]);
   }
+  std::fill(scratch.q.begin() + size_t{kHeadDim} * heads, scratch.q.end(), 0.0f);
 
   for (int64_t start = 0; start < num_keys; start += kChunkRows) {
     const int rows = static_cast<int>(std::min<int64_t>(kChunkRows, num_keys - start));
@@ -216,7 +278,11 @@ void DecodeHeads(const DecodeParams& p, int64_t t, int h0, int h1, DecodeScratch
       }
       const float alpha = SoftmaxExp(scratch.running_max[h] - chunk_max);
       float* o = &scratch.o[h * kHeadDim];
-      for (int d = 0; d < kHeadDim; ++d) o[d] *= alpha;
+      if (start == 0) {
+        for (int d = 0; d < kHeadDim; ++d) o[d] = 0.0f * alpha;
+      } else {
+        for (int d = 0; d < kHeadDim; ++d) o[d] *= alpha;
+      }
       scratch.running_sum[h] = scratch.running_sum[h] * alpha + chunk_sum;
       scratch.running_max[h] = chunk_max;
     }
@@ -240,6 +306,8 @@ void DecodeHeads(const DecodeParams& p, int64_t t, int h0, int h1, DecodeScratch
         ApplyRope(p.rope.data + int64_t{p.positions[t]} * kRopeDim, /*inverse=*/true,
                   o + kNopeDim);
       }
+    } else {
+      std::fill_n(o, kHeadDim, 0.0f);
     }
     FloatRowToBf16(o, p.out + (t * p.num_heads + h0 + h) * kHeadDim);
     if (p.lse != nullptr) p.lse[t * p.num_heads + h0 + h] = lse;
@@ -292,9 +360,10 @@ absl::Status CpuBackend::Prologue(const PrologueParams& p) {
 
   pool_.ParallelFor(p.num_tokens, [&](int64_t t) {
     const float* cos_sin = p.rope.data + int64_t{p.positions[t]} * kRopeDim;
-    for (int h = 0; h < p.num_heads; ++h) {
-      NormRopeQuery(p.q + (t * p.num_heads + h) * kHeadDim, cos_sin, p.rms_norm_eps,
-                    p.q_out + (t * p.padded_heads + h) * kHeadDim);
+    for (int h = 0; h < p.num_heads; h += kNormHeads) {
+      NormRopeQueries(p.q + (t * p.num_heads + h) * kHeadDim,
+                      std::min(kNormHeads, p.num_heads - h), cos_sin, p.rms_norm_eps,
+                      p.q_out + (t * p.padded_heads + h) * kHeadDim);
     }
     std::memset(p.q_out + (t * p.padded_heads + p.num_heads) * kHeadDim, 0,
                 sizeof(uint16_t) * kHeadDim * (p.padded_heads - p.num_heads));
