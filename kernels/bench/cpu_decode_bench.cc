@@ -180,7 +180,7 @@ void BM_ServicePathSwa(benchmark::State& state) {
   }
 }
 
-BENCHMARK(BM_ServicePathSwa)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_ServicePathSwa)->Unit(benchmark::kMicrosecond)->UseRealTime()->MeasureProcessCPUTime();
 
 }  // namespace
 }  // namespace mla
