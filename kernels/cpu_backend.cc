@@ -132,18 +132,17 @@ void NormRopeQueries(const uint16_t* q, int count, const float* cos_sin, float e
   }
 }
 
-void InsertRows(const KvInsertParams& insert, const RopeTableView& rope, ThreadPool& pool) {
-  pool.ParallelFor(insert.num_rows, [&](int64_t r) {
-    const int64_t slot = insert.slots[r];
-    if (slot < 0) return;
-    float y[kHeadDim];
-    Bf16RowToFloat(insert.rows + r * kHeadDim, y);
-    ApplyRope(rope.data + int64_t{insert.positions[r]} * kRopeDim, /*inverse=*/false,
-              y + kNopeDim);
-    for (int d = 0; d < kHeadDim; ++d) y[d] = RoundToBf16(y[d]);
-    QuantizeRow(y, insert.pool.base + SlotDataOffset(slot),
-                insert.pool.base + SlotScaleOffset(slot));
-  });
+// Rotates, rounds, quantises and writes row r of `insert` (nothing for slot -1).
+void InsertRow(const KvInsertParams& insert, const RopeTableView& rope, int64_t r) {
+  const int64_t slot = insert.slots[r];
+  if (slot < 0) return;
+  float y[kHeadDim];
+  Bf16RowToFloat(insert.rows + r * kHeadDim, y);
+  ApplyRope(rope.data + int64_t{insert.positions[r]} * kRopeDim, /*inverse=*/false,
+            y + kNopeDim);
+  for (int d = 0; d < kHeadDim; ++d) y[d] = RoundToBf16(y[d]);
+  QuantizeRow(y, insert.pool.base + SlotDataOffset(slot),
+              insert.pool.base + SlotScaleOffset(slot));
 }
 
 absl::Status CheckInsertValues(const KvInsertParams& insert, const RopeTableView& rope,
@@ -439,7 +438,19 @@ absl::Status CpuBackend::Prologue(const PrologueParams& p) {
     return status;
   }
 
-  pool_.ParallelFor(p.num_tokens, [&](int64_t t) {
+  // One loop for the queries and both inserts (they touch disjoint memory):
+  // items are tokens, then SWA rows, then compressed rows.
+  const int64_t swa_end = p.num_tokens + p.swa.num_rows;
+  pool_.ParallelFor(swa_end + p.compressed.num_rows, [&](int64_t item) {
+    if (item >= swa_end) {
+      InsertRow(p.compressed, p.rope, item - swa_end);
+      return;
+    }
+    if (item >= p.num_tokens) {
+      InsertRow(p.swa, p.rope, item - p.num_tokens);
+      return;
+    }
+    const int64_t t = item;
     const float* cos_sin = p.rope.data + int64_t{p.positions[t]} * kRopeDim;
     for (int h = 0; h < p.num_heads; h += kNormHeads) {
       NormRopeQueries(p.q + (t * p.num_heads + h) * kHeadDim,
@@ -449,8 +460,6 @@ absl::Status CpuBackend::Prologue(const PrologueParams& p) {
     std::memset(p.q_out + (t * p.padded_heads + p.num_heads) * kHeadDim, 0,
                 sizeof(uint16_t) * kHeadDim * (p.padded_heads - p.num_heads));
   });
-  InsertRows(p.swa, p.rope, pool_);
-  InsertRows(p.compressed, p.rope, pool_);
   return absl::OkStatus();
 }
 
