@@ -1,8 +1,11 @@
 #include "kernels/cache_format.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -215,6 +218,118 @@ TEST(CacheFormatTest, MixedMagnitudesRoundTripWithinE4m3Error) {
       }
     }
     for (int d = kNopeDim; d < kHeadDim; ++d) EXPECT_EQ(decoded[d], row[d]) << "RoPE dim " << d;
+  }
+}
+
+// ---- The vectorised QuantizeRow and DequantizeRow against the scalar
+// definition they replaced (commit 4710f01), byte for byte and bit for bit.
+
+void QuantizeRowScalar(const float* row, uint8_t* data, uint8_t* scales) {
+  for (int tile = 0; tile < kNopeTiles; ++tile) {
+    const float* values = row + tile * kQuantTile;
+    float amax = 0.0f;
+    for (int i = 0; i < kQuantTile; ++i) amax = std::max(amax, std::fabs(values[i]));
+    const int exponent = TileScaleExponent(amax);
+    const float inverse_scale = std::ldexp(1.0f, -exponent);
+    for (int i = 0; i < kQuantTile; ++i) {
+      const float scaled = std::clamp(values[i] * inverse_scale, -kE4m3Max, kE4m3Max);
+      data[tile * kQuantTile + i] = FloatToE4m3(scaled);
+    }
+    scales[tile] = static_cast<uint8_t>(std::clamp(exponent + 127, 0, 255));
+  }
+  scales[kNopeTiles] = 0;
+  for (int i = 0; i < kRopeDim; ++i) {
+    const uint16_t bits = FloatToBf16(row[kNopeDim + i]);
+    data[kNopeDim + 2 * i] = static_cast<uint8_t>(bits & 0xff);
+    data[kNopeDim + 2 * i + 1] = static_cast<uint8_t>(bits >> 8);
+  }
+}
+
+float DequantizeScalar(uint8_t code, uint8_t scale_byte) {
+  const uint32_t magnitude = code & 0x7fu;
+  const uint32_t bits = magnitude == 0x7fu ? 0x7fc00000u : (code & 0x80u) << 24 | magnitude << 20;
+  const float scale = scale_byte != 0 ? __builtin_bit_cast(float, uint32_t{scale_byte} << 23)
+                                      : std::ldexp(1.0f, -127);
+  return __builtin_bit_cast(float, bits) * 0x1p120f * scale;
+}
+
+void ExpectQuantizedLikeScalar(const float* row, const char* what) {
+  EncodedRow got, want;
+  std::memset(&got, 0xA5, sizeof(got));
+  std::memset(&want, 0x5A, sizeof(want));
+  QuantizeRow(row, got.data, got.scales);
+  QuantizeRowScalar(row, want.data, want.scales);
+  ASSERT_EQ(std::memcmp(got.scales, want.scales, sizeof(got.scales)), 0) << what;
+  for (int d = 0; d < kTokenDataBytes; ++d) {
+    ASSERT_EQ(got.data[d], want.data[d]) << what << ", byte " << d << ", value "
+                                         << row[d < kNopeDim ? d : kNopeDim + (d - kNopeDim) / 2];
+  }
+}
+
+// Every 509th float bit pattern (and, with MLA_E4M3_EXHAUSTIVE=1, every
+// one: a few minutes), each in a tile whose other values set the scale to
+// 2^0 (amax 448), to 2^-22 (the amax floor) or from the value itself, so
+// that the encoder sees every float the multiply can hand it.
+TEST(CacheFormatTest, QuantizeRowMatchesTheScalarDefinition) {
+  const char* exhaustive = std::getenv("MLA_E4M3_EXHAUSTIVE");
+  const uint64_t stride = exhaustive != nullptr && std::string(exhaustive) == "1" ? 1 : 509;
+  float row[kHeadDim];
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int d = kNopeDim; d < kHeadDim; ++d) row[d] = RoundToBf16(normal(rng));
+  const float anchors[] = {448.0f, 0.0f, 1e-30f};
+  uint64_t bits = 0;
+  while (bits < (uint64_t{1} << 32)) {
+    for (int tile = 0; tile < kNopeTiles; ++tile) {
+      row[tile * kQuantTile] = anchors[tile % 3];
+      for (int i = 1; i < kQuantTile; ++i, bits += stride) {
+        row[tile * kQuantTile + i] = __builtin_bit_cast(float, static_cast<uint32_t>(bits));
+      }
+    }
+    ExpectQuantizedLikeScalar(row, "float sweep");
+    if (HasFatalFailure()) return;
+  }
+  // Values at every e4m3 rounding boundary and either side of it.
+  for (int code = 0; code < 0x7e; ++code) {
+    const float low = E4m3ToFloat(static_cast<uint8_t>(code));
+    const float high = E4m3ToFloat(static_cast<uint8_t>(code + 1));
+    const float mid = (low + high) / 2;
+    const float near[] = {low, mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1e9f)};
+    for (int i = 0; i < kNopeDim; ++i) row[i] = (i % 2 ? -1 : 1) * near[i % 4];
+    row[0] = 448.0f;
+    ExpectQuantizedLikeScalar(row, "e4m3 boundaries");
+  }
+  // Random rows of mixed magnitudes, some with NaN and infinities.
+  for (int trial = 0; trial < 2000; ++trial) {
+    for (int tile = 0; tile < kNopeTiles; ++tile) {
+      const float magnitude = std::ldexp(1.0f, static_cast<int>(rng() % 80) - 40);
+      for (int i = 0; i < kQuantTile; ++i) row[tile * kQuantTile + i] = normal(rng) * magnitude;
+    }
+    if (trial % 4 == 1) row[rng() % kNopeDim] = NAN;
+    if (trial % 4 == 2) row[rng() % kNopeDim] = (trial % 8 == 2 ? 1 : -1) * INFINITY;
+    ExpectQuantizedLikeScalar(row, "random row");
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST(CacheFormatTest, DequantizeRowMatchesTheScalarDefinitionBitForBit) {
+  uint8_t data[kTokenDataBytes];
+  uint8_t scales[kTokenScaleBytes] = {};
+  for (int d = 0; d < kTokenDataBytes; ++d) data[d] = static_cast<uint8_t>(d * 7);
+  for (int scale = 0; scale < 256; ++scale) {
+    for (int code = 0; code < 256; ++code) {
+      for (int tile = 0; tile < kNopeTiles; ++tile) {
+        data[tile * kQuantTile + (code + tile) % kQuantTile] = static_cast<uint8_t>(code);
+        scales[tile] = static_cast<uint8_t>((scale + 37 * tile) % 256);
+      }
+      float row[kHeadDim];
+      DequantizeRow(data, scales, row);
+      for (int d = 0; d < kNopeDim; ++d) {
+        const float want = DequantizeScalar(data[d], scales[d / kQuantTile]);
+        ASSERT_EQ(__builtin_bit_cast(uint32_t, row[d]), __builtin_bit_cast(uint32_t, want))
+            << "code " << int{data[d]} << " scale byte " << int{scales[d / kQuantTile]};
+      }
+    }
   }
 }
 

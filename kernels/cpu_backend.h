@@ -2,10 +2,14 @@
 // backend of servers without a GPU (the demo and CI run it).
 //
 // Memory is host memory. Operations run synchronously on a pool of threads
-// (tokens, then groups of heads, are spread over them); inner loops run over
-// contiguous floats so the compiler vectorises them. Besides the structural
-// checks every backend makes, it checks the values of index, slot and
-// position arrays (kernels/validation.h), since it can read them for free.
+// (tokens, then groups of heads, are spread over them); inner loops are AVX2
+// (the build targets x86-64-v3), vectorised across independent lanes (dims of
+// one dot product's lane sums, heads of one token) so that every float is
+// rounded, and every sum taken, in the order of the scalar definition: the
+// output bits do not depend on the thread count and are pinned by
+// kernels/cpu_backend_bits_test.cc. Besides the structural checks every
+// backend makes, it checks the values of index, slot and position arrays
+// (kernels/validation.h), since it can read them for free.
 #ifndef MLA_OFFLOAD_KERNELS_CPU_BACKEND_H_
 #define MLA_OFFLOAD_KERNELS_CPU_BACKEND_H_
 

@@ -117,6 +117,71 @@ BENCHMARK(BM_DecodeV4ProC4A)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
+// The Attend message of server/bench's transport_bench: 128 tokens of 128
+// sessions, 16 heads, an SWA-only layer at positions 0..3 (1..4 keys a
+// query); the prologue inserts each token's row, the decode reads them back.
+// Per message: both stages, as the server's engine runs them.
+void BM_ServicePathSwa(benchmark::State& state) {
+  constexpr int kTokens = 128;
+  constexpr int kHeads = 16;
+  constexpr int kPositions = 4;
+  const ModelProfile& pro = *FindModelProfile("deepseek-v4-pro").value();
+  static CpuBackend* backend = new CpuBackend(0);
+  static const RopeTable* rope = new RopeTable(RopeKind::kPlain, 4096);
+  const int64_t blocks = int64_t{kTokens} * kPositions / kBlockTokens;
+  DeviceBuffer pool = backend->Allocate(blocks * kBlockBytes).value();
+
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<uint16_t> q(int64_t{kTokens} * kHeads * kHeadDim);
+  for (uint16_t& value : q) value = FloatToBf16(normal(rng));
+  std::vector<uint16_t> kv(int64_t{kTokens} * kHeadDim);
+  for (uint16_t& value : kv) value = FloatToBf16(normal(rng));
+  std::vector<uint16_t> q_out(q.size());
+  std::vector<uint16_t> out(q.size());
+  std::vector<float> lse(kTokens * kHeads);
+  std::vector<int32_t> positions(kTokens), slots(kTokens), main_lengths(kTokens);
+  std::vector<int32_t> main_indices(int64_t{kTokens} * kSwaWindow, -1);
+
+  int64_t step = 0;
+  for (auto _ : state) {
+    // Token t is session t, whose SWA rows are slots t*4 .. t*4+3.
+    const int32_t p = static_cast<int32_t>(step++ % kPositions);
+    for (int t = 0; t < kTokens; ++t) {
+      positions[t] = p;
+      slots[t] = t * kPositions + p;
+      main_lengths[t] = p + 1;
+      for (int w = 0; w <= p; ++w) main_indices[t * kSwaWindow + w] = t * kPositions + w;
+    }
+    PrologueParams prologue;
+    prologue.num_tokens = kTokens;
+    prologue.num_heads = kHeads;
+    prologue.padded_heads = kHeads;
+    prologue.q = q.data();
+    prologue.positions = positions.data();
+    prologue.q_out = q_out.data();
+    prologue.rms_norm_eps = pro.rms_norm_eps;
+    prologue.rope = {rope->data(), rope->num_positions()};
+    prologue.swa = {kTokens, kv.data(), positions.data(), slots.data(),
+                    {pool.as<uint8_t>(), blocks}};
+    if (!backend->Prologue(prologue).ok()) state.SkipWithError("prologue failed");
+    DecodeParams decode;
+    decode.num_tokens = kTokens;
+    decode.num_heads = kHeads;
+    decode.padded_heads = kHeads;
+    decode.q = q_out.data();
+    decode.softmax_scale = pro.softmax_scale;
+    decode.main = {kSwaWindow, main_indices.data(), main_lengths.data(),
+                   {pool.as<uint8_t>(), blocks}};
+    decode.out = out.data();
+    decode.lse = lse.data();
+    if (!backend->Decode(decode).ok()) state.SkipWithError("decode failed");
+    benchmark::DoNotOptimize(out.data());
+  }
+}
+
+BENCHMARK(BM_ServicePathSwa)->Unit(benchmark::kMicrosecond)->UseRealTime()->MeasureProcessCPUTime();
+
 }  // namespace
 }  // namespace mla
 

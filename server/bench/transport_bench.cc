@@ -338,7 +338,8 @@ struct RowResult {
   std::vector<double> latency_ms;
   // Attend only: the server's timing, averaged over responses.
   bool has_timing = false;
-  double queue_us = 0, prologue_us = 0, decode_us = 0, total_us = 0, batch_tokens = 0;
+  double queue_us = 0, plan_us = 0, upload_us = 0, prologue_us = 0, decode_us = 0, total_us = 0,
+         batch_tokens = 0;
   // Raw rows: slices (pieces of the payload) per response on the client.
   double pieces_per_response = 0;
   double ratio = 0;  // GB/s per stream over the plain echo's
@@ -652,7 +653,8 @@ RowResult RunRaw(const std::string& name, int port, const TransportConfig& trans
 struct StreamStats {
   int64_t responses = 0;
   int64_t pieces = 0;
-  double queue_us = 0, prologue_us = 0, decode_us = 0, total_us = 0, batch_tokens = 0;
+  double queue_us = 0, plan_us = 0, upload_us = 0, prologue_us = 0, decode_us = 0, total_us = 0,
+         batch_tokens = 0;
 };
 
 void ReportStats(const std::vector<StreamStats>& stats, bool timing, RowResult& row) {
@@ -661,6 +663,8 @@ void ReportStats(const std::vector<StreamStats>& stats, bool timing, RowResult& 
     sum.responses += s.responses;
     sum.pieces += s.pieces;
     sum.queue_us += s.queue_us;
+    sum.plan_us += s.plan_us;
+    sum.upload_us += s.upload_us;
     sum.prologue_us += s.prologue_us;
     sum.decode_us += s.decode_us;
     sum.total_us += s.total_us;
@@ -671,6 +675,8 @@ void ReportStats(const std::vector<StreamStats>& stats, bool timing, RowResult& 
   row.pieces_per_response = sum.pieces / n;
   row.has_timing = timing;
   row.queue_us = sum.queue_us / n;
+  row.plan_us = sum.plan_us / n;
+  row.upload_us = sum.upload_us / n;
   row.prologue_us = sum.prologue_us / n;
   row.decode_us = sum.decode_us / n;
   row.total_us = sum.total_us / n;
@@ -849,6 +855,8 @@ class AttendWorkload final : public Workload {
     stats.pieces += static_cast<int64_t>(response->out->pieces.size());
     if (response->timing.has_value()) {
       stats.queue_us += response->timing->queue_us;
+      stats.plan_us += response->timing->plan_us;
+      stats.upload_us += response->timing->upload_us;
       stats.prologue_us += response->timing->prologue_us;
       stats.decode_us += response->timing->decode_us;
       stats.total_us += response->timing->total_us;
@@ -927,14 +935,16 @@ void PrintTable(const std::vector<RowResult>& rows) {
   bool any_detail = false;
   for (const RowResult& row : rows) any_detail |= row.pieces_per_response > 0;
   if (!any_detail) return;
-  std::printf("\n%-34s %3s %3s %10s %9s %11s %9s %9s %8s\n", "row (server timing, us/msg)", "str",
-              "inf", "slices/rsp", "queue", "prologue", "decode", "total", "batch T");
+  std::printf("\n%-34s %3s %3s %10s %9s %7s %7s %11s %9s %9s %8s\n",
+              "row (server timing, us/msg)", "str", "inf", "slices/rsp", "queue", "plan", "upload",
+              "prologue", "decode", "total", "batch T");
   for (const RowResult& row : rows) {
     if (row.pieces_per_response == 0) continue;
     if (row.has_timing) {
-      std::printf("%-34s %3d %3d %10.1f %9.0f %11.0f %9.0f %9.0f %8.0f\n", row.name.c_str(),
-                  row.streams, row.in_flight, row.pieces_per_response, row.queue_us,
-                  row.prologue_us, row.decode_us, row.total_us, row.batch_tokens);
+      std::printf("%-34s %3d %3d %10.1f %9.0f %7.0f %7.0f %11.0f %9.0f %9.0f %8.0f\n",
+                  row.name.c_str(), row.streams, row.in_flight, row.pieces_per_response,
+                  row.queue_us, row.plan_us, row.upload_us, row.prologue_us, row.decode_us,
+                  row.total_us, row.batch_tokens);
     } else {
       std::printf("%-34s %3d %3d %10.1f\n", row.name.c_str(), row.streams, row.in_flight,
                   row.pieces_per_response);
@@ -970,10 +980,11 @@ std::string RowJson(const RowResult& row) {
   }
   if (row.has_timing) {
     absl::StrAppendFormat(&json,
-                          ", \"server_timing_us\": {\"queue\": %.1f, \"prologue\": %.1f, "
-                          "\"decode\": %.1f, \"total\": %.1f, \"batch_tokens\": %.1f}",
-                          row.queue_us, row.prologue_us, row.decode_us, row.total_us,
-                          row.batch_tokens);
+                          ", \"server_timing_us\": {\"queue\": %.1f, \"plan\": %.1f, "
+                          "\"upload\": %.1f, \"prologue\": %.1f, \"decode\": %.1f, "
+                          "\"total\": %.1f, \"batch_tokens\": %.1f}",
+                          row.queue_us, row.plan_us, row.upload_us, row.prologue_us,
+                          row.decode_us, row.total_us, row.batch_tokens);
   }
   return json + "}";
 }
