@@ -5,8 +5,9 @@ Usage: pod_replay_test.py RENDERED.yaml --server=BINARY --python_client=DIR
 
 Reads the StatefulSet's server container and runs BINARY (the build of the
 image's entrypoint, the command's first word) with exactly the container's
-args and env, in a network namespace of its own (the pod's: so its ports are
-the manifest's, and nothing else on this machine is in the way). Then, as the
+args and env, as the pod's runAsUser and runAsGroup, in a network namespace
+of its own (the pod's: so its ports are the manifest's, and nothing else on
+this machine is in the way). Then, as the
 kubelet does:
   - the startup probe, then liveness and readiness, each at its own period and
     timeout against its gRPC service name and port, on a new connection each
@@ -26,10 +27,12 @@ Run as root: the namespace is made with unshare(1) and ip(8).
 
 import argparse
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -209,10 +212,16 @@ def main():
             print(f"pod_replay: FAIL: {message}", file=sys.stderr)
         return condition
 
-    print(f"pod_replay: {' '.join(argv[1:])}")
-    log = open(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"pod_replay_{os.getpid()}.log"), "w+")
+    # As the pod's user: the binary copied where that user can run it.
+    security = pod.get("securityContext", {})
+    user, group = security.get("runAsUser"), security.get("runAsGroup")
+    binary_dir = tempfile.mkdtemp()
+    os.chmod(binary_dir, 0o755)
+    argv[0] = shutil.copy(argv[0], binary_dir)
+    print(f"pod_replay: as uid {user} gid {group}: {' '.join(argv[1:])}")
+    log = tempfile.TemporaryFile("w+")
     process = subprocess.Popen(argv, env=container_env(container), stdout=log, stderr=subprocess.STDOUT,
-                               cwd="/")
+                               cwd="/", user=user, group=group, extra_groups=[] if group else None)
     exited = threading.Event()
     threading.Thread(target=lambda: (process.wait(), exited.set()), daemon=True).start()
     try:
@@ -312,7 +321,7 @@ def main():
         log.seek(0)
         output = log.read()
         log.close()
-        os.unlink(log.name)
+        shutil.rmtree(binary_dir)
         if failures:
             print("pod_replay: the server's output:\n" + output, file=sys.stderr)
     if failures:
