@@ -2,7 +2,7 @@
 # Builds the runtime image of deploy/image/Containerfile on this machine and
 # runs it, as an operator would: podman (with runc), a Debian 12 base made
 # offline by mmdebstrap (cached in podman's store, keyed on its inputs), and
-# the host's Bazel build output as the build context (SERVER_FROM=prebuilt;
+# the host's Bazel build output as the build context (--target prebuilt;
 # the full in-image build is the slower path docs/operations.md describes).
 #
 # The container runs as the image's non-root user with a read-only root
@@ -80,14 +80,14 @@ for stale in $(podman images --format '{{.Repository}}:{{.Tag}}' --filter refere
   [ "$stale" = "$base" ] || podman rmi "$stale" >/dev/null 2>&1
 done
 
-# The build context: what the Containerfile's prebuilt and runtime stages copy.
+# The build context: what the Containerfile's prebuilt target copies.
 mkdir -p "$work/context/deploy/image"
 cp "$server_bin" "$work/context/mla_offload_server"
 cp deploy/image/runtime-packages.txt "$work/context/deploy/image/"
 revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
-step "podman build (SERVER_FROM=prebuilt, DEBIAN_IMAGE=$base)"
+step "podman build --target prebuilt (DEBIAN_IMAGE=$base)"
 timeout 300 podman build -q --network host --layers=false -f deploy/image/Containerfile \
-  --build-arg DEBIAN_IMAGE="$base" --build-arg SERVER_FROM=prebuilt \
+  --target prebuilt --build-arg DEBIAN_IMAGE="$base" \
   --build-arg REVISION="$revision" -t "$tag" "$work/context" >"$work/build.log" 2>&1 ||
   { cat "$work/build.log" >&2; fail "podman build failed"; }
 
