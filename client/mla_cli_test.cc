@@ -122,13 +122,17 @@ TEST_F(CliTest, HealthSaysServingAndFailsForAnUnknownService) {
   CommandResult result = Mla({"health"});
   EXPECT_EQ(result.exit_code, 0) << result.err;
   EXPECT_EQ(result.out, server_->target() + ": SERVING\n");
+  result = Mla({"health", "--service=mla_offload.v1.MlaOffload"});
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(result.out, server_->target() + " service mla_offload.v1.MlaOffload: SERVING\n");
   result = Mla({"health", "--service=no.such.Service"});
   EXPECT_EQ(result.exit_code, 1);
   EXPECT_THAT(result.err, HasSubstr("NOT_FOUND"));
 }
 
-// A draining server (SIGTERM, kept up by an open stream) is NOT_SERVING:
-// exit 1, so that a script or probe acts on it.
+// A draining server (SIGTERM, kept up by an open stream) is NOT_SERVING for
+// the service's name: exit 1, so that a script or probe acts on it; "" (the
+// process, what liveness asks) stays SERVING.
 TEST_F(CliTest, HealthOfADrainingServerExitsOne) {
   // The server waits for open Attend streams; the Echo round trip makes sure
   // the connection (and so the Attend call) is up before the signal.
@@ -143,10 +147,13 @@ TEST_F(CliTest, HealthOfADrainingServerExitsOne) {
   CommandResult result;
   const absl::Time deadline = absl::Now() + absl::Seconds(2);
   do {
-    result = Mla({"health"});
+    result = Mla({"health", "--service=mla_offload.v1.MlaOffload"});
   } while (result.exit_code == 0 && absl::Now() < deadline);
   EXPECT_EQ(result.exit_code, 1) << result.out << result.err;
-  EXPECT_EQ(result.out, server_->target() + ": NOT_SERVING\n");
+  EXPECT_EQ(result.out, server_->target() + " service mla_offload.v1.MlaOffload: NOT_SERVING\n");
+  result = Mla({"health"});
+  EXPECT_EQ(result.exit_code, 0) << result.out << result.err;
+  EXPECT_EQ(result.out, server_->target() + ": SERVING\n");
   (*stream)->Finish().IgnoreError();
   (*attend)->Finish().IgnoreError();
 }

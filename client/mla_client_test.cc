@@ -990,7 +990,8 @@ TEST_F(ClientTest, EchoReturnsEveryPayloadInOrder) {
 }
 
 // Draining: new sessions are UNAVAILABLE with the server's word for it,
-// health says NOT_SERVING.
+// health says NOT_SERVING for the service's name (readiness) and SERVING
+// for "" (liveness).
 TEST_F(ClientTest, DrainingServerRefusesSessionsAsUnavailable) {
   ASSERT_NO_FATAL_FAILURE(StartServer({"--drain_seconds=5"}));
   absl::StatusOr<std::unique_ptr<AttendStream>> stream = client_->OpenAttendStream();
@@ -1005,10 +1006,13 @@ TEST_F(ClientTest, DrainingServerRefusesSessionsAsUnavailable) {
   absl::StatusOr<HealthStatus> health;
   const absl::Time deadline = absl::Now() + absl::Seconds(2);
   do {
-    health = client_->CheckHealth();
+    health = client_->CheckHealth(pb::MlaOffload::service_full_name());
   } while (health.ok() && *health == HealthStatus::kServing && absl::Now() < deadline);
   ASSERT_TRUE(health.ok()) << health.status();
   EXPECT_EQ(*health, HealthStatus::kNotServing);
+  absl::StatusOr<HealthStatus> liveness = client_->CheckHealth();
+  ASSERT_TRUE(liveness.ok()) << liveness.status();
+  EXPECT_EQ(*liveness, HealthStatus::kServing);
   absl::StatusOr<pb::CreateSessionResponse> refused =
       client_->CreateSession(SessionOf(MakeSequence(61)));
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);

@@ -60,8 +60,8 @@ ABSL_FLAG(bool, keep_freed_memory, true,
           "and staging buffers are reused instead of mapped, faulted in and zeroed again. "
           "Costs up to about 1 GiB of resident memory kept after bursts; false: glibc defaults.");
 ABSL_FLAG(int, drain_seconds, 30,
-          "On SIGTERM: stop taking sessions, report NOT_SERVING, and give in-flight streams "
-          "this long before shutting down.");
+          "On SIGTERM: stop taking sessions, report NOT_SERVING for mla_offload.v1.MlaOffload "
+          "(\"\" stays SERVING), and give in-flight streams this long before shutting down.");
 
 namespace mla {
 namespace {
@@ -180,7 +180,8 @@ int Main() {
   while (g_signal == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
 
   const int drain_seconds = absl::GetFlag(FLAGS_drain_seconds);
-  std::printf("mla_offload_server: signal %d: draining (NOT_SERVING, no new sessions) for up to %d s\n",
+  std::printf("mla_offload_server: signal %d: draining (mla_offload.v1.MlaOffload NOT_SERVING, no new "
+              "sessions) for up to %d s\n",
               static_cast<int>(g_signal), drain_seconds);
   std::fflush(stdout);
   server.Drain(absl::Seconds(drain_seconds));
@@ -200,8 +201,10 @@ int main(int argc, char** argv) {
       "Attend message per layer step; the server keeps the FP8 KV cache, runs the fused\n"
       "prologue and the sparse decode, and streams the output back.\n\n"
       "  mla_offload_server --listen=0.0.0.0:50051 --backend=cpu --kv_cache_gb=4\n\n"
-      "Health: grpc.health.v1 (NOT_SERVING while draining). Metrics: Prometheus text on\n"
-      "http://HOST:--metrics_port/metrics. SIGTERM drains, then stops.");
+      "Health: grpc.health.v1 for two service names: \"\" (liveness: SERVING until the\n"
+      "process exits) and \"mla_offload.v1.MlaOffload\" (readiness: NOT_SERVING from the\n"
+      "start of the drain on). Metrics: Prometheus text on http://HOST:--metrics_port/metrics.\n"
+      "SIGTERM drains, then stops.");
   absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_keep_freed_memory) && !mla::KeepFreedHostMemory()) {
     std::fprintf(stderr, "warning: malloc refused the --keep_freed_memory settings\n");

@@ -9,8 +9,15 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include "absl/strings/str_cat.h"
+#include "proto/mla_offload.grpc.pb.h"
 
 namespace mla {
+namespace {
+
+// The health name a readiness probe asks: the service's own.
+constexpr const char* kReadinessName = mla_offload::v1::MlaOffload::service_full_name();
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(
     std::unique_ptr<ComputeBackend> backend, const OffloadServerOptions& options,
@@ -65,14 +72,18 @@ absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(
     return absl::UnavailableError(absl::StrCat("cannot listen on --listen=", options.listen,
                                                " (address in use or not local?)"));
   }
-  server->server_->GetHealthCheckService()->SetServingStatus(true);
+  grpc::HealthCheckServiceInterface& health = *server->server_->GetHealthCheckService();
+  health.SetServingStatus("", true);
+  health.SetServingStatus(kReadinessName, true);
   return server;
 }
 
 void OffloadServer::Drain(absl::Duration drain) {
   const auto deadline = std::chrono::system_clock::now() + absl::ToChronoNanoseconds(drain);
   service_->StartDraining();
-  server_->GetHealthCheckService()->SetServingStatus(false);
+  // Only readiness: a liveness probe that failed now would have the pod
+  // killed in the middle of its drain.
+  server_->GetHealthCheckService()->SetServingStatus(kReadinessName, false);
   while (service_->open_streams() > 0 && std::chrono::system_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

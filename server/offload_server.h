@@ -4,9 +4,13 @@
 // (mla_offload_server.cc), the in-process tests and transport_bench share.
 //
 // Start builds everything, waits until the engine has published its state
-// (so the first GetServerInfo is answered), and starts listening. Drain is
-// SIGTERM's sequence: NOT_SERVING, no new sessions or prompts, open streams
-// given until the drain's end, then the gRPC server stops; destroying an
+// (so the first GetServerInfo is answered), and starts listening. Health
+// (grpc.health.v1) answers for two names: "" (the process is alive: what a
+// liveness probe asks) and "mla_offload.v1.MlaOffload" (it takes work: what
+// a readiness probe asks). Drain is SIGTERM's sequence: the service's name
+// NOT_SERVING while "" stays SERVING until the gRPC server stops, no new
+// sessions or prompts, open streams given until the drain's end, then the
+// gRPC server stops; destroying an
 // OffloadServer that was not drained stops it at once (what is still open
 // is cancelled). The engine thread stops after the gRPC server, and the
 // service after the engine thread, which calls into it.
@@ -57,7 +61,8 @@ class OffloadServer {
   MlaOffloadService& service() { return *service_; }
   grpc::Server& grpc_server() { return *server_; }
 
-  // Reports NOT_SERVING, refuses new sessions and prompts, waits up to
+  // Reports the service's name NOT_SERVING ("" stays SERVING), refuses new
+  // sessions and prompts, waits up to
   // `drain` for the open streams to end, then stops the gRPC server
   // (cancelling what is still open).
   void Drain(absl::Duration drain);

@@ -106,6 +106,8 @@ using ::testing::HasSubstr;
 constexpr int32_t kMaxPosition = 8192;
 constexpr char kFlash[] = "deepseek-v4-flash";
 constexpr char kPro[] = "deepseek-v4-pro";
+// The health name a readiness probe asks ("" is liveness).
+constexpr char kReadiness[] = "mla_offload.v1.MlaOffload";
 constexpr int kRingBlocks = 4;  // blocks of a session's SWA ring, per layer
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
@@ -859,11 +861,15 @@ class ServerE2eTest : public ::testing::Test {
     return Metrics(body.ok() ? *body : "");
   }
 
-  grpc::Status HealthCheck(HealthCheckResponse* response) {
+  // Asks about `service`: "" is the whole server (liveness), kReadiness the
+  // service's own name (readiness).
+  grpc::Status HealthCheck(HealthCheckResponse* response, const std::string& service = "") {
     std::unique_ptr<Health::Stub> health = Health::NewStub(channel_);
     grpc::ClientContext context;
     SetDeadline(context, absl::Seconds(5));
-    return health->Check(&context, HealthCheckRequest(), response);
+    HealthCheckRequest request;
+    request.set_service(service);
+    return health->Check(&context, request, response);
   }
 
   std::unique_ptr<ServerProcess> server_;
@@ -1781,9 +1787,11 @@ class DrainTest : public ServerE2eTest {
     ASSERT_NO_FATAL_FAILURE(StartServer({"--drain_seconds=5", "--batch_wait_us=1000000"}));
     ASSERT_NO_FATAL_FAILURE(Create(&seq_, kFlash, 8, 91));
     ASSERT_NO_FATAL_FAILURE(Append(&seq_, 40));
-    HealthCheckResponse health;
-    ASSERT_TRUE(HealthCheck(&health).ok());
-    EXPECT_EQ(health.status(), HealthCheckResponse::SERVING);
+    for (const std::string service : {"", kReadiness}) {
+      HealthCheckResponse health;
+      ASSERT_TRUE(HealthCheck(&health, service).ok()) << "service '" << service << "'";
+      EXPECT_EQ(health.status(), HealthCheckResponse::SERVING) << "service '" << service << "'";
+    }
     stream_ = std::make_unique<AttendStream>(*stub_);
     in_flight_ = StepAt(40);
     ASSERT_TRUE(stream_->Write(in_flight_.request));
@@ -1844,16 +1852,17 @@ TEST_F(DrainTest, OpenStreamsAreServedThenTheServerExits) {
   EXPECT_TRUE(server_->WaitForLine("stopped", absl::Seconds(1)).has_value()) << server_->Output();
 }
 
-// While draining, the health service says NOT_SERVING (what a readiness
-// probe or load balancer acts on), CreateSession is UNAVAILABLE with the
-// server's message, and /metrics shows the drain.
+// While draining, the service's own health name says NOT_SERVING (what a
+// readiness probe or load balancer acts on) while "" stays SERVING (a
+// liveness probe must not kill a draining pod), CreateSession is
+// UNAVAILABLE with the server's message, and /metrics shows the drain.
 TEST_F(DrainTest, HealthTurnsNotServingAndNewSessionsAreUnavailable) {
   // The signal handler's flag is polled every 50 ms: allow it a moment.
   HealthCheckResponse health;
   grpc::Status health_status;
   const absl::Time deadline = absl::Now() + absl::Seconds(1);
   do {
-    health_status = HealthCheck(&health);
+    health_status = HealthCheck(&health, kReadiness);
   } while (health_status.ok() && health.status() == HealthCheckResponse::SERVING &&
            absl::Now() < deadline);
   EXPECT_TRUE(health_status.ok()) << "health Check while draining failed: code "
@@ -1862,6 +1871,9 @@ TEST_F(DrainTest, HealthTurnsNotServingAndNewSessionsAreUnavailable) {
   if (health_status.ok()) {
     EXPECT_EQ(health.status(), HealthCheckResponse::NOT_SERVING);
   }
+  HealthCheckResponse liveness;
+  ASSERT_TRUE(HealthCheck(&liveness, "").ok());
+  EXPECT_EQ(liveness.status(), HealthCheckResponse::SERVING) << "\"\" while draining";
   pb::CreateSessionRequest create;
   create.set_model(kFlash);
   create.set_num_heads(8);

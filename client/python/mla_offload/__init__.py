@@ -15,12 +15,13 @@ with the gRPC code and the server's message. See README.md beside the package.
 
 from .attend import AttendResult, AttendStream, Segment
 from .bf16 import bf16_to_float32, float32_to_bf16, round_to_bf16
-from .client import AppendResult, Client, LayerRows, Session, TlsConfig, connect
+from .client import (READINESS_SERVICE, AppendResult, Client, LayerRows, Session, TlsConfig,
+                     connect)
 from .errors import MlaOffloadError
 from ._stubs import pb
 
 __all__ = [
-    "AppendResult", "AttendResult", "AttendStream", "Client", "LayerRows", "MlaOffloadError",
-    "Segment", "Session", "TlsConfig", "bf16_to_float32", "connect", "float32_to_bf16", "pb",
-    "round_to_bf16",
+    "READINESS_SERVICE", "AppendResult", "AttendResult", "AttendStream", "Client", "LayerRows",
+    "MlaOffloadError", "Segment", "Session", "TlsConfig", "bf16_to_float32", "connect",
+    "float32_to_bf16", "pb", "round_to_bf16",
 ]

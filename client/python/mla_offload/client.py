@@ -67,6 +67,19 @@ class AppendResult:
 HEALTH_STATUS = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
 
 
+# The health name that turns NOT_SERVING when the server drains (readiness);
+# "" stays SERVING until the process exits (liveness).
+READINESS_SERVICE = "mla_offload.v1.MlaOffload"
+
+
+def _health_request(service):
+    """HealthCheckRequest {string service = 1;} written by hand (see below)."""
+    name = service.encode()
+    if len(name) > 127:
+        raise ValueError(f"health service name longer than 127 bytes: {service!r}")
+    return b"\x0a" + bytes([len(name)]) + name if name else b""
+
+
 def _health_status(message):
     """HealthCheckResponse {ServingStatus status = 1;} read by hand, so that the
     package needs no grpc_health stubs: empty = 0, else tag 0x08 and a varint."""
@@ -164,11 +177,13 @@ class Client:
                 return model
         raise KeyError(f"{self.target} does not serve model {name!r}")
 
-    def health(self, timeout=None):
-        """grpc.health.v1 status of the server: "SERVING", or "NOT_SERVING"
-        while it drains."""
+    def health(self, timeout=None, service=""):
+        """grpc.health.v1 status of `service`: "" (the default) is the server
+        process, SERVING until it exits; READINESS_SERVICE is the service's
+        own name, "NOT_SERVING" from the start of a drain on."""
+        request = _health_request(service)
         try:
-            reply = self._health(b"", timeout=self.timeout if timeout is None else timeout,
+            reply = self._health(request, timeout=self.timeout if timeout is None else timeout,
                                  metadata=self._metadata)
         except grpc.RpcError as error:
             raise MlaOffloadError.from_rpc_error(error, "Health.Check") from None

@@ -79,6 +79,7 @@ class ClientTest(ServerTestCase):
 
     def test_health_is_serving(self):
         self.assertEqual(self.client.health(), "SERVING")
+        self.assertEqual(self.client.health(service=mo.READINESS_SERVICE), "SERVING")
 
     def test_session_lifecycle(self):
         sessions_before = self.client.server_info().sessions
@@ -358,9 +359,11 @@ class DrainTest(ServerTestCase):
             self.server.signal(signal.SIGTERM)
             self.assertIsNotNone(self.server.wait_for_line("draining", 5), self.server.output())
             deadline = time.monotonic() + 2
-            while self.client.health() == "SERVING" and time.monotonic() < deadline:
+            ready = mo.READINESS_SERVICE
+            while self.client.health(service=ready) == "SERVING" and time.monotonic() < deadline:
                 time.sleep(0.02)
-            self.assertEqual(self.client.health(), "NOT_SERVING")
+            self.assertEqual(self.client.health(service=ready), "NOT_SERVING")
+            self.assertEqual(self.client.health(), "SERVING")  # liveness
             with self.assertRaises(mo.MlaOffloadError) as raised:
                 self.client.create_session(FLASH, 8)
             self.assertError(raised, grpc.StatusCode.UNAVAILABLE, "draining")
