@@ -122,41 +122,76 @@ const int32_t* Int32Row(const wire::TensorView& tensor, int64_t t, int64_t width
   return scratch;
 }
 
+// Top-k entries a message must have before its check is spread over the
+// host threads (a thread's wake-up costs more than checking fewer).
+constexpr int64_t kParallelTopkEntries = int64_t{1} << 16;
+
 // Every top-k entry is -1 or a compressed row that exists at its token's
 // position. Read where the message holds it (the launcher copies it once,
-// into the staging).
-absl::Status CheckTopkRows(const wire::AttendRequestView& input, const AttendPlan& plan) {
+// into the staging); a large top-k in token ranges on the host threads. The
+// error names the first bad entry in token order, however it was split.
+absl::Status CheckTopkRows(const wire::AttendRequestView& input, const AttendPlan& plan,
+                           ThreadPool& threads) {
   const int ratio = plan.profile->compress_ratio(input.layer);
   const int64_t width = plan.topk_width;
-  std::vector<int32_t> scratch(width);
+  const int64_t tokens = plan.num_tokens;
+  std::vector<int32_t> position(tokens);
+  std::vector<int32_t> segment_of(tokens);
   int64_t t = 0;
-  for (const wire::SegmentView& segment : input.segments) {
-    for (int32_t i = 0; i < segment.num_tokens; ++i, ++t) {
-      const int32_t rows = (segment.position + i + 1) / ratio;
+  for (size_t s = 0; s < input.segments.size(); ++s) {
+    for (int32_t i = 0; i < input.segments[s].num_tokens; ++i, ++t) {
+      position[t] = input.segments[s].position + i;
+      segment_of[t] = static_cast<int32_t>(s);
+    }
+  }
+  // The first token in [begin, end) with an entry out of range, or -1.
+  const auto first_bad = [&](int64_t begin, int64_t end) -> int64_t {
+    std::vector<int32_t> scratch(width);
+    for (int64_t t = begin; t < end; ++t) {
       const int32_t* row_of = Int32Row(*input.topk, t, width, scratch.data());
-      // -1..rows-1 are the unsigned values 0..rows of row + 1: one branchless
-      // comparison an entry (a loop that vectorises); the entries are looked
-      // at one by one only to name a bad one.
-      const uint32_t limit = static_cast<uint32_t>(rows) + 1u;
+      // -1..rows-1 are the unsigned values 0..rows of row + 1: one
+      // branchless comparison an entry (a loop that vectorises).
+      const uint32_t limit = static_cast<uint32_t>((position[t] + 1) / ratio) + 1u;
       bool bad = false;
       for (int64_t k = 0; k < width; ++k) bad |= static_cast<uint32_t>(row_of[k]) + 1u >= limit;
-      if (!bad) continue;
-      for (int64_t k = 0; k < width; ++k) {
-        const int32_t row = row_of[k];
-        if (row < -1 || row >= rows) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "topk[", t, "][", k, "]: ", row, " is not -1 and not a compressed row of ",
-              "session ", EchoClientText(segment.session_id), " at position ",
-              segment.position + i, " (rows 0..", rows - 1, " exist)"));
-        }
+      if (bad) return t;
+    }
+    return -1;
+  };
+  int64_t bad = -1;
+  const int64_t ranges = tokens * width >= kParallelTopkEntries
+                             ? std::min<int64_t>(threads.num_threads(), tokens)
+                             : 1;
+  if (ranges <= 1) {
+    bad = first_bad(0, tokens);
+  } else {
+    std::vector<int64_t> found(ranges, -1);
+    const int64_t per = (tokens + ranges - 1) / ranges;
+    threads.ParallelFor(ranges, [&](int64_t r) {
+      found[r] = first_bad(std::min(tokens, r * per), std::min(tokens, (r + 1) * per));
+    });
+    for (int64_t f : found) {
+      if (f >= 0) {
+        bad = f;
+        break;
       }
     }
   }
-  return absl::OkStatus();
+  if (bad < 0) return absl::OkStatus();
+  std::vector<int32_t> scratch(width);
+  const int32_t* row_of = Int32Row(*input.topk, bad, width, scratch.data());
+  const int32_t rows = (position[bad] + 1) / ratio;
+  int64_t k = 0;
+  while (row_of[k] >= -1 && row_of[k] < rows) ++k;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "topk[", bad, "][", k, "]: ", row_of[k], " is not -1 and not a compressed row of ",
+      "session ", EchoClientText(input.segments[segment_of[bad]].session_id), " at position ",
+      position[bad], " (rows 0..", rows - 1, " exist)"));
 }
 
 // A C4A layer's queries attend the message's top-k; no other layer takes one.
-absl::Status CheckTopk(const wire::AttendRequestView& input, AttendPlan& plan) {
+absl::Status CheckTopk(const wire::AttendRequestView& input, AttendPlan& plan,
+                       ThreadPool& threads) {
   const ModelProfile& profile = *plan.profile;
   const LayerKind kind = profile.layer_kind(input.layer);
   if (!input.topk.has_value() && kind == LayerKind::kC4A) {
@@ -181,7 +216,7 @@ absl::Status CheckTopk(const wire::AttendRequestView& input, AttendPlan& plan) {
                                                    profile.indexer_topk, " for ", profile.name));
   }
   plan.topk_width = static_cast<int>(width);
-  return CheckTopkRows(input, plan);
+  return CheckTopkRows(input, plan, threads);
 }
 
 }  // namespace
@@ -200,7 +235,7 @@ absl::StatusOr<AttendPlan> AttendPlanner::Plan(const wire::AttendRequestView& in
   if (absl::Status status = CheckPositions(input, written, plan); !status.ok()) return status;
   if (plan.defer) return plan;
   if (absl::Status status = CheckRowTensors(input, plan); !status.ok()) return status;
-  if (absl::Status status = CheckTopk(input, plan); !status.ok()) return status;
+  if (absl::Status status = CheckTopk(input, plan, threads_); !status.ok()) return status;
   // Last: take the pages the new compressed rows need, so that a message
   // that fails takes nothing.
   for (size_t s = 0; s < input.segments.size(); ++s) {

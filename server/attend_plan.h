@@ -36,6 +36,7 @@
 #include "absl/types/span.h"
 #include "kernels/model_profile.h"
 #include "kernels/rope.h"
+#include "kernels/thread_pool.h"
 #include "server/kv_pool.h"
 #include "server/page_reservation.h"
 #include "server/requests.h"
@@ -86,8 +87,10 @@ struct AttendPlan {
 
 class AttendPlanner {
  public:
-  AttendPlanner(SessionTable& sessions, KvBlockPool& pool, const AttendLimits& limits)
-      : sessions_(sessions), pool_(pool), limits_(limits) {}
+  // `threads` (which must outlive the planner) check a large top-k.
+  AttendPlanner(SessionTable& sessions, KvBlockPool& pool, const AttendLimits& limits,
+                ThreadPool& threads)
+      : sessions_(sessions), pool_(pool), limits_(limits), threads_(threads) {}
 
   // The plan of `input`, whose session layers it writes are added to
   // `written`; or why the message may not run, with nothing changed.
@@ -105,6 +108,7 @@ class AttendPlanner {
   SessionTable& sessions_;
   KvBlockPool& pool_;
   AttendLimits limits_;
+  ThreadPool& threads_;
 };
 
 // Plans that run in one prologue and one decode launch: the same model

@@ -1,6 +1,8 @@
 #include "server/engine.h"
 
+#include <algorithm>
 #include <chrono>
+#include <thread>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -8,6 +10,17 @@
 #include "kernels/geometry.h"
 
 namespace mla {
+namespace {
+
+// Host threads, the engine's own among them: `asked`, or for 0 a quarter of
+// the host's hardware threads, 1 to 4.
+int HostThreads(int asked) {
+  if (asked > 0) return asked;
+  const int hardware = static_cast<int>(std::thread::hardware_concurrency());
+  return std::clamp(hardware / 4, 1, 4);
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<ComputeBackend> backend,
                                                        const EngineOptions& options) {
@@ -17,22 +30,27 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<ComputeBa
   }
   absl::StatusOr<KvBlockPool> pool = KvBlockPool::Create(*backend, options.kv_blocks);
   if (!pool.ok()) return pool.status();
+  auto host_threads = std::make_unique<ThreadPool>(HostThreads(options.copy_threads));
   absl::StatusOr<std::unique_ptr<Launcher>> launcher =
-      Launcher::Create(*backend, pool->view(), options.max_position, options.copy_threads);
+      Launcher::Create(*backend, pool->view(), options.max_position, *host_threads);
   if (!launcher.ok()) return launcher.status();
-  return std::unique_ptr<Engine>(
-      new Engine(std::move(backend), *std::move(pool), *std::move(launcher), options));
+  return std::unique_ptr<Engine>(new Engine(std::move(backend), *std::move(pool),
+                                            std::move(host_threads), *std::move(launcher),
+                                            options));
 }
 
 Engine::Engine(std::unique_ptr<ComputeBackend> backend, KvBlockPool pool,
-               std::unique_ptr<Launcher> launcher, const EngineOptions& options)
+               std::unique_ptr<ThreadPool> host_threads, std::unique_ptr<Launcher> launcher,
+               const EngineOptions& options)
     : backend_(std::move(backend)),
       pool_(std::move(pool)),
       options_(options),
+      host_threads_(std::move(host_threads)),
       sessions_(pool_, options.models, options.default_idle_ttl),
       attend_planner_(sessions_, pool_,
                       {options.max_position, options.max_tokens_per_message,
-                       options.max_answer_bytes}),
+                       options.max_answer_bytes},
+                      *host_threads_),
       append_planner_(sessions_, pool_, options.max_position),
       launcher_(std::move(launcher)) {}
 

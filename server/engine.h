@@ -36,6 +36,7 @@
 #include "absl/time/time.h"
 #include "kernels/backend.h"
 #include "kernels/model_profile.h"
+#include "kernels/thread_pool.h"
 #include "server/append_plan.h"
 #include "server/attend_plan.h"
 #include "server/kv_pool.h"
@@ -55,8 +56,9 @@ struct EngineOptions {
   // refused with RESOURCE_EXHAUSTED before anything changes: the service
   // could not send it. 0: no limit.
   int64_t max_answer_bytes = 0;
-  // Threads (the engine's own among them) that copy large tensors into the
-  // staging; 0: a quarter of the host's hardware threads, 1 to 4.
+  // Threads (the engine's own among them) for large host work: the top-k
+  // check, the copies into the staging; 0: a quarter of the host's hardware
+  // threads, 1 to 4.
   int copy_threads = 0;
 };
 
@@ -86,7 +88,8 @@ class Engine {
 
  private:
   Engine(std::unique_ptr<ComputeBackend> backend, KvBlockPool pool,
-         std::unique_ptr<Launcher> launcher, const EngineOptions& options);
+         std::unique_ptr<ThreadPool> host_threads, std::unique_ptr<Launcher> launcher,
+         const EngineOptions& options);
   // Plans the pending messages of a batch and runs those that may run now;
   // returns those deferred to the next wave.
   std::vector<int> RunWave(const std::vector<const ReceivedAttend*>& batch,
@@ -100,6 +103,9 @@ class Engine {
   std::unique_ptr<ComputeBackend> backend_;
   KvBlockPool pool_;
   EngineOptions options_;
+  // The engine thread's helpers for large host work (the top-k check, the
+  // staging copies): used by the planner and the launcher, one at a time.
+  std::unique_ptr<ThreadPool> host_threads_;
   SessionTable sessions_;
   AttendPlanner attend_planner_;
   AppendPlanner append_planner_;

@@ -1166,6 +1166,21 @@ TEST(EngineTest, MultiTokenSegments) {
   o.topk_width = 96;
   auto pro_c4a = Build(kProC4a, {{pro.get(), 250, 129}}, o);
   RunAndExpect(*engine, {pro_c4a.get()}, "pro C4A, 129 tokens");
+  // A top-k of 129 x 512 entries is checked in token ranges on the host
+  // threads: entries out of range in two ranges, the error names the first
+  // in token order; the message changed nothing, and repaired it runs.
+  o.seed++;
+  o.topk_width = 512;
+  auto large = Build(kProC4a, {{pro.get(), 250 + 129, 129}}, o);
+  const int32_t saved_late = large->topk[100 * 512 + 7];
+  const int32_t saved_early = large->topk[20 * 512 + 300];
+  large->topk[100 * 512 + 7] = 1 << 20;
+  large->topk[20 * 512 + 300] = -5;
+  ExpectError(AttendBatch(*engine, {large.get()})[0].status, absl::StatusCode::kInvalidArgument,
+              "topk[20][300]: -5 is not -1", "a large top-k with two bad entries");
+  large->topk[100 * 512 + 7] = saved_late;
+  large->topk[20 * 512 + 300] = saved_early;
+  RunAndExpect(*engine, {large.get()}, "pro C4A, 129 tokens of 512 top-k entries");
   // A segment right after the 129 continues from the ring.
   o.seed++;
   auto after = Build(kFlashSwa, {{seq.get(), 509, 3}}, o);

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
-#include <thread>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -21,14 +21,6 @@ constexpr int64_t kMaxPinnedAnswerBytes = int64_t{256} << 20;
 
 // Tensors are copied in pieces of at least this many bytes, one a thread.
 constexpr int64_t kMinCopyPiece = int64_t{256} << 10;
-
-// Copy threads, the caller's among them: `asked`, or for 0 a quarter of
-// the host's, 1 to 4.
-int CopyThreads(int asked) {
-  if (asked > 0) return asked;
-  const int hardware = static_cast<int>(std::thread::hardware_concurrency());
-  return std::clamp(hardware / 4, 1, 4);
-}
 
 // Runs `step`, setting `micros` to the time it took.
 absl::Status Timed(double& micros, absl::FunctionRef<absl::Status()> step) {
@@ -91,7 +83,8 @@ class Launcher::GroupLaunch {
  public:
   GroupLaunch(Launcher& launcher, const LaunchGroup& group);
 
-  // Everything on the host: the staging, filled.
+  // Everything on the host: the staging, filled; enqueues the copy of its
+  // queries to the device as soon as they are in it.
   absl::Status Stage();
   // Enqueues the copy in, the key lists and prologue, the decode and the
   // copy out, with the backend's marks between them; the first failure.
@@ -108,7 +101,7 @@ class Launcher::GroupLaunch {
   absl::Status Decode();
   absl::Status ReadBack();
 
-  // Copies a message's tensors (large ones on the copy threads when
+  // Copies a message's tensors but q (large ones on the copy threads when
   // `parallel_copies`) and fills its tokens' arrays, from `start` on.
   void StageMessage(const AttendPlan& plan, PlanStart start, bool parallel_copies);
   // Copies `tensor` to `dst`, on the copy threads when `parallel`.
@@ -157,6 +150,7 @@ class Launcher::GroupLaunch {
   // has top-k rows (extra_sent_p_), else only written (extra_written_p_);
   // the other is empty.
   const PackedArrays::Place<int32_t> extra_sent_p_;
+  const size_t q_end_;  // the queries lead the staging: bytes [0, q_end_)
   const size_t upload_bytes_;
   // Written by the backend (BuildKeyLists).
   const PackedArrays::Place<int32_t> extra_written_p_;
@@ -202,6 +196,7 @@ Launcher::GroupLaunch::GroupLaunch(Launcher& launcher, const LaunchGroup& group)
                                       0.0f)),
       extra_sent_p_(
           packed_.Reserve<int32_t>(shape_.any_topk ? shape_.tokens * shape_.extra_width : 0, -1)),
+      q_end_(q_p_.at + q_p_.count),
       upload_bytes_(packed_.bytes()),
       extra_written_p_(
           packed_.Reserve<int32_t>(shape_.any_topk ? 0 : shape_.tokens * shape_.extra_width, -1)),
@@ -228,15 +223,27 @@ absl::Status Launcher::GroupLaunch::Stage() {
   sinks_ = packed_.Raw(sinks_p_);
   extra_indices_ = packed_.Raw(extra_p());
   // One message: its large tensors in pieces on the copy threads; several:
-  // the messages on the copy threads, each writing its own part.
+  // the messages on the copy threads, each writing its own part. The
+  // queries first: their copy to the device (most of the bytes) starts while
+  // the rest is staged.
   const int64_t plans = static_cast<int64_t>(group_.plans.size());
-  if (plans == 1) {
-    StageMessage(*group_.plans[0], shape_.starts[0], /*parallel_copies=*/true);
-  } else {
-    launcher_.copiers_.ParallelFor(plans, [&](int64_t i) {
-      StageMessage(*group_.plans[i], shape_.starts[i], /*parallel_copies=*/false);
-    });
-  }
+  const auto each_plan = [&](const std::function<void(int64_t, bool)>& stage) {
+    if (plans == 1) {
+      stage(0, /*parallel_copies=*/true);
+    } else {
+      launcher_.copiers_.ParallelFor(plans, [&](int64_t i) { stage(i, false); });
+    }
+  };
+  each_plan([&](int64_t i, bool parallel) {
+    Copy(*group_.plans[i]->input->q,
+         q_.data() + shape_.starts[i].token * group_.num_heads * kRowBytes, parallel);
+  });
+  absl::StatusOr<uint8_t*> arrays = launcher_.UploadStaged(packed_, 0, q_end_);
+  if (!arrays.ok()) return arrays.status();
+  arrays_ = *arrays;
+  each_plan([&](int64_t i, bool parallel) {
+    StageMessage(*group_.plans[i], shape_.starts[i], parallel);
+  });
   return absl::OkStatus();
 }
 
@@ -252,7 +259,6 @@ void Launcher::GroupLaunch::StageMessage(const AttendPlan& plan, PlanStart start
                                          bool parallel_copies) {
   const wire::AttendRequestView& input = *plan.input;
   const int64_t t0 = start.token;
-  Copy(*input.q, q_.data() + t0 * group_.num_heads * kRowBytes, parallel_copies);
   // Without kv no segment inserts: its tokens' SWA slots stay -1 and the
   // prologue reads none of their rows.
   if (input.kv.has_value()) Copy(*input.kv, kv_.data() + t0 * kRowBytes, parallel_copies);
@@ -341,7 +347,7 @@ void Launcher::GroupLaunch::ReadTimes(LaunchTimes& times) const {
 }
 
 absl::Status Launcher::GroupLaunch::Upload() {
-  absl::StatusOr<uint8_t*> arrays = launcher_.UploadStaged(packed_, upload_bytes_);
+  absl::StatusOr<uint8_t*> arrays = launcher_.UploadStaged(packed_, q_end_, upload_bytes_);
   if (!arrays.ok()) return arrays.status();
   arrays_ = *arrays;
   return Reserve(DeviceArena::kQOut, shape_.tokens * group_.padded_heads * kRowBytes, q_out_);
@@ -415,20 +421,20 @@ absl::Status Launcher::GroupLaunch::ReadBack() {
 absl::StatusOr<std::unique_ptr<Launcher>> Launcher::Create(ComputeBackend& backend,
                                                            CachePoolView pool,
                                                            int32_t max_position,
-                                                           int copy_threads) {
-  std::unique_ptr<Launcher> launcher(new Launcher(backend, pool, max_position, copy_threads));
+                                                           ThreadPool& copiers) {
+  std::unique_ptr<Launcher> launcher(new Launcher(backend, pool, max_position, copiers));
   if (absl::Status status = launcher->UploadRopeTables(); !status.ok()) return status;
   return launcher;
 }
 
 Launcher::Launcher(ComputeBackend& backend, CachePoolView pool, int32_t max_position,
-                   int copy_threads)
+                   ThreadPool& copiers)
     : backend_(backend),
       pool_(pool),
       max_position_(max_position),
       arena_(backend),
       answers_(backend, kMaxPinnedAnswerBytes),
-      copiers_(CopyThreads(copy_threads)) {}
+      copiers_(copiers) {}
 
 void Launcher::CopyOut(const wire::TensorView& tensor, uint8_t* dst) {
   const int64_t bytes = static_cast<int64_t>(tensor.size_bytes());
@@ -475,12 +481,13 @@ absl::Status Launcher::Stage(PackedArrays& packed) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint8_t*> Launcher::UploadStaged(const PackedArrays& packed, size_t upload_bytes) {
+absl::StatusOr<uint8_t*> Launcher::UploadStaged(const PackedArrays& packed, size_t from,
+                                                size_t to) {
   uint8_t* staging = const_cast<uint8_t*>(packed.data());
   if (backend_.host_accessible()) return staging;
   absl::StatusOr<uint8_t*> device = arena_.Reserve(DeviceArena::kStaged, packed.bytes());
   if (!device.ok()) return device.status();
-  if (absl::Status status = backend_.CopyToDeviceAsync(*device, staging, upload_bytes);
+  if (absl::Status status = backend_.CopyToDeviceAsync(*device + from, staging + from, to - from);
       !status.ok()) {
     return status;
   }
@@ -489,11 +496,11 @@ absl::StatusOr<uint8_t*> Launcher::UploadStaged(const PackedArrays& packed, size
 
 absl::StatusOr<GroupAnswer> Launcher::Run(const LaunchGroup& group, LaunchTimes& times) {
   GroupLaunch launch(*this, group);
-  if (absl::Status status = Timed(times.upload_us, [&] { return launch.Stage(); });
-      !status.ok()) {
-    return status;
-  }
-  if (absl::Status status = Drained(launch.Enqueue()); !status.ok()) return status;
+  // Staging enqueues the queries' copy: a launch that fails even there waits
+  // for the backend, so that the next one may reuse the staging.
+  absl::Status status = Timed(times.upload_us, [&] { return launch.Stage(); });
+  if (status.ok()) status = launch.Enqueue();
+  if (absl::Status drained = Drained(status); !drained.ok()) return drained;
   launch.ReadTimes(times);
   return launch.answer();
 }
@@ -546,7 +553,7 @@ absl::Status Launcher::AppendPass(const AppendPlan& plan, RopeKind rope) {
 
 absl::Status Launcher::Insert(const PackedArrays& packed, const RowInsert& swa,
                               const RowInsert& compressed, PrologueParams params) {
-  absl::StatusOr<uint8_t*> arrays = UploadStaged(packed, packed.bytes());
+  absl::StatusOr<uint8_t*> arrays = UploadStaged(packed, 0, packed.bytes());
   if (!arrays.ok()) return arrays.status();
   params.swa = swa.Params(*arrays, pool_);
   params.compressed = compressed.Params(*arrays, pool_);

@@ -4,8 +4,9 @@
 // Run() launches one group of Attend plans. On the host it stages
 // everything the launch sends (q, kv and the new compressed rows of every
 // message in token order, the sessions' page tables, the top-k rows, the
-// sinks) into one pinned buffer; then it enqueues, without waiting between
-// them: one copy to the device, the key lists (built on the backend from the
+// sinks) into one pinned buffer, the queries first, whose copy to the
+// device starts while the rest is staged; then it enqueues, without waiting
+// between them: the copy of the rest, the key lists (built on the backend from the
 // page tables: the host translates no key to its slot), one prologue
 // (queries normalised and rotated, new SWA and compressed rows written), one
 // decode (both key lists of every token, sinks, the optional de-rotation)
@@ -70,12 +71,12 @@ struct LaunchTimes {
 class Launcher {
  public:
   // Uploads the RoPE tables of positions below `max_position`. Large
-  // tensors are staged by `copy_threads` threads (the caller's among them;
-  // 0: a quarter of the host's hardware threads, 1 to 4).
+  // tensors are staged by the threads of `copiers`, which must outlive the
+  // launcher.
   static absl::StatusOr<std::unique_ptr<Launcher>> Create(ComputeBackend& backend,
                                                           CachePoolView pool,
                                                           int32_t max_position,
-                                                          int copy_threads = 0);
+                                                          ThreadPool& copiers);
 
   absl::StatusOr<GroupAnswer> Run(const LaunchGroup& group, LaunchTimes& times);
   absl::Status Append(const AppendPlan& plan);
@@ -83,7 +84,8 @@ class Launcher {
  private:
   class GroupLaunch;
 
-  Launcher(ComputeBackend& backend, CachePoolView pool, int32_t max_position, int copy_threads);
+  Launcher(ComputeBackend& backend, CachePoolView pool, int32_t max_position,
+           ThreadPool& copiers);
   absl::Status UploadRopeTables();
   RopeTableView rope_view(RopeKind kind) const;
   // Waits for the backend's launches (Synchronize) whatever `launched` is,
@@ -92,9 +94,9 @@ class Launcher {
   // Gives `packed` the arena's staging memory for all of its bytes.
   absl::Status Stage(PackedArrays& packed);
   // The backend's view of the staged `packed`: the staging itself on a
-  // host-accessible backend, else the device's copy of its first
-  // `upload_bytes` (enqueued).
-  absl::StatusOr<uint8_t*> UploadStaged(const PackedArrays& packed, size_t upload_bytes);
+  // host-accessible backend, else the device's copy (the arena's), of which
+  // bytes [from, to) are enqueued to be copied now.
+  absl::StatusOr<uint8_t*> UploadStaged(const PackedArrays& packed, size_t from, size_t to);
   // The rows of one RoPE kind of an AppendKV.
   absl::Status AppendPass(const AppendPlan& plan, RopeKind rope);
   // Copies `tensor` to `dst`; a large one in pieces on the copy threads.
@@ -112,7 +114,7 @@ class Launcher {
   HostBufferPool answers_;
   // Threads that copy the messages' large tensors into the staging: one
   // memcpy thread moves well under the host's memory bandwidth.
-  ThreadPool copiers_;
+  ThreadPool& copiers_;
 };
 
 }  // namespace mla

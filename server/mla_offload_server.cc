@@ -59,9 +59,10 @@ ABSL_FLAG(bool, keep_freed_memory, true,
           "heap, trimmed only above 1 GiB free) so that every Attend message's multi-MiB gRPC "
           "and staging buffers are reused instead of mapped, faulted in and zeroed again. "
           "Costs up to about 1 GiB of resident memory kept after bursts; false: glibc defaults.");
-ABSL_FLAG(int, drain_seconds, 30,
+ABSL_FLAG(int, drain_seconds, 25,
           "On SIGTERM: stop taking sessions, report NOT_SERVING for mla_offload.v1.MlaOffload "
-          "(\"\" stays SERVING), and give in-flight streams this long before shutting down.");
+          "(\"\" stays SERVING), and give in-flight streams this long before shutting down. "
+          "The default stays below Kubernetes' default grace period of 30 s.");
 
 namespace mla {
 namespace {

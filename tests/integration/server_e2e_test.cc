@@ -1917,6 +1917,24 @@ TEST(ServerFlagsTest, OutOfRangeFlagsAreRefusedByName) {
   }
 }
 
+// The drain's default ends before Kubernetes' default grace period (30 s)
+// would kill the process: a pod without a grace period of its own drains
+// fully.
+TEST(ServerFlagsTest, TheDrainDefaultEndsBeforeKubernetesDefaultGrace) {
+  absl::StatusOr<std::string> binary = client::ServerBinary();
+  ASSERT_TRUE(binary.ok()) << binary.status();
+  absl::StatusOr<client::CommandResult> result = client::RunCommand({*binary, "--help"});
+  ASSERT_TRUE(result.ok()) << result.status();
+  const std::string help = result->out + result->err;
+  const size_t flag = help.find("--drain_seconds");
+  ASSERT_NE(flag, std::string::npos) << help;
+  const size_t at = help.find("default: ", flag);
+  ASSERT_NE(at, std::string::npos) << help.substr(flag);
+  const int drain = std::atoi(help.c_str() + at + 9);
+  EXPECT_GT(drain, 0);
+  EXPECT_LT(drain, 30) << "--drain_seconds defaults to " << drain << " s";
+}
+
 TEST_F(ServerE2eTest, EchoReturnsEveryMessageUnchanged) {
   ASSERT_NO_FATAL_FAILURE(StartServer());
   grpc::ClientContext context;
