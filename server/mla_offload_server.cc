@@ -4,10 +4,12 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -20,8 +22,10 @@
 #include "server/metrics/registry.h"
 #include "server/offload_server.h"
 
-ABSL_FLAG(std::string, listen, "0.0.0.0:50051",
-          "HOST:PORT to serve gRPC on (port 0 picks a free port, printed at start).");
+ABSL_FLAG(std::vector<std::string>, listen, {"0.0.0.0:50051"},
+          "Where to serve gRPC, a comma list: one HOST:PORT (port 0 picks a free port, printed "
+          "at start), and any number of unix:PATH, Unix domain sockets for clients on this host "
+          "(a PATH that exists is refused; the server removes its sockets when it stops).");
 ABSL_FLAG(std::string, backend, "cpu",
           "Compute backend: cpu (any machine) or cuda (an NVIDIA Hopper GPU).");
 ABSL_FLAG(int, device, 0, "GPU ordinal for --backend=cuda.");
@@ -114,6 +118,26 @@ absl::Status CheckFlags() {
   return absl::OkStatus();
 }
 
+// The TCP address of --listen (exactly one) and its unix:PATH entries,
+// appended to `unix_sockets`.
+absl::StatusOr<std::string> SplitListen(const std::vector<std::string>& listen,
+                                        std::vector<std::string>& unix_sockets) {
+  std::vector<std::string> tcp;
+  for (const std::string& address : listen) {
+    if (absl::StartsWith(address, "unix:")) {
+      unix_sockets.push_back(address.substr(5));
+    } else {
+      tcp.push_back(address);
+    }
+  }
+  if (tcp.size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--listen: give exactly one HOST:PORT (and any number of unix:PATH); got ", tcp.size(),
+        " HOST:PORT addresses"));
+  }
+  return tcp[0];
+}
+
 int Main() {
   if (absl::Status status = CheckFlags(); !status.ok()) return Fail(status);
   std::vector<const ModelProfile*> models;
@@ -134,7 +158,9 @@ int Main() {
   const std::string backend_text = (*backend)->Describe();
 
   OffloadServerOptions options;
-  options.listen = absl::GetFlag(FLAGS_listen);
+  absl::StatusOr<std::string> tcp = SplitListen(absl::GetFlag(FLAGS_listen), options.unix_sockets);
+  if (!tcp.ok()) return Fail(tcp.status());
+  options.listen = *tcp;
   options.engine.kv_blocks = kv_blocks;
   options.engine.max_position = absl::GetFlag(FLAGS_max_position);
   options.engine.max_tokens_per_message = absl::GetFlag(FLAGS_max_tokens_per_message);
@@ -170,8 +196,10 @@ int Main() {
   // once (a test, an orchestrator) drains instead of killing the process.
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGINT, OnSignal);
-  std::printf("mla_offload_server: serving on %s:%d (backend %s, models %s, KV cache %lld blocks = %.2f GB)",
-              listen.substr(0, listen.rfind(':')).c_str(), port, backend_text.c_str(),
+  std::string also;
+  for (const std::string& path : options.unix_sockets) absl::StrAppend(&also, " and unix:", path);
+  std::printf("mla_offload_server: serving on %s:%d%s (backend %s, models %s, KV cache %lld blocks = %.2f GB)",
+              listen.substr(0, listen.rfind(':')).c_str(), port, also.c_str(), backend_text.c_str(),
               absl::GetFlag(FLAGS_model).c_str(), static_cast<long long>(kv_blocks),
               kv_blocks * kBlockBytes / 1e9);
   if (metrics_port >= 0) std::printf(", metrics on port %d", exporter.port());

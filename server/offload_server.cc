@@ -1,5 +1,8 @@
 #include "server/offload_server.h"
 
+#include <sys/stat.h>
+#include <sys/un.h>
+
 #include <chrono>
 #include <future>
 #include <thread>
@@ -56,6 +59,25 @@ absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
+  std::vector<int> unix_bound(options.unix_sockets.size(), 0);
+  for (size_t i = 0; i < options.unix_sockets.size(); ++i) {
+    const std::string& path = options.unix_sockets[i];
+    if (path.size() >= sizeof(sockaddr_un::sun_path)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cannot listen on unix:", path, ": the path has ", path.size(),
+          " characters and a Unix socket's at most ", sizeof(sockaddr_un::sun_path) - 1,
+          "; use a shorter one"));
+    }
+    struct stat existing;
+    if (path.empty() || ::stat(path.c_str(), &existing) == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot listen on unix:", path,
+          path.empty() ? ": the path is empty"
+                       : ": the path exists (another server's socket, or one left by a server that "
+                         "did not stop cleanly: remove it if no server uses it)"));
+    }
+    builder.AddListeningPort("unix:" + path, grpc::InsecureServerCredentials(), &unix_bound[i]);
+  }
   // gRPC binds with SO_REUSEPORT by default: a second server on a port in
   // use would start, and the kernel would split new connections between
   // the two. Without it the bind fails and the server refuses to start.
@@ -71,6 +93,13 @@ absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(
     server->server_.reset();
     return absl::UnavailableError(absl::StrCat("cannot listen on --listen=", options.listen,
                                                " (address in use or not local?)"));
+  }
+  for (size_t i = 0; i < unix_bound.size(); ++i) {
+    if (unix_bound[i] == 0) {
+      server->server_.reset();
+      return absl::UnavailableError(absl::StrCat("cannot listen on unix:", options.unix_sockets[i],
+                                                 " (is its directory there and writable?)"));
+    }
   }
   grpc::HealthCheckServiceInterface& health = *server->server_->GetHealthCheckService();
   health.SetServingStatus("", true);

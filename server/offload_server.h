@@ -22,6 +22,9 @@
 #include <memory>
 #include <string>
 
+#include <string>
+#include <vector>
+
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
@@ -38,6 +41,10 @@ namespace mla {
 
 struct OffloadServerOptions {
   std::string listen = "127.0.0.1:0";  // HOST:PORT; port 0 picks a free one
+  // Paths of Unix domain sockets to serve gRPC on as well (for clients on
+  // the same host). A path that exists already is refused: it may be
+  // another server's socket.
+  std::vector<std::string> unix_sockets;
   EngineOptions engine;  // max_answer_bytes is set from service.max_message_bytes
   SchedulerOptions scheduler;
   ServiceOptions service;

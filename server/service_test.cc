@@ -11,6 +11,9 @@
 // changed are checked.
 #include "server/service.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
@@ -18,6 +21,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -189,6 +193,50 @@ TEST_F(ServiceTest, ASecondServerOnAPortInUseRefusesToStart) {
   EXPECT_NE(second.status().message().find("address in use"), absl::string_view::npos)
       << second.status();
   EXPECT_FALSE(CreateSession().empty()) << "the first server stopped answering";
+}
+
+// A Unix domain socket beside the TCP port (for clients on the same host):
+// the service answers on it as on TCP, a second server refuses a path that
+// exists, and the socket goes when the server stops.
+TEST_F(ServiceTest, ServesOnAUnixSocketBesideTcp) {
+  // Short: a socket's path has at most 107 characters (test temp dirs are longer).
+  const std::string path = absl::StrCat("/tmp/mla_service_test_", ::getpid(), ".sock");
+  std::remove(path.c_str());
+  Start([&](OffloadServerOptions& options) { options.unix_sockets = {path}; });
+  struct stat socket_file;
+  ASSERT_EQ(::stat(path.c_str(), &socket_file), 0) << path;
+  EXPECT_TRUE(S_ISSOCK(socket_file.st_mode));
+  std::unique_ptr<pb::MlaOffload::Stub> over_unix = pb::MlaOffload::NewStub(
+      grpc::CreateChannel("unix:" + path, grpc::InsecureChannelCredentials()));
+  const std::string session = CreateSession();  // over TCP
+  pb::GetServerInfoRequest request;
+  pb::ServerInfo info;
+  grpc::ClientContext context;
+  Deadline(context, absl::Seconds(10));
+  const grpc::Status status = over_unix->GetServerInfo(&context, request, &info);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(info.sessions(), 1) << "the same server answers on both";
+
+  OffloadServerOptions options;
+  options.engine.kv_blocks = 100;
+  options.engine.max_position = 4096;
+  options.engine.models = {*FindModelProfile(kFlash)};
+  options.unix_sockets = {path};
+  metrics::Registry registry;
+  absl::StatusOr<std::unique_ptr<OffloadServer>> second =
+      OffloadServer::Start(std::make_unique<CpuBackend>(1), options, registry);
+  ASSERT_FALSE(second.ok()) << "a second server took " << path;
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition) << second.status();
+  EXPECT_THAT(std::string(second.status().message()), ::testing::HasSubstr("the path exists"));
+  options.unix_sockets = {"/tmp/" + std::string(120, 'x')};
+  second = OffloadServer::Start(std::make_unique<CpuBackend>(1), options, registry);
+  ASSERT_FALSE(second.ok());
+  EXPECT_THAT(std::string(second.status().message()),
+              ::testing::HasSubstr("a Unix socket's at most 107"));
+
+  over_unix.reset();
+  TearDown();
+  EXPECT_NE(::stat(path.c_str(), &socket_file), 0) << path << " is left after the server stopped";
 }
 
 TEST_F(ServiceTest, AStreamsMessagesRunInTheOrderTheyWereSent) {

@@ -1906,6 +1906,8 @@ TEST(ServerFlagsTest, OutOfRangeFlagsAreRefusedByName) {
       {"--batch_wait_us=-1", "--batch_wait_us=-1 is outside"},
       {"--max_messages_in_flight=0", "--max_messages_in_flight=0 is outside"},
       {"--session_idle_ttl_s=0", "--session_idle_ttl_s=0 is outside"},
+      {"--listen=127.0.0.1:0,127.0.0.1:0", "give exactly one HOST:PORT"},
+      {"--listen=unix:/tmp/mla_e2e_only.sock", "give exactly one HOST:PORT"},
   };
   for (const auto& [flag, message] : cases) {
     absl::StatusOr<client::CommandResult> result =
