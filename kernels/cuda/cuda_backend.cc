@@ -1,6 +1,7 @@
 #include "kernels/cuda/cuda_backend.h"
 
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -28,6 +29,31 @@ absl::Status CudaError(cudaError_t error, absl::string_view what) {
 }
 
 cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); }
+
+// Why cudaGetDeviceCount failed, in the words an operator needs. Without a
+// driver the runtime says "driver version is insufficient", which sends
+// people to upgrade a driver that is not there: the driver library is
+// looked for first.
+absl::Status NoDeviceStatus(cudaError_t error) {
+  void* driver = ::dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  if (driver == nullptr) driver = ::dlopen("libcuda.so.1", RTLD_LAZY);
+  if (driver == nullptr) {
+    return absl::FailedPreconditionError(
+        "no NVIDIA driver on this machine (libcuda.so.1 cannot be loaded): --backend=cuda needs "
+        "an NVIDIA Hopper GPU and its driver; use --backend=cpu here");
+  }
+  ::dlclose(driver);
+  if (error == cudaErrorNoDevice) {
+    return absl::FailedPreconditionError(
+        "the NVIDIA driver finds no GPU on this machine (or none visible to this process: "
+        "CUDA_VISIBLE_DEVICES, the container's device list); use --backend=cpu without one");
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("no usable CUDA device: ", cudaGetErrorString(error),
+                   error == cudaErrorInsufficientDriver
+                       ? " (the NVIDIA driver is older than this build's CUDA runtime: update it)"
+                       : ""));
+}
 
 // A pointer the kernels need `alignment`-aligned; `name` for the message.
 struct Alignment {
@@ -90,8 +116,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   int count = 0;
   cudaError_t error = cudaGetDeviceCount(&count);
   if (error != cudaSuccess) {
-    init_status_ = absl::FailedPreconditionError(
-        absl::StrCat("no usable CUDA device: ", cudaGetErrorString(error)));
+    init_status_ = NoDeviceStatus(error);
     return;
   }
   if (device < 0 || device >= count) {

@@ -25,6 +25,7 @@
 // status codes and messages, ServerInfo, ListSessions, the health service,
 // /metrics and the process's exit.
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
@@ -1935,6 +1936,28 @@ TEST(ServerFlagsTest, TheDrainDefaultEndsBeforeKubernetesDefaultGrace) {
   const int drain = std::atoi(help.c_str() + at + 9);
   EXPECT_GT(drain, 0);
   EXPECT_LT(drain, 30) << "--drain_seconds defaults to " << drain << " s";
+}
+
+// --backend=cuda on a machine without an NVIDIA driver says that, and what
+// to use instead (the CUDA runtime alone would blame the driver's version).
+TEST(ServerFlagsTest, BackendCudaWithoutADriverSaysSo) {
+  void* driver = ::dlopen("libcuda.so.1", RTLD_LAZY);
+  if (driver != nullptr) {
+    ::dlclose(driver);
+    GTEST_SKIP() << "this machine has an NVIDIA driver";
+  }
+  absl::StatusOr<std::string> binary = client::ServerBinary();
+  ASSERT_TRUE(binary.ok()) << binary.status();
+  absl::StatusOr<client::CommandResult> result = client::RunCommand(
+      {*binary, "--listen=127.0.0.1:0", "--metrics_port=-1", "--backend=cuda"});
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->exit_code, 1);
+  if (result->err.find("this build has no CUDA") != std::string::npos) {
+    GTEST_SKIP() << "built without CUDA: " << result->err;
+  }
+  EXPECT_THAT(result->err, HasSubstr("no NVIDIA driver on this machine"));
+  EXPECT_THAT(result->err, HasSubstr("use --backend=cpu"));
+  EXPECT_THAT(result->err, ::testing::Not(HasSubstr("insufficient")));
 }
 
 TEST_F(ServerE2eTest, EchoReturnsEveryMessageUnchanged) {
