@@ -83,10 +83,13 @@ absl::Status ComputeBackend::BuildKeyLists(const KeyListBuildParams& params) {
   return BuildKeyListsOnHost(params);
 }
 
+absl::Status ComputeBackend::CheckMark(int mark) {
+  if (mark >= 0 && mark < kMaxMarks) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("mark ", mark, " is outside 0..", kMaxMarks - 1));
+}
+
 absl::Status ComputeBackend::Mark(int mark) {
-  if (mark < 0 || mark >= kMaxMarks) {
-    return absl::InvalidArgumentError(absl::StrCat("mark ", mark, " is outside 0..", kMaxMarks - 1));
-  }
+  if (absl::Status status = CheckMark(mark); !status.ok()) return status;
   host_marks_[mark] = std::chrono::steady_clock::now();
   return absl::OkStatus();
 }

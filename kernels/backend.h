@@ -206,6 +206,10 @@ class ComputeBackend {
   virtual absl::Status Mark(int mark);
   virtual double MarkedMicros(int from, int to) const;
 
+ protected:
+  // InvalidArgument unless 0 <= mark < kMaxMarks (for Mark's overrides).
+  static absl::Status CheckMark(int mark);
+
  private:
   std::chrono::steady_clock::time_point host_marks_[kMaxMarks] = {};
 };

@@ -293,9 +293,7 @@ absl::Status CudaBackend::BuildKeyLists(const KeyListBuildParams& params) {
 }
 
 absl::Status CudaBackend::Mark(int mark) {
-  if (mark < 0 || mark >= kMaxMarks) {
-    return absl::InvalidArgumentError(absl::StrCat("mark ", mark, " is outside 0..", kMaxMarks - 1));
-  }
+  if (absl::Status status = CheckMark(mark); !status.ok()) return status;
   if (absl::Status status = Activate(); !status.ok()) return status;
   marked_[mark] = false;
   if (absl::Status status = CudaError(
