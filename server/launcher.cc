@@ -367,6 +367,10 @@ absl::Status Launcher::GroupLaunch::Prologue() {
   lists.extra_width = shape_.extra_width;
   lists.extra_indices = Device(extra_p());
   lists.extra_lengths = Device(extra_lengths_p_);
+  // The prologue right after is a plain launch that always runs (every
+  // token has query rows): the decode, which reads its lists before it waits
+  // for the kernel before it (CudaBackend::native_stream), never follows the
+  // key list kernel directly.
   if (absl::Status status = backend_.BuildKeyLists(lists); !status.ok()) return status;
   const int64_t tokens = shape_.tokens;
   PrologueParams params;
@@ -481,9 +485,8 @@ absl::Status Launcher::Stage(PackedArrays& packed) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint8_t*> Launcher::UploadStaged(const PackedArrays& packed, size_t from,
-                                                size_t to) {
-  uint8_t* staging = const_cast<uint8_t*>(packed.data());
+absl::StatusOr<uint8_t*> Launcher::UploadStaged(PackedArrays& packed, size_t from, size_t to) {
+  uint8_t* staging = packed.data();
   if (backend_.host_accessible()) return staging;
   absl::StatusOr<uint8_t*> device = arena_.Reserve(DeviceArena::kStaged, packed.bytes());
   if (!device.ok()) return device.status();
@@ -551,7 +554,7 @@ absl::Status Launcher::AppendPass(const AppendPlan& plan, RopeKind rope) {
   return Drained(Insert(packed, swa, compressed, params));
 }
 
-absl::Status Launcher::Insert(const PackedArrays& packed, const RowInsert& swa,
+absl::Status Launcher::Insert(PackedArrays& packed, const RowInsert& swa,
                               const RowInsert& compressed, PrologueParams params) {
   absl::StatusOr<uint8_t*> arrays = UploadStaged(packed, 0, packed.bytes());
   if (!arrays.ok()) return arrays.status();

@@ -96,14 +96,14 @@ class Launcher {
   // The backend's view of the staged `packed`: the staging itself on a
   // host-accessible backend, else the device's copy (the arena's), of which
   // bytes [from, to) are enqueued to be copied now.
-  absl::StatusOr<uint8_t*> UploadStaged(const PackedArrays& packed, size_t from, size_t to);
+  absl::StatusOr<uint8_t*> UploadStaged(PackedArrays& packed, size_t from, size_t to);
   // The rows of one RoPE kind of an AppendKV.
   absl::Status AppendPass(const AppendPlan& plan, RopeKind rope);
   // Copies `tensor` to `dst`; a large one in pieces on the copy threads.
   void CopyOut(const wire::TensorView& tensor, uint8_t* dst);
   // Uploads `packed` and runs a prologue without queries that writes `swa`
   // and `compressed`, two RowInserts of it.
-  absl::Status Insert(const PackedArrays& packed, const RowInsert& swa,
+  absl::Status Insert(PackedArrays& packed, const RowInsert& swa,
                       const RowInsert& compressed, PrologueParams params);
 
   ComputeBackend& backend_;

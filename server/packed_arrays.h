@@ -56,6 +56,7 @@ class PackedArrays {
     return copy == nullptr ? nullptr : reinterpret_cast<T*>(copy + place.at);
   }
 
+  uint8_t* data() { return data_; }
   const uint8_t* data() const { return data_; }
   size_t bytes() const { return bytes_; }
 
