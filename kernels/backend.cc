@@ -94,6 +94,8 @@ absl::Status ComputeBackend::Mark(int mark) {
   return absl::OkStatus();
 }
 
+absl::Status ComputeBackend::WaitForMark(int mark) { return CheckMark(mark); }
+
 double ComputeBackend::MarkedMicros(int from, int to) const {
   if (from < 0 || from >= kMaxMarks || to < 0 || to >= kMaxMarks) return 0;
   const std::chrono::steady_clock::time_point unset{};

@@ -7,10 +7,12 @@
 // Allocate() and move bytes with CopyToDevice()/CopyToHost() or their Async
 // forms. BuildKeyLists(), Prologue(), Decode() and the Async copies may run
 // asynchronously and in order; Synchronize() waits for all of them and
-// reports the first failure. Mark() notes points in that order, and after
-// Synchronize() MarkedMicros() says how long the work between two took. The structure of the parameters (counts, head counts, null
-// pointers) is checked on every call and a bad one is InvalidArgument with
-// nothing written; the values inside index and slot arrays are the caller's
+// reports the first failure. Mark() notes points in that order:
+// WaitForMark() waits for the work before one of them only (so that one
+// launch's answer can be read while the next one runs), and afterwards
+// MarkedMicros() says how long the work between two took. The structure of
+// the parameters (counts, head counts, null pointers) is checked on every
+// call and a bad one is InvalidArgument with nothing written; the values inside index and slot arrays are the caller's
 // contract (spec section 5): check them with kernels/validation.h first.
 //
 // A backend object is used by one thread at a time (the server gives each
@@ -180,7 +182,8 @@ class ComputeBackend {
   virtual absl::Status CopyToHost(void* host_dst, const void* device_src, int64_t bytes) = 0;
   // The same copies, in order with the other work and possibly not done on
   // return: `host_src` must stay unchanged, and `host_dst` holds the bytes,
-  // only once the next Synchronize() has returned OK. Fastest from and into
+  // only once the next Synchronize(), or a WaitForMark() of a mark set after
+  // the copy, has returned OK. Fastest from and into
   // AllocateHost memory. The defaults copy at once.
   virtual absl::Status CopyToDeviceAsync(void* device_dst, const void* host_src, int64_t bytes);
   virtual absl::Status CopyToHostAsync(void* host_dst, const void* device_src, int64_t bytes);
@@ -198,13 +201,19 @@ class ComputeBackend {
 
   // Mark(i) (0 <= i < kMaxMarks) notes the point at which everything issued
   // before it has finished, replacing the last mark i; MarkedMicros(a, b),
-  // after a Synchronize() that followed both, is the time from mark a to
-  // mark b in microseconds (0 for a mark not set). The defaults read the
-  // host's clock when Mark is called, which is right for a backend whose
-  // operations are done when they return.
-  static constexpr int kMaxMarks = 8;
+  // after a Synchronize() or WaitForMark() that followed both, is the time
+  // from mark a to mark b in microseconds (0 for a mark not set). The
+  // defaults read the host's clock when Mark is called, which is right for a
+  // backend whose operations are done when they return.
+  static constexpr int kMaxMarks = 16;
   virtual absl::Status Mark(int mark);
   virtual double MarkedMicros(int from, int to) const;
+  // Waits until everything issued before the last Mark(mark) has finished,
+  // but not for what was issued after it (work of a later launch may still
+  // run); a failure of the device while it waited is returned (then call
+  // Synchronize, which clears it). A mark not set has nothing to wait for.
+  // The default returns at once: operations are done when they return.
+  virtual absl::Status WaitForMark(int mark);
 
  protected:
   // InvalidArgument unless 0 <= mark < kMaxMarks (for Mark's overrides).

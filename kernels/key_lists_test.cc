@@ -115,6 +115,8 @@ TEST(KeyListsTest, HostMarksMeasureTheTimeBetweenThem) {
   EXPECT_LT(backend.MarkedMicros(0, 1), 3e6);
   EXPECT_EQ(backend.Mark(ComputeBackend::kMaxMarks).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(backend.MarkedMicros(-1, 1), 0);
+  EXPECT_TRUE(backend.WaitForMark(1).ok()) << "the work before it is done";
+  EXPECT_EQ(backend.WaitForMark(-1).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -7,10 +7,10 @@ namespace mla {
 
 absl::StatusOr<uint8_t*> DeviceArena::Reserve(Slot slot, int64_t bytes) {
   DeviceBuffer& buffer = buffers_[slot];
-  if (buffer.bytes() < bytes) {
+  if (!Fits(slot, bytes)) {
     const int64_t size = std::max<int64_t>(bytes, buffer.bytes() * 2);
     absl::StatusOr<DeviceBuffer> bigger =
-        slot == kStaging ? backend_.AllocateHost(size) : backend_.Allocate(size);
+        IsStaging(slot) ? backend_.AllocateHost(size) : backend_.Allocate(size);
     if (!bigger.ok()) return bigger.status();
     buffer = *std::move(bigger);
   }

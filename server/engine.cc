@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <thread>
 #include <utility>
 
@@ -52,16 +53,21 @@ Engine::Engine(std::unique_ptr<ComputeBackend> backend, KvBlockPool pool,
                        options.max_answer_bytes},
                       *host_threads_),
       append_planner_(sessions_, pool_, options.max_position),
-      launcher_(std::move(launcher)) {}
+      launcher_(std::move(launcher)),
+      batches_in_flight_(options.batches_in_flight >= 0 ? options.batches_in_flight
+                         : backend_->host_accessible() ? 0
+                                                       : 1) {}
 
-Engine::~Engine() = default;
+Engine::~Engine() { Finish(); }
 
 absl::StatusOr<CreateSessionResult> Engine::CreateSession(
     const wire::CreateSessionRequestView& input, absl::Time now) {
+  Finish();
   return sessions_.Create(input, now);
 }
 
 absl::StatusOr<int64_t> Engine::CloseSession(const std::string& session_id) {
+  Finish();
   return sessions_.Close(session_id);
 }
 
@@ -69,10 +75,14 @@ std::vector<SessionSummary> Engine::ListSessions(absl::Time now) const {
   return sessions_.List(now);
 }
 
-std::vector<std::string> Engine::ExpireIdle(absl::Time now) { return sessions_.ExpireIdle(now); }
+std::vector<std::string> Engine::ExpireIdle(absl::Time now) {
+  Finish();
+  return sessions_.ExpireIdle(now);
+}
 
 absl::StatusOr<AppendResult> Engine::AppendKV(const wire::AppendKVRequestView& input,
                                               absl::Time now) {
+  Finish();
   absl::StatusOr<AppendPlan> plan = append_planner_.Plan(input);
   if (!plan.ok()) return plan.status();
   if (absl::Status status = launcher_->Append(*plan); !status.ok()) {
@@ -85,76 +95,126 @@ absl::StatusOr<AppendResult> Engine::AppendKV(const wire::AppendKVRequestView& i
 
 std::vector<AttendResult> Engine::Attend(const std::vector<const ReceivedAttend*>& batch,
                                          absl::Time now) {
-  std::vector<AttendResult> results(batch.size());
-  std::vector<int> pending(batch.size());
-  for (size_t i = 0; i < batch.size(); ++i) {
-    pending[i] = static_cast<int>(i);
-    results[i].request_id = batch[i]->request.request_id;
-    results[i].timing.queue_us = absl::ToDoubleMicroseconds(now - batch[i]->arrival);
-  }
-  while (!pending.empty()) pending = RunWave(batch, pending, now, results);
+  std::vector<AttendResult> results;
+  Start(batch, now, [&results](std::vector<AttendResult> done) { results = std::move(done); });
+  Finish();
   return results;
 }
 
-std::vector<int> Engine::RunWave(const std::vector<const ReceivedAttend*>& batch,
-                                 const std::vector<int>& pending, absl::Time now,
-                                 std::vector<AttendResult>& results) {
+void Engine::Start(std::vector<const ReceivedAttend*> batch, absl::Time now, BatchDone done) {
+  auto run = std::make_unique<RunningBatch>();
+  run->batch = std::move(batch);
+  run->results.resize(run->batch.size());
+  run->now = now;
+  run->done = std::move(done);
+  std::vector<int> pending(run->batch.size());
+  for (size_t i = 0; i < run->batch.size(); ++i) {
+    pending[i] = static_cast<int>(i);
+    run->results[i].request_id = run->batch[i]->request.request_id;
+    run->results[i].timing.queue_us = absl::ToDoubleMicroseconds(now - run->batch[i]->arrival);
+  }
+  // What the running batches write waits for them, like an earlier wave's.
   WrittenLayers written;
-  std::vector<AttendPlan> plans;
-  plans.reserve(pending.size());
+  for (const std::unique_ptr<RunningBatch>& running : running_) {
+    written.insert(running->written.begin(), running->written.end());
+  }
+  while (true) {
+    pending = StartWave(*run, pending, written);
+    if (pending.empty()) break;
+    // The deferred wait for the batches before and for this wave.
+    Finish();
+    FinishWave(*run);
+    written.clear();
+  }
+  running_.push_back(std::move(run));
+  while (batches_running() > batches_in_flight_) FinishOldest();
+}
+
+void Engine::Finish() {
+  while (!running_.empty()) FinishOldest();
+}
+
+void Engine::FinishOldest() {
+  const std::unique_ptr<RunningBatch> run = std::move(running_.front());
+  running_.pop_front();
+  FinishWave(*run);
+  run->done(std::move(run->results));
+}
+
+std::vector<int> Engine::StartWave(RunningBatch& run, const std::vector<int>& pending,
+                                   WrittenLayers& written) {
+  run.plans.clear();
+  run.plans.reserve(pending.size());
+  run.written.clear();
   std::vector<int> deferred;
   const auto planning = std::chrono::steady_clock::now();
   for (int index : pending) {
-    absl::StatusOr<AttendPlan> plan = attend_planner_.Plan(batch[index]->request, written);
+    absl::StatusOr<AttendPlan> plan = attend_planner_.Plan(run.batch[index]->request, written);
     if (!plan.ok()) {
-      results[index].status = plan.status();
+      run.results[index].status = plan.status();
     } else if (plan->defer) {
       deferred.push_back(index);
     } else {
       plan->index = index;
-      plans.push_back(*std::move(plan));
+      run.plans.push_back(*std::move(plan));
     }
   }
   // Every message of the wave shares its planning time.
   const double plan_us = std::chrono::duration<double, std::micro>(
                              std::chrono::steady_clock::now() - planning)
                              .count();
-  for (int index : pending) results[index].timing.plan_us += plan_us;
-  for (const LaunchGroup& group : GroupForLaunch(plans)) RunGroup(group, results);
-  for (AttendPlan& plan : plans) {
-    if (results[plan.index].status.ok()) {
-      AttendPlanner::Commit(plan, now);
+  for (int index : pending) run.results[index].timing.plan_us += plan_us;
+  for (const AttendPlan& plan : run.plans) {
+    for (size_t s = 0; s < plan.sessions.size(); ++s) {
+      if (plan.inserts[s]) run.written.insert(SessionLayer{plan.sessions[s], plan.input->layer});
+    }
+  }
+  run.groups = GroupForLaunch(run.plans);
+  run.launches.clear();
+  for (const LaunchGroup& group : run.groups) run.launches.push_back(launcher_->Start(group));
+  return deferred;
+}
+
+void Engine::FinishWave(RunningBatch& run) {
+  for (size_t g = 0; g < run.groups.size(); ++g) {
+    const LaunchGroup& group = run.groups[g];
+    LaunchTimes times;
+    const absl::StatusOr<GroupAnswer> answer =
+        run.launches[g].ok() ? launcher_->Finish(*run.launches[g], times)
+                             : absl::StatusOr<GroupAnswer>(run.launches[g].status());
+    const int heads = group.num_heads;
+    int64_t offset = 0;  // tokens of the group's plans before this one
+    for (const AttendPlan* plan : group.plans) {
+      AttendResult& result = run.results[plan->index];
+      result.timing.upload_us = times.upload_us;
+      result.timing.prologue_us = times.prologue_us;
+      result.timing.decode_us = times.decode_us;
+      result.timing.readback_us = times.readback_us;
+      result.timing.batch_tokens = static_cast<int32_t>(group.num_tokens);
+      if (!answer.ok()) {
+        result.status = absl::InternalError(absl::StrCat(
+            "the compute backend failed on this batch: ", answer.status().message()));
+      } else {
+        result.num_tokens = plan->num_tokens;
+        result.num_heads = heads;
+        result.out = answer->out + offset * heads * kRowBytes;
+        if (plan->input->return_lse) result.lse = answer->lse + offset * heads * 4;
+        result.keep_alive = answer->memory;
+      }
+      offset += plan->num_tokens;
+    }
+  }
+  for (AttendPlan& plan : run.plans) {
+    if (run.results[plan.index].status.ok()) {
+      AttendPlanner::Commit(plan, run.now);
     } else {
       attend_planner_.ReturnPages(plan);
     }
   }
-  return deferred;
-}
-
-void Engine::RunGroup(const LaunchGroup& group, std::vector<AttendResult>& results) {
-  LaunchTimes times;
-  const absl::StatusOr<GroupAnswer> answer = launcher_->Run(group, times);
-  const int heads = group.num_heads;
-  int64_t offset = 0;  // tokens of the group's plans before this one
-  for (const AttendPlan* plan : group.plans) {
-    AttendResult& result = results[plan->index];
-    result.timing.upload_us = times.upload_us;
-    result.timing.prologue_us = times.prologue_us;
-    result.timing.decode_us = times.decode_us;
-    result.timing.readback_us = times.readback_us;
-    result.timing.batch_tokens = static_cast<int32_t>(group.num_tokens);
-    if (!answer.ok()) {
-      result.status = absl::InternalError(
-          absl::StrCat("the compute backend failed on this batch: ", answer.status().message()));
-    } else {
-      result.num_tokens = plan->num_tokens;
-      result.num_heads = heads;
-      result.out = answer->out + offset * heads * kRowBytes;
-      if (plan->input->return_lse) result.lse = answer->lse + offset * heads * 4;
-      result.keep_alive = answer->memory;
-    }
-    offset += plan->num_tokens;
-  }
+  run.groups.clear();
+  run.launches.clear();
+  run.plans.clear();
+  run.written.clear();
 }
 
 }  // namespace mla

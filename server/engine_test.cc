@@ -347,8 +347,10 @@ struct Seq {
 std::unique_ptr<Engine> NewEngine(int64_t blocks, int32_t max_position = kMaxPosition,
                                   int32_t max_tokens = 1024,
                                   absl::Duration idle_ttl = absl::Minutes(10),
-                                  std::unique_ptr<ComputeBackend> backend = nullptr) {
+                                  std::unique_ptr<ComputeBackend> backend = nullptr,
+                                  int batches_in_flight = -1) {
   EngineOptions options;
+  options.batches_in_flight = batches_in_flight;
   options.kv_blocks = blocks;
   options.max_position = max_position;
   options.max_tokens_per_message = max_tokens;
@@ -1782,9 +1784,12 @@ TEST(EngineTest, BadMessageInABatchFailsAlone) {
 // Synchronize reports the first failure since the last one).
 class FlakyBackend : public ComputeBackend {
  public:
-  // n > 0: the nth prologue (decode) from now fails; 1 is the next.
+  // n > 0: the nth prologue (decode, wait for a mark) from now fails; 1 is
+  // the next. A failed wait stands for a launch that failed on the device
+  // after it was enqueued.
   int fail_prologue_in = 0;
   int fail_decode_in = 0;
+  int fail_wait_in = 0;
   std::string Describe() const override { return "flaky cpu"; }
   bool host_accessible() const override { return inner_.host_accessible(); }
   absl::StatusOr<DeviceBuffer> Allocate(int64_t bytes) override { return inner_.Allocate(bytes); }
@@ -1799,6 +1804,9 @@ class FlakyBackend : public ComputeBackend {
   }
   absl::Status Decode(const DecodeParams& params) override {
     return Due(fail_decode_in) ? Fail() : inner_.Decode(params);
+  }
+  absl::Status WaitForMark(int mark) override {
+    return Due(fail_wait_in) ? Fail() : inner_.WaitForMark(mark);
   }
   absl::Status Synchronize() override {
     absl::Status status = inner_.Synchronize();
@@ -1884,10 +1892,145 @@ TEST(EngineTest, ABackendWithoutHostAccessGetsTheSameAnswers) {
 }
 
 // An engine on a FlakyBackend; `backend` is set to it.
-std::unique_ptr<Engine> NewFlakyEngine(int64_t blocks, FlakyBackend** backend) {
+std::unique_ptr<Engine> NewFlakyEngine(int64_t blocks, FlakyBackend** backend,
+                                       int batches_in_flight = -1) {
   auto flaky = std::make_unique<FlakyBackend>();
   *backend = flaky.get();
-  return NewEngine(blocks, kMaxPosition, 1024, absl::Minutes(10), std::move(flaky));
+  return NewEngine(blocks, kMaxPosition, 1024, absl::Minutes(10), std::move(flaky),
+                   batches_in_flight);
+}
+
+// A batch started with Engine::Start, and its answers once handed out.
+struct StartedBatch {
+  std::vector<ReceivedAttend> received;
+  std::vector<AttendResult> results;
+  bool done = false;
+};
+
+std::unique_ptr<StartedBatch> StartBatch(Engine& engine,
+                                         const std::vector<const Message*>& messages) {
+  auto started = std::make_unique<StartedBatch>();
+  for (const Message* m : messages) started->received.push_back({m->input, m->arrival});
+  std::vector<const ReceivedAttend*> batch;
+  for (const ReceivedAttend& attend : started->received) batch.push_back(&attend);
+  StartedBatch* raw = started.get();
+  engine.Start(batch, kT0, [raw](std::vector<AttendResult> results) {
+    EXPECT_FALSE(raw->done) << "a batch answered twice";
+    raw->results = std::move(results);
+    raw->done = true;
+  });
+  return started;
+}
+
+// Checks the answers of a batch handed out, as RunAndExpect does.
+void ExpectAnswered(const StartedBatch& batch, const std::vector<const Message*>& messages,
+                    absl::string_view what) {
+  ASSERT_TRUE(batch.done) << what << ": not answered";
+  ASSERT_EQ(batch.results.size(), messages.size()) << what;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    ExpectMatches(*messages[i], batch.results[i], absl::StrCat(what, ", message ", i));
+    if (batch.results[i].status.ok()) Advance(*messages[i]);
+  }
+}
+
+// Pipelined batches, on a backend without host access (as a GPU's): Start
+// returns with its batch running, and the next Start hands it out after
+// staging its own, so answers come batch after batch in the order they
+// started. A batch of two launch groups runs while the one before does (the
+// launcher's third launch waits for its first). A message touching a
+// session layer that the running batch writes waits for it: it is planned
+// on the advanced session, not refused as out of order. A call that changes
+// sessions finishes the running batch first. Every answer is the
+// reference's.
+TEST(EngineTest, PipelinedBatchesAnswerAsIfRunOneAtATime) {
+  std::unique_ptr<Engine> engine =
+      NewEngine(1000, kMaxPosition, 1024, absl::Minutes(10), std::make_unique<CopyingBackend>());
+  ASSERT_NE(engine, nullptr);
+  std::unique_ptr<Seq> a = NewSeq(*engine, kFlash, 16, SinkMode::kWhole, 301);
+  std::unique_ptr<Seq> b = NewSeq(*engine, kFlash, 8, SinkMode::kNone, 302);
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(Append(*engine, *a, 0, 255).ok());
+  ASSERT_TRUE(Append(*engine, *b, 0, 255).ok());
+  MessageOptions o;
+  o.seed = 30100;
+  auto swa = Build(kFlashSwa, {{a.get(), 255}}, o);
+  const std::unique_ptr<StartedBatch> first = StartBatch(*engine, {swa.get()});
+  EXPECT_FALSE(first->done) << "the batch runs on when Start returns";
+  EXPECT_EQ(engine->batches_running(), 1);
+
+  o.seed++;
+  auto c4a_a = Build(kFlashC4a, {{a.get(), 255}}, o);
+  o.seed++;
+  auto c4a_b = Build(kFlashC4a, {{b.get(), 255}}, o);  // 8 heads: a launch group of its own
+  const std::unique_ptr<StartedBatch> second = StartBatch(*engine, {c4a_a.get(), c4a_b.get()});
+  ExpectAnswered(*first, {swa.get()}, "first batch, handed out by the second's Start");
+  EXPECT_FALSE(second->done);
+
+  // The next position of the layer the second batch writes.
+  o.seed++;
+  auto next_a = Build(kFlashC4a, {{a.get(), 256}}, o);
+  o.seed++;
+  auto swa_b = Build(kFlashSwa, {{b.get(), 255}}, o);
+  const std::unique_ptr<StartedBatch> third = StartBatch(*engine, {swa_b.get(), next_a.get()});
+  ExpectAnswered(*second, {c4a_a.get(), c4a_b.get()}, "second batch");
+  EXPECT_FALSE(third->done);
+  EXPECT_EQ(engine->batches_running(), 1);
+
+  // Creating a session finishes the running batch.
+  std::unique_ptr<Seq> c = NewSeq(*engine, kFlash, 16, SinkMode::kNone, 303);
+  ASSERT_NE(c, nullptr);
+  ExpectAnswered(*third, {swa_b.get(), next_a.get()}, "third batch, finished by CreateSession");
+  EXPECT_EQ(engine->batches_running(), 0);
+  ExpectListed(*engine, {a.get(), b.get(), c.get()});
+
+  // On a backend whose memory is the host's, a batch is done when Start
+  // returns: there is nothing to overlap.
+  std::unique_ptr<Engine> host = NewEngine(1000);
+  ASSERT_NE(host, nullptr);
+  std::unique_ptr<Seq> d = NewSeq(*host, kFlash, 16, SinkMode::kNone, 304);
+  ASSERT_TRUE(d != nullptr && Append(*host, *d, 0, 4).ok());
+  o.seed++;
+  auto on_host = Build(kFlashSwa, {{d.get(), 4}}, o);
+  const std::unique_ptr<StartedBatch> done = StartBatch(*host, {on_host.get()});
+  EXPECT_EQ(host->batches_running(), 0);
+  ExpectAnswered(*done, {on_host.get()}, "host backend");
+}
+
+// A pipelined batch whose launch fails on the device, found when it is
+// waited for, fails its messages with nothing applied: its pages go back,
+// its sessions stay where they were, and the batch started behind it and
+// the next messages on its sessions run.
+TEST(EngineTest, APipelinedBatchThatFailsOnTheDeviceChangesNothing) {
+  FlakyBackend* backend = nullptr;
+  std::unique_ptr<Engine> engine = NewFlakyEngine(1000, &backend, /*batches_in_flight=*/1);
+  ASSERT_NE(engine, nullptr);
+  std::unique_ptr<Seq> a = NewSeq(*engine, kFlash, 4, SinkMode::kWhole, 311);
+  std::unique_ptr<Seq> b = NewSeq(*engine, kFlash, 4, SinkMode::kNone, 312);
+  ASSERT_TRUE(a && b);
+  const Snapshot before = Snap(*engine);
+  // Positions 0..128 of the C128A layer bring its row 0, on a new page.
+  MessageOptions o;
+  o.seed = 31100;
+  auto fails = Build(kFlashC128a, {{a.get(), 0, 129}}, o);
+  ASSERT_EQ(fails->input.segments[0].num_compressed_rows, 1);
+  backend->fail_wait_in = 1;
+  const std::unique_ptr<StartedBatch> failed = StartBatch(*engine, {fails.get()});
+  EXPECT_FALSE(failed->done);
+  EXPECT_GT(engine->kv_blocks_used(), before.used) << "the running batch holds its page";
+  o.seed++;
+  auto behind = Build(kFlashC128a, {{b.get(), 0, 129}}, o);
+  const std::unique_ptr<StartedBatch> next = StartBatch(*engine, {behind.get()});
+  ASSERT_TRUE(failed->done);
+  ExpectError(failed->results[0].status, absl::StatusCode::kInternal, "injected",
+              "the batch that failed on the device");
+  engine->Finish();
+  ExpectAnswered(*next, {behind.get()}, "the batch behind the failed one");
+  ExpectListed(*engine, {a.get(), b.get()});
+  // The failed message again, now that it can run.
+  o.seed++;
+  auto again = Build(kFlashC128a, {{a.get(), 0, 129}}, o);
+  RunAndExpect(*engine, {again.get()}, "the failed message again");
+  ExpectListed(*engine, {a.get(), b.get()});
 }
 
 // A backend failure fails its own request only: the engine drains the

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <iterator>
 #include <utility>
 #include <vector>
 
@@ -21,6 +22,14 @@ constexpr int64_t kMaxPinnedAnswerBytes = int64_t{256} << 20;
 
 // Tensors are copied in pieces of at least this many bytes, one a thread.
 constexpr int64_t kMinCopyPiece = int64_t{256} << 10;
+
+// Launches that may run at once, each with its own staging and its own
+// marks: kMarkStride of the backend's marks apart, of which it sets
+// kLaunchMarks (one before each step and one after the last).
+constexpr int64_t kLaunchesAtOnce = 2;
+constexpr int kMarkStride = ComputeBackend::kMaxMarks / kLaunchesAtOnce;
+constexpr int kLaunchMarks = 5;
+static_assert(kLaunchMarks <= kMarkStride);
 
 // Runs `step`, setting `micros` to the time it took.
 absl::Status Timed(double& micros, absl::FunctionRef<absl::Status()> step) {
@@ -81,7 +90,8 @@ GroupShape ShapeOf(const LaunchGroup& group) {
 // group's answers share, comes from the answer pool.
 class Launcher::GroupLaunch {
  public:
-  GroupLaunch(Launcher& launcher, const LaunchGroup& group);
+  // Launch `number` (Launcher::Start's) of `group`.
+  GroupLaunch(Launcher& launcher, const LaunchGroup& group, int64_t number);
 
   // Everything on the host: the staging, filled; enqueues the copy of its
   // queries to the device as soon as they are in it.
@@ -89,9 +99,14 @@ class Launcher::GroupLaunch {
   // Enqueues the copy in, the key lists and prologue, the decode and the
   // copy out, with the backend's marks between them; the first failure.
   absl::Status Enqueue();
-  // The backend's times of the steps Enqueue marked (after the backend's
-  // Synchronize).
-  void ReadTimes(LaunchTimes& times) const;
+  // Waits for the backend to finish the launch, once, and reads its times.
+  void Wait();
+
+  int64_t number() const { return number_; }
+  double& staging_us() { return staging_us_; }
+  // After Wait: whether the backend finished it, and the time of each step.
+  const absl::Status& status() const { return status_; }
+  const LaunchTimes& times() const { return times_; }
   GroupAnswer answer() const { return {output_, out_host_, lse_host_}; }
 
  private:
@@ -113,7 +128,7 @@ class Launcher::GroupLaunch {
   void StageToken(const AttendPlan& plan, size_t s, int64_t t, int64_t m, int32_t p);
   // Points `into` at the arena's `slot`, at least `bytes` of it.
   absl::Status Reserve(DeviceArena::Slot slot, int64_t bytes, uint8_t*& into) {
-    absl::StatusOr<uint8_t*> memory = launcher_.arena_.Reserve(slot, bytes);
+    absl::StatusOr<uint8_t*> memory = launcher_.Scratch(slot, bytes);
     if (!memory.ok()) return memory.status();
     into = *memory;
     return absl::OkStatus();
@@ -129,6 +144,13 @@ class Launcher::GroupLaunch {
   Launcher& launcher_;
   ComputeBackend& backend_;
   const LaunchGroup& group_;
+  const int64_t number_;
+  const int first_mark_;  // of the backend's, for this launch's kLaunchMarks
+  const DeviceArena::Slot staging_slot_;
+  double staging_us_ = 0;
+  bool waited_ = false;
+  absl::Status status_;
+  LaunchTimes times_;
   const GroupShape shape_;
   const bool host_;  // the backend's memory is host memory
   const int64_t q_bytes_;
@@ -175,10 +197,14 @@ class Launcher::GroupLaunch {
 
 // The upload boundary: the extra indices are sent only when they hold top-k
 // rows; otherwise the backend writes them in full.
-Launcher::GroupLaunch::GroupLaunch(Launcher& launcher, const LaunchGroup& group)
+Launcher::GroupLaunch::GroupLaunch(Launcher& launcher, const LaunchGroup& group, int64_t number)
     : launcher_(launcher),
       backend_(launcher.backend_),
       group_(group),
+      number_(number),
+      first_mark_(static_cast<int>(number % kLaunchesAtOnce) * kMarkStride),
+      staging_slot_(number % kLaunchesAtOnce == 0 ? DeviceArena::kStaging0
+                                                  : DeviceArena::kStaging1),
       shape_(ShapeOf(group)),
       host_(backend_.host_accessible()),
       q_bytes_(shape_.tokens * group.num_heads * kRowBytes),
@@ -205,7 +231,7 @@ Launcher::GroupLaunch::GroupLaunch(Launcher& launcher, const LaunchGroup& group)
       extra_lengths_p_(packed_.Reserve<int32_t>(shape_.tokens, 0)) {}
 
 absl::Status Launcher::GroupLaunch::Stage() {
-  if (absl::Status status = launcher_.Stage(packed_); !status.ok()) return status;
+  if (absl::Status status = launcher_.Stage(packed_, staging_slot_); !status.ok()) return status;
   absl::StatusOr<std::shared_ptr<uint8_t>> output = launcher_.answers_.Take(out_bytes_);
   if (!output.ok()) return output.status();
   output_ = *std::move(output);
@@ -331,7 +357,8 @@ void Launcher::GroupLaunch::StageToken(const AttendPlan& plan, size_t s, int64_t
 absl::Status Launcher::GroupLaunch::Enqueue() {
   static constexpr Step kSteps[] = {&GroupLaunch::Upload, &GroupLaunch::Prologue,
                                     &GroupLaunch::Decode, &GroupLaunch::ReadBack};
-  int mark = 0;
+  static_assert(std::size(kSteps) + 1 == kLaunchMarks);
+  int mark = first_mark_;
   for (Step step : kSteps) {
     if (absl::Status status = backend_.Mark(mark++); !status.ok()) return status;
     if (absl::Status status = (this->*step)(); !status.ok()) return status;
@@ -339,11 +366,19 @@ absl::Status Launcher::GroupLaunch::Enqueue() {
   return backend_.Mark(mark);
 }
 
-void Launcher::GroupLaunch::ReadTimes(LaunchTimes& times) const {
-  times.upload_us += backend_.MarkedMicros(0, 1);
-  times.prologue_us = backend_.MarkedMicros(1, 2);
-  times.decode_us = backend_.MarkedMicros(2, 3);
-  times.readback_us = backend_.MarkedMicros(3, 4);
+void Launcher::GroupLaunch::Wait() {
+  if (waited_) return;
+  waited_ = true;
+  const int m = first_mark_;
+  status_ = backend_.WaitForMark(m + kLaunchMarks - 1);
+  if (!status_.ok()) {
+    backend_.Synchronize().IgnoreError();  // clears the failure; status_ has it
+    return;
+  }
+  times_.upload_us = staging_us_ + backend_.MarkedMicros(m, m + 1);
+  times_.prologue_us = backend_.MarkedMicros(m + 1, m + 2);
+  times_.decode_us = backend_.MarkedMicros(m + 2, m + 3);
+  times_.readback_us = backend_.MarkedMicros(m + 3, m + 4);
 }
 
 absl::Status Launcher::GroupLaunch::Upload() {
@@ -478,8 +513,9 @@ absl::Status Launcher::Drained(const absl::Status& launched) {
   return launched.ok() ? synced : launched;
 }
 
-absl::Status Launcher::Stage(PackedArrays& packed) {
-  absl::StatusOr<uint8_t*> staging = arena_.Reserve(DeviceArena::kStaging, packed.bytes());
+absl::Status Launcher::Stage(PackedArrays& packed, DeviceArena::Slot slot) {
+  // The launch that staged in `slot` before has finished (Start waited).
+  absl::StatusOr<uint8_t*> staging = arena_.Reserve(slot, packed.bytes());
   if (!staging.ok()) return staging.status();
   packed.UseMemory(*staging);
   return absl::OkStatus();
@@ -488,7 +524,7 @@ absl::Status Launcher::Stage(PackedArrays& packed) {
 absl::StatusOr<uint8_t*> Launcher::UploadStaged(PackedArrays& packed, size_t from, size_t to) {
   uint8_t* staging = packed.data();
   if (backend_.host_accessible()) return staging;
-  absl::StatusOr<uint8_t*> device = arena_.Reserve(DeviceArena::kStaged, packed.bytes());
+  absl::StatusOr<uint8_t*> device = Scratch(DeviceArena::kStaged, packed.bytes());
   if (!device.ok()) return device.status();
   if (absl::Status status = backend_.CopyToDeviceAsync(*device + from, staging + from, to - from);
       !status.ok()) {
@@ -497,18 +533,62 @@ absl::StatusOr<uint8_t*> Launcher::UploadStaged(PackedArrays& packed, size_t fro
   return *device;
 }
 
-absl::StatusOr<GroupAnswer> Launcher::Run(const LaunchGroup& group, LaunchTimes& times) {
-  GroupLaunch launch(*this, group);
+Launcher::~Launcher() {
+  WaitForRunning(next_launch_);
+  backend_.Synchronize().IgnoreError();
+}
+
+void Launcher::WaitForRunning(int64_t before) {
+  for (const std::unique_ptr<GroupLaunch>& launch : running_) {
+    if (launch->number() < before) launch->Wait();
+  }
+}
+
+absl::StatusOr<uint8_t*> Launcher::Scratch(DeviceArena::Slot slot, int64_t bytes) {
+  if (!arena_.Fits(slot, bytes)) WaitForRunning(next_launch_);
+  return arena_.Reserve(slot, bytes);
+}
+
+absl::StatusOr<int64_t> Launcher::Start(const LaunchGroup& group) {
+  const int64_t number = next_launch_++;
+  // Its staging and marks were those of the launch kLaunchesAtOnce before.
+  WaitForRunning(number - kLaunchesAtOnce + 1);
+  auto launch = std::make_unique<GroupLaunch>(*this, group, number);
   // Staging enqueues the queries' copy: a launch that fails even there waits
-  // for the backend, so that the next one may reuse the staging.
-  absl::Status status = Timed(times.upload_us, [&] { return launch.Stage(); });
-  if (status.ok()) status = launch.Enqueue();
-  if (absl::Status drained = Drained(status); !drained.ok()) return drained;
-  launch.ReadTimes(times);
-  return launch.answer();
+  // for the backend, the running launches first, so that nothing of it is
+  // left to report to the next one.
+  absl::Status status = Timed(launch->staging_us(), [&] { return launch->Stage(); });
+  if (status.ok()) status = launch->Enqueue();
+  if (!status.ok()) {
+    WaitForRunning(number);
+    return Drained(status);
+  }
+  running_.push_back(std::move(launch));
+  return number;
+}
+
+absl::StatusOr<GroupAnswer> Launcher::Finish(int64_t launch, LaunchTimes& times) {
+  const auto it = std::find_if(running_.begin(), running_.end(),
+                               [&](const auto& running) { return running->number() == launch; });
+  if (it == running_.end()) {
+    return absl::InternalError(absl::StrCat("launch ", launch, " is not running"));
+  }
+  const std::unique_ptr<GroupLaunch> finished = std::move(*it);
+  running_.erase(it);
+  finished->Wait();
+  if (!finished->status().ok()) return finished->status();
+  times = finished->times();
+  return finished->answer();
+}
+
+absl::StatusOr<GroupAnswer> Launcher::Run(const LaunchGroup& group, LaunchTimes& times) {
+  absl::StatusOr<int64_t> launch = Start(group);
+  if (!launch.ok()) return launch.status();
+  return Finish(*launch, times);
 }
 
 absl::Status Launcher::Append(const AppendPlan& plan) {
+  WaitForRunning(next_launch_);
   for (RopeKind rope : {RopeKind::kPlain, RopeKind::kYarn}) {
     if (absl::Status status = AppendPass(plan, rope); !status.ok()) return status;
   }
@@ -532,7 +612,7 @@ absl::Status Launcher::AppendPass(const AppendPlan& plan, RopeKind rope) {
   PackedArrays packed;
   RowInsert swa(packed, swa_rows);
   RowInsert compressed(packed, compressed_rows);
-  if (absl::Status status = Stage(packed); !status.ok()) return status;
+  if (absl::Status status = Stage(packed, DeviceArena::kStaging0); !status.ok()) return status;
   swa.Open(packed);
   compressed.Open(packed);
   int64_t swa_at = 0;

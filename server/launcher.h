@@ -19,17 +19,26 @@
 // marks between the steps). Append() writes an AppendKV's rows with the same
 // row staging (RowInsert) and one prologue without queries per RoPE kind.
 //
-// Each launch ends by waiting for the backend, failed or not: Synchronize
-// also clears what the backend holds to report, and the next request must
-// not get it; and the next launch reuses the staging. It changes no
-// session: the caller commits a plan or gives its pages back. It owns the
-// RoPE tables in backend memory (made by Create), a DeviceArena of scratch
-// buffers and the answer pool; the backend and the pool's memory must
-// outlive it (answers need not). Not thread-safe: the engine thread owns it.
+// Launches are pipelined: Start() stages a group and enqueues its steps,
+// and returns before the backend has done them; Finish() waits for that
+// launch alone (the backend's mark after its copy out), so one launch's
+// staging on the host overlaps the kernels and copies of the one before.
+// At most two launches run at once, each staged in its own pinned buffer;
+// starting a third first waits for the oldest, and growing a scratch buffer
+// first waits for every running launch (Finish still gives their answers).
+// A launch that fails waits for the backend (Synchronize, which also clears
+// what the backend holds to report: the next launch must not get it) and is
+// not running. Append() waits for the running launches first. A launch
+// changes no session: the caller commits a plan or gives its pages back.
+// The launcher owns the RoPE tables in backend memory (made by Create), a
+// DeviceArena of scratch buffers and the answer pool; the backend and the
+// pool's memory must outlive it (answers need not); its destructor waits for
+// the running launches. Not thread-safe: the engine thread owns it.
 #ifndef MLA_OFFLOAD_SERVER_LAUNCHER_H_
 #define MLA_OFFLOAD_SERVER_LAUNCHER_H_
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -78,21 +87,40 @@ class Launcher {
                                                           int32_t max_position,
                                                           ThreadPool& copiers);
 
+  ~Launcher();
+
+  // Stages `group` and enqueues its launch; returns the launch's number,
+  // for Finish, before the backend is done with it. `group` (and what it
+  // points to) must stay until Finish.
+  absl::StatusOr<int64_t> Start(const LaunchGroup& group);
+  // Waits for launch `launch` (from Start, not finished yet) and gives its
+  // answer and the time of each of its steps.
+  absl::StatusOr<GroupAnswer> Finish(int64_t launch, LaunchTimes& times);
+  // Start, then Finish.
   absl::StatusOr<GroupAnswer> Run(const LaunchGroup& group, LaunchTimes& times);
   absl::Status Append(const AppendPlan& plan);
+
+  // Launches started and not finished.
+  int running() const { return static_cast<int>(running_.size()); }
 
  private:
   class GroupLaunch;
 
   Launcher(ComputeBackend& backend, CachePoolView pool, int32_t max_position,
            ThreadPool& copiers);
+  // Waits for the running launches numbered below `before` (each keeps its
+  // answer for Finish).
+  void WaitForRunning(int64_t before);
+  // The arena's `slot`, at least `bytes` of it; waits for every running
+  // launch before the slot grows (the old buffer goes).
+  absl::StatusOr<uint8_t*> Scratch(DeviceArena::Slot slot, int64_t bytes);
   absl::Status UploadRopeTables();
   RopeTableView rope_view(RopeKind kind) const;
   // Waits for the backend's launches (Synchronize) whatever `launched` is,
   // and returns the first failure: launched's, else the wait's.
   absl::Status Drained(const absl::Status& launched);
-  // Gives `packed` the arena's staging memory for all of its bytes.
-  absl::Status Stage(PackedArrays& packed);
+  // Gives `packed` the arena's staging memory `slot` for all of its bytes.
+  absl::Status Stage(PackedArrays& packed, DeviceArena::Slot slot);
   // The backend's view of the staged `packed`: the staging itself on a
   // host-accessible backend, else the device's copy (the arena's), of which
   // bytes [from, to) are enqueued to be copied now.
@@ -115,6 +143,8 @@ class Launcher {
   // Threads that copy the messages' large tensors into the staging: one
   // memcpy thread moves well under the host's memory bandwidth.
   ThreadPool& copiers_;
+  std::deque<std::unique_ptr<GroupLaunch>> running_;  // in the order they started
+  int64_t next_launch_ = 0;
 };
 
 }  // namespace mla

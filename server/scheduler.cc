@@ -101,6 +101,15 @@ void Scheduler::Loop() {
   std::unique_lock<std::mutex> lock(mutex_);
   const auto work_waiting = [&] { return stopping_ || !queue_.empty() || !next_.empty(); };
   while (true) {
+    // A running batch's answers go out before anything but the next batch
+    // runs, and before the engine thread waits for work.
+    const bool attend_next = next_.empty() && !queue_.empty() && queue_.front().attend;
+    if (engine_->batches_running() > 0 && !attend_next) {
+      lock.unlock();
+      engine_->Finish();
+      lock.lock();
+      continue;
+    }
     wake_.wait_until(lock, next_expiry, work_waiting);
     if (std::chrono::steady_clock::now() >= next_expiry) {
       lock.unlock();
@@ -145,7 +154,9 @@ void Scheduler::Loop() {
       // Blocked by a task, the token budget or read-only work.
       const bool blocked = !queue_.empty() || !next_.empty();
       if (blocked || stopping_ || tokens >= options_.max_batch_tokens) break;
-      if (!OthersActive(batch)) break;
+      // With a batch running, whatever waits goes now: the running batch's
+      // answers would wait with it.
+      if (engine_->batches_running() > 0 || !OthersActive(batch)) break;
       if (!wake_.wait_until(lock, deadline, work_waiting)) break;
     }
     lock.unlock();
@@ -196,7 +207,18 @@ void Scheduler::RunBatch(std::vector<Item>& batch) {
     stats.tokens += item.tokens;
   }
   stats.messages = static_cast<int>(live.size());
-  std::vector<AttendResult> results = engine_->Attend(inputs, options_.clock());
+  // The items (and the messages in them) stay with the batch until its
+  // answers go.
+  auto items = std::make_shared<std::vector<Item>>(std::move(live));
+  engine_->Start(std::move(inputs), options_.clock(),
+                 [this, items, stats, start](std::vector<AttendResult> results) {
+                   Answer(*items, stats, start, results);
+                 });
+}
+
+void Scheduler::Answer(std::vector<Item>& items, BatchStats stats,
+                       std::chrono::steady_clock::time_point start,
+                       std::vector<AttendResult>& results) {
   const absl::Time finished = options_.clock();
   stats.run_us =
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
@@ -207,9 +229,9 @@ void Scheduler::RunBatch(std::vector<Item>& batch) {
   }
   if (observer) observer(stats);
   NotifyState();  // before the answers: whoever has one sees the pages it took
-  for (size_t i = 0; i < live.size(); ++i) {
-    results[i].timing.total_us = absl::ToDoubleMicroseconds(finished - live[i].attend->arrival);
-    live[i].done(std::move(results[i]));
+  for (size_t i = 0; i < items.size(); ++i) {
+    results[i].timing.total_us = absl::ToDoubleMicroseconds(finished - items[i].attend->arrival);
+    items[i].done(std::move(results[i]));
   }
 }
 

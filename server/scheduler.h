@@ -19,14 +19,21 @@
 //
 // The batch wait: a batch waits for more messages only while another active
 // stream (one that sent a message within `active_stream_window`) has none in
-// it, and never longer than `batch_wait`. A lone stream is never held back;
+// it, and never longer than `batch_wait`; and not at all while the batch
+// before it still runs on the backend. A lone stream is never held back;
 // streams stepping through layers together meet in one batch.
+//
+// Pipelining: a batch is started on the engine (Engine::Start) and, while
+// the backend runs it, the next batch is gathered and staged; the running
+// batch's answers go out as soon as the engine has finished it, and always
+// before a task or read-only work runs or the engine thread waits for work.
 //
 // Thread-safe. Callbacks run on the engine thread and must not block.
 #ifndef MLA_OFFLOAD_SERVER_SCHEDULER_H_
 #define MLA_OFFLOAD_SERVER_SCHEDULER_H_
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -121,7 +128,11 @@ class Scheduler {
   };
 
   void Loop();
+  // Starts a batch on the engine; Answer() sends its answers when the
+  // engine has finished it.
   void RunBatch(std::vector<Item>& batch);
+  void Answer(std::vector<Item>& items, BatchStats stats,
+              std::chrono::steady_clock::time_point start, std::vector<AttendResult>& results);
   // Whether an active stream other than those of `batch` may still send a
   // message for it; forgets streams that ended or went quiet. With mutex_.
   bool OthersActive(const std::vector<Item>& batch);

@@ -303,6 +303,27 @@ absl::Status CudaBackend::Mark(int mark) {
     return status;
   }
   marked_[mark] = true;
+  mark_ends_[mark] = in_flight_.size();
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::WaitForMark(int mark) {
+  if (absl::Status status = CheckMark(mark); !status.ok()) return status;
+  if (!marked_[mark]) return absl::OkStatus();
+  if (absl::Status status = Activate(); !status.ok()) return status;
+  const size_t done = std::min(mark_ends_[mark], in_flight_.size());
+  if (absl::Status status =
+          CudaError(cudaEventSynchronize(static_cast<cudaEvent_t>(marks_[mark])),
+                    absl::StrCat("waiting for mark ", mark, done == 0 ? "" : " after ",
+                                 in_flight_.substr(0, done)));
+      !status.ok()) {
+    return status;
+  }
+  // What finished leaves the names of what may still run; the other marks
+  // count from there (", " parts the names).
+  const size_t cut = done == 0 ? 0 : std::min(done + 2, in_flight_.size());
+  in_flight_.erase(0, cut);
+  for (size_t& end : mark_ends_) end = end > cut ? end - cut : 0;
   return absl::OkStatus();
 }
 
@@ -363,6 +384,7 @@ absl::Status CudaBackend::Synchronize() {
   if (status.ok()) status = CudaError(cudaGetLastError(), "synchronize");
   if (status.ok() && !deferred_.ok()) status = deferred_;
   in_flight_.clear();
+  for (size_t& end : mark_ends_) end = 0;
   deferred_ = absl::OkStatus();
   return status;
 }

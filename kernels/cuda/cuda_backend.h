@@ -64,6 +64,7 @@ class CudaBackend : public ComputeBackend {
   absl::Status Synchronize() override;
   absl::Status Mark(int mark) override;
   double MarkedMicros(int from, int to) const override;
+  absl::Status WaitForMark(int mark) override;
 
   // The backend's stream (a cudaStream_t), for timing and interop: work
   // enqueued on it is ordered with the backend's kernels, with one limit.
@@ -91,8 +92,10 @@ class CudaBackend : public ComputeBackend {
   int num_sms_ = 0;
   cuda::DecodeKernels decode_kernels_ = cuda::DecodeKernels::kWgmma;
   std::string name_;
-  // Kernels enqueued since the last Synchronize, for error messages.
+  // What was enqueued since the last Synchronize or the last mark waited
+  // for, for error messages; mark_ends_[i]: its length when mark i was set.
   std::string in_flight_;
+  size_t mark_ends_[kMaxMarks] = {};
   // The first error seen by an asynchronous call, returned by Synchronize.
   absl::Status deferred_;
   void* scratch_ = nullptr;

@@ -493,6 +493,38 @@ TEST(CopyTest, AsyncCopiesLandByTheNextSynchronizeAndMarksTimeThem) {
   EXPECT_EQ(backend.Mark(ComputeBackend::kMaxMarks).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// WaitForMark waits for the work before its mark only: the copy back of a
+// first buffer is complete while a later one may still be on its way.
+TEST(CopyTest, WaitForMarkWaitsForTheWorkBeforeItsMark) {
+  MAKE_CUDA_BACKEND(backend);
+  constexpr int64_t kBytes = int64_t{8} << 20;
+  absl::StatusOr<DeviceBuffer> staging = backend.AllocateHost(2 * kBytes);
+  absl::StatusOr<DeviceBuffer> answer = backend.AllocateHost(2 * kBytes);
+  absl::StatusOr<DeviceBuffer> device = backend.Allocate(2 * kBytes);
+  ASSERT_TRUE(staging.ok() && answer.ok() && device.ok());
+  uint8_t* in = staging->as<uint8_t>();
+  uint8_t* out = answer->as<uint8_t>();
+  uint8_t* on_device = device->as<uint8_t>();
+  for (int64_t b = 0; b < 2 * kBytes; ++b) in[b] = static_cast<uint8_t>(b * 7 + 3);
+  std::memset(out, 0xee, 2 * kBytes);
+  EXPECT_TRUE(backend.WaitForMark(9).ok()) << "a mark not set has nothing to wait for";
+  for (int part = 0; part < 2; ++part) {
+    ASSERT_TRUE(backend.Mark(8 * part).ok());
+    ASSERT_TRUE(backend.CopyToDeviceAsync(on_device + part * kBytes, in + part * kBytes, kBytes).ok());
+    ASSERT_TRUE(backend.CopyToHostAsync(out + part * kBytes, on_device + part * kBytes, kBytes).ok());
+    ASSERT_TRUE(backend.Mark(8 * part + 1).ok());
+  }
+  ASSERT_TRUE(backend.WaitForMark(1).ok());
+  EXPECT_EQ(std::memcmp(in, out, kBytes), 0);
+  EXPECT_GT(backend.MarkedMicros(0, 1), 1);
+  ASSERT_TRUE(backend.WaitForMark(9).ok());
+  EXPECT_EQ(std::memcmp(in + kBytes, out + kBytes, kBytes), 0);
+  EXPECT_GT(backend.MarkedMicros(8, 9), 1);
+  EXPECT_EQ(backend.WaitForMark(ComputeBackend::kMaxMarks).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(backend.Synchronize().ok());
+}
+
 // The CUDA key lists equal the host's (kernels/key_lists.cc) bit for bit on
 // random tables: every rule (top-k with pads, C128A, none), positions before
 // and past the window and the ring's wrap, widths that are not a multiple
