@@ -49,6 +49,11 @@ ABSL_FLAG(int, batch_wait_us, 200,
 ABSL_FLAG(int, active_stream_ms, 100,
           "How long after its last message an Attend stream counts as active, so that batches "
           "wait (up to --batch_wait_us) for its next message.");
+ABSL_FLAG(int, batches_in_flight, -1,
+          "Batches left running on the device while the scheduler plans and stages the next "
+          "(pipelining: the host's work on one batch overlaps the device's on the one before). "
+          "-1: 1 on --backend=cuda, 0 on --backend=cpu (its work is done as it is issued); "
+          "0 turns pipelining off.");
 ABSL_FLAG(int, max_queued_messages, 4096,
           "Attend messages that may wait for the engine; beyond it new ones get "
           "RESOURCE_EXHAUSTED.");
@@ -97,6 +102,7 @@ absl::Status CheckFlags() {
       {"max_batch_tokens", absl::GetFlag(FLAGS_max_batch_tokens), 1, 1 << 20},
       {"batch_wait_us", absl::GetFlag(FLAGS_batch_wait_us), 0, 10000000},
       {"active_stream_ms", absl::GetFlag(FLAGS_active_stream_ms), 0, 3600000},
+      {"batches_in_flight", absl::GetFlag(FLAGS_batches_in_flight), -1, 1},
       {"max_queued_messages", absl::GetFlag(FLAGS_max_queued_messages), 1, 1 << 24},
       {"max_messages_in_flight", absl::GetFlag(FLAGS_max_messages_in_flight), 1, 1024},
       {"session_idle_ttl_s", absl::GetFlag(FLAGS_session_idle_ttl_s), 1, 365 * 24 * 3600},
@@ -166,6 +172,7 @@ int Main() {
   options.engine.max_tokens_per_message = absl::GetFlag(FLAGS_max_tokens_per_message);
   options.engine.default_idle_ttl = absl::Seconds(absl::GetFlag(FLAGS_session_idle_ttl_s));
   options.engine.models = models;
+  options.engine.batches_in_flight = absl::GetFlag(FLAGS_batches_in_flight);
   options.scheduler.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   options.scheduler.batch_wait = absl::Microseconds(absl::GetFlag(FLAGS_batch_wait_us));
   options.scheduler.active_stream_window = absl::Milliseconds(absl::GetFlag(FLAGS_active_stream_ms));

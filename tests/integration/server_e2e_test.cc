@@ -873,6 +873,9 @@ class ServerE2eTest : public ::testing::Test {
     return health->Check(&context, request, response);
   }
 
+  // Two streams stepping two sessions at once (section 2).
+  void StepTwoStreams(const std::vector<std::string>& flags, bool all_in_flight);
+
   std::unique_ptr<ServerProcess> server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<pb::MlaOffload::Stub> stub_;
@@ -989,9 +992,12 @@ INSTANTIATE_TEST_SUITE_P(Models, EndToEndTest,
 
 // Two streams, each stepping its own session from its own thread at the
 // same time (the scheduler may batch them into one launch), each get their
-// own session's answers.
-TEST_F(ServerE2eTest, ConcurrentStreamsGetTheirOwnSessionsAnswers) {
-  ASSERT_NO_FATAL_FAILURE(StartServer({"--batch_wait_us=2000"}));
+// own session's answers: one message at a time, or (`all_in_flight`) every
+// message written before the first answer is read, so that batches of a
+// stream follow each other through the engine while the one before still
+// runs, the next position of a layer among them.
+void ServerE2eTest::StepTwoStreams(const std::vector<std::string>& flags, bool all_in_flight) {
+  ASSERT_NO_FATAL_FAILURE(StartServer(flags));
   Seq a, b;
   ASSERT_NO_FATAL_FAILURE(Create(&a, kFlash, 8, 11));
   ASSERT_NO_FATAL_FAILURE(Create(&b, kFlash, 8, 12));
@@ -1018,7 +1024,16 @@ TEST_F(ServerE2eTest, ConcurrentStreamsGetTheirOwnSessionsAnswers) {
   for (int s = 0; s < 2; ++s) {
     threads.emplace_back([&, s] {
       AttendStream stream(*stub_);
-      for (const Step& step : steps[s]) responses[s].push_back(stream.RoundTrip(step.request));
+      if (all_in_flight) {
+        for (const Step& step : steps[s]) EXPECT_TRUE(stream.Write(step.request));
+        for (size_t i = 0; i < steps[s].size(); ++i) {
+          pb::AttendResponse response;
+          EXPECT_TRUE(stream.Read(&response)) << "stream " << s << ": no answer " << i;
+          responses[s].push_back(std::move(response));
+        }
+      } else {
+        for (const Step& step : steps[s]) responses[s].push_back(stream.RoundTrip(step.request));
+      }
       EXPECT_TRUE(stream.Close().ok());
     });
   }
@@ -1035,6 +1050,16 @@ TEST_F(ServerE2eTest, ConcurrentStreamsGetTheirOwnSessionsAnswers) {
   ExpectListed(a, "session a");
   ExpectListed(b, "session b");
   EXPECT_EQ(Info().kv_blocks_used(), a.Blocks() + b.Blocks());
+}
+
+TEST_F(ServerE2eTest, ConcurrentStreamsGetTheirOwnSessionsAnswers) {
+  StepTwoStreams({"--batch_wait_us=2000"}, false);
+}
+
+// The same with batches pipelined on the CPU backend (--batches_in_flight=1,
+// the CUDA backend's default) and every message of a stream in flight.
+TEST_F(ServerE2eTest, PipelinedBatchesAnswerEveryMessageInOrder) {
+  StepTwoStreams({"--batches_in_flight=1", "--max_messages_in_flight=32"}, true);
 }
 
 // Two ranks with different head ranges attend one session on two streams:
@@ -1905,6 +1930,7 @@ TEST(ServerFlagsTest, OutOfRangeFlagsAreRefusedByName) {
       {"--kv_cache_gb=0", "--kv_cache_gb=0"},
       {"--max_position=0", "--max_position=0 is outside"},
       {"--batch_wait_us=-1", "--batch_wait_us=-1 is outside"},
+      {"--batches_in_flight=2", "--batches_in_flight=2 is outside -1..1"},
       {"--max_messages_in_flight=0", "--max_messages_in_flight=0 is outside"},
       {"--session_idle_ttl_s=0", "--session_idle_ttl_s=0 is outside"},
       {"--listen=127.0.0.1:0,127.0.0.1:0", "give exactly one HOST:PORT"},
