@@ -210,9 +210,13 @@ class ComputeBackend {
   virtual double MarkedMicros(int from, int to) const;
   // Waits until everything issued before the last Mark(mark) has finished,
   // but not for what was issued after it (work of a later launch may still
-  // run); a failure of the device while it waited is returned (then call
-  // Synchronize, which clears it). A mark not set has nothing to wait for.
-  // The default returns at once: operations are done when they return.
+  // run); a failure of the device while it waited is returned (the owning
+  // thread's next Synchronize clears it). A mark not set has nothing to wait
+  // for. Unlike every other call, WaitForMark and then MarkedMicros of marks
+  // before it may be called from one other thread while the owning thread
+  // issues work, as long as that thread does not set those marks again
+  // meanwhile. The default returns at once: operations are done when they
+  // return.
   virtual absl::Status WaitForMark(int mark);
 
  protected:

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <mutex>
 #include <thread>
 #include <utility>
 
@@ -56,9 +57,19 @@ Engine::Engine(std::unique_ptr<ComputeBackend> backend, KvBlockPool pool,
       launcher_(std::move(launcher)),
       batches_in_flight_(options.batches_in_flight >= 0 ? options.batches_in_flight
                          : backend_->host_accessible() ? 0
-                                                       : 1) {}
+                                                       : 1) {
+  if (batches_in_flight_ > 0) finisher_ = std::thread([this] { FinisherLoop(); });
+}
 
-Engine::~Engine() { Finish(); }
+Engine::~Engine() {
+  Finish();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  if (finisher_.joinable()) finisher_.join();
+}
 
 absl::StatusOr<CreateSessionResult> Engine::CreateSession(
     const wire::CreateSessionRequestView& input, absl::Time now) {
@@ -96,12 +107,18 @@ absl::StatusOr<AppendResult> Engine::AppendKV(const wire::AppendKVRequestView& i
 std::vector<AttendResult> Engine::Attend(const std::vector<const ReceivedAttend*>& batch,
                                          absl::Time now) {
   std::vector<AttendResult> results;
-  Start(batch, now, [&results](std::vector<AttendResult> done) { results = std::move(done); });
+  std::mutex mutex;
+  Start(batch, now, [&](std::vector<AttendResult> done) {
+    std::lock_guard<std::mutex> lock(mutex);
+    results = std::move(done);
+  });
   Finish();
+  std::lock_guard<std::mutex> lock(mutex);
   return results;
 }
 
-void Engine::Start(std::vector<const ReceivedAttend*> batch, absl::Time now, BatchDone done) {
+void Engine::Start(std::vector<const ReceivedAttend*> batch, absl::Time now, BatchDone done,
+                   absl::FunctionRef<void()> published) {
   auto run = std::make_unique<RunningBatch>();
   run->batch = std::move(batch);
   run->results.resize(run->batch.size());
@@ -113,32 +130,91 @@ void Engine::Start(std::vector<const ReceivedAttend*> batch, absl::Time now, Bat
     run->results[i].request_id = run->batch[i]->request.request_id;
     run->results[i].timing.queue_us = absl::ToDoubleMicroseconds(now - run->batch[i]->arrival);
   }
-  // What the running batches write waits for them, like an earlier wave's.
+  // What the running batches write waits for them, like an earlier wave's;
+  // the finished ones advance their sessions first. In one look: a batch
+  // that finishes meanwhile is still counted as running.
   WrittenLayers written;
-  for (const std::unique_ptr<RunningBatch>& running : running_) {
-    written.insert(running->written.begin(), running->written.end());
+  std::deque<std::unique_ptr<RunningBatch>> finished;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    finished.swap(finished_);
+    for (const std::unique_ptr<RunningBatch>& running : running_) {
+      written.insert(running->written.begin(), running->written.end());
+    }
   }
+  for (const std::unique_ptr<RunningBatch>& batch_done : finished) CommitWave(*batch_done);
   while (true) {
     pending = StartWave(*run, pending, written);
     if (pending.empty()) break;
     // The deferred wait for the batches before and for this wave.
     Finish();
-    FinishWave(*run);
+    FinishLaunches(*run);
+    CommitWave(*run);
     written.clear();
   }
-  running_.push_back(std::move(run));
-  while (batches_running() > batches_in_flight_) FinishOldest();
+  published();
+  if (batches_in_flight_ == 0) {
+    FinishLaunches(*run);
+    CommitWave(*run);
+    run->done(std::move(run->results));
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    running_.push_back(std::move(run));
+  }
+  changed_.notify_all();
+}
+
+bool Engine::Collect() {
+  std::deque<std::unique_ptr<RunningBatch>> finished;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    finished.swap(finished_);
+  }
+  for (const std::unique_ptr<RunningBatch>& run : finished) CommitWave(*run);
+  return !finished.empty();
 }
 
 void Engine::Finish() {
-  while (!running_.empty()) FinishOldest();
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [this] { return running_.empty(); });
+  }
+  Collect();
 }
 
-void Engine::FinishOldest() {
-  const std::unique_ptr<RunningBatch> run = std::move(running_.front());
-  running_.pop_front();
-  FinishWave(*run);
-  run->done(std::move(run->results));
+int Engine::batches_running() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<int>(running_.size());
+}
+
+void Engine::SetFinishedHook(std::function<void()> hook) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  finished_hook_ = std::move(hook);
+}
+
+void Engine::FinisherLoop() {
+  while (true) {
+    RunningBatch* run = nullptr;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      changed_.wait(lock, [this] { return stopping_ || !running_.empty(); });
+      if (running_.empty()) return;
+      run = running_.front().get();
+    }
+    FinishLaunches(*run);
+    run->done(std::move(run->results));
+    std::function<void()> hook;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      finished_.push_back(std::move(running_.front()));
+      running_.pop_front();
+      hook = finished_hook_;
+    }
+    changed_.notify_all();
+    if (hook) hook();
+  }
 }
 
 std::vector<int> Engine::StartWave(RunningBatch& run, const std::vector<int>& pending,
@@ -175,13 +251,17 @@ std::vector<int> Engine::StartWave(RunningBatch& run, const std::vector<int>& pe
   return deferred;
 }
 
-void Engine::FinishWave(RunningBatch& run) {
+void Engine::FinishLaunches(RunningBatch& run) {
+  run.ran.assign(run.plans.size(), false);
   for (size_t g = 0; g < run.groups.size(); ++g) {
     const LaunchGroup& group = run.groups[g];
     LaunchTimes times;
     const absl::StatusOr<GroupAnswer> answer =
         run.launches[g].ok() ? launcher_->Finish(*run.launches[g], times)
                              : absl::StatusOr<GroupAnswer>(run.launches[g].status());
+    // A launch that started and then failed leaves the failure with the
+    // backend, for CommitWave to clear.
+    run.failed |= run.launches[g].ok() && !answer.ok();
     const int heads = group.num_heads;
     int64_t offset = 0;  // tokens of the group's plans before this one
     for (const AttendPlan* plan : group.plans) {
@@ -200,20 +280,27 @@ void Engine::FinishWave(RunningBatch& run) {
         result.out = answer->out + offset * heads * kRowBytes;
         if (plan->input->return_lse) result.lse = answer->lse + offset * heads * 4;
         result.keep_alive = answer->memory;
+        run.ran[plan - run.plans.data()] = true;
       }
       offset += plan->num_tokens;
     }
   }
-  for (AttendPlan& plan : run.plans) {
-    if (run.results[plan.index].status.ok()) {
-      AttendPlanner::Commit(plan, run.now);
+}
+
+void Engine::CommitWave(RunningBatch& run) {
+  for (size_t p = 0; p < run.plans.size(); ++p) {
+    if (run.ran[p]) {
+      AttendPlanner::Commit(run.plans[p], run.now);
     } else {
-      attend_planner_.ReturnPages(plan);
+      attend_planner_.ReturnPages(run.plans[p]);
     }
   }
+  if (run.failed) launcher_->ClearFailure().IgnoreError();
+  run.failed = false;
   run.groups.clear();
   run.launches.clear();
   run.plans.clear();
+  run.ran.clear();
   run.written.clear();
 }
 

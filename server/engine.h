@@ -13,16 +13,19 @@
 // wave of the same call, so results never depend on how requests were
 // batched; the ranks that repeat a step share one wave.
 //
-// Batches are pipelined: Start() returns while the backend still runs the
-// batch's last wave (up to EngineOptions::batches_in_flight batches), so
-// that the next batch is planned and staged on the host while the one
-// before computes; each batch's answers go to its callback once the backend
-// has finished it, batch after batch in the order they started. A message
-// touching a session layer that a running batch writes waits for that batch
-// (as for a wave), so answers are those of batches run one at a time. A
-// running batch's sessions have not advanced yet: ListSessions() shows them
-// as they were; every call that changes sessions first finishes the running
-// batches.
+// Batches are pipelined (EngineOptions::batches_in_flight 1): Start()
+// returns while the backend still runs the batch's last wave, and the
+// engine's finisher thread waits for it and hands its answers to the
+// batch's callback as soon as the backend is done, batch after batch in the
+// order they started, while the engine thread plans and stages the next
+// batch. Sessions advance on the engine thread (Collect, which every call
+// here makes first), so planning never races with a commit. A message
+// touching a session layer that a running or uncollected batch writes
+// waits for that batch (as for a wave), so answers are those of batches run
+// one at a time. ListSessions() shows the sessions as of the last Collect.
+// Every call that changes sessions first waits for the running batches.
+// With batches_in_flight 0 there is no finisher: a batch is answered
+// within Start.
 //
 // AppendKV() checks a request the same way, writes its rows, and advances
 // every layer of the session only when the backend has written them; a
@@ -34,19 +37,24 @@
 // (launcher.h: how it runs on the backend). The requests and answers are
 // the types of requests.h.
 //
-// Not thread-safe: one thread (the scheduler's) makes every call; the
-// callbacks run on it, from inside the engine's calls, and must not call
-// the engine.
+// Not thread-safe: one thread (the scheduler's, the engine thread) makes
+// every call, but batches_running() and SetFinishedHook() may come from any
+// thread. Batch callbacks run on the finisher thread (or within Start) and
+// must not call the engine.
 #ifndef MLA_OFFLOAD_SERVER_ENGINE_H_
 #define MLA_OFFLOAD_SERVER_ENGINE_H_
 
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "kernels/backend.h"
@@ -75,9 +83,11 @@ struct EngineOptions {
   // check, the copies into the staging; 0: a quarter of the host's hardware
   // threads, 1 to 4.
   int copy_threads = 0;
-  // Batches left running on the backend when Start returns, while the next
-  // is staged; -1: 1 on a device backend, 0 on one whose memory is the
-  // host's (it has done its work when a call returns: nothing to overlap).
+  // 1: a batch is left running on the backend when Start returns, and the
+  // finisher thread answers it while the engine thread plans and stages
+  // the next; 0: Start answers it. -1: 1 on a device backend, 0 on one
+  // whose memory is the host's (it has done its work when a call returns:
+  // nothing to overlap).
   int batches_in_flight = -1;
 };
 
@@ -98,14 +108,24 @@ class Engine {
 
   // Results of a batch: results[i] answers the batch's i-th message.
   using BatchDone = std::function<void(std::vector<AttendResult> results)>;
-  // Plans and launches a batch; `done` gets its results once the backend has
-  // finished it: during this call or a later one (Start, Finish, a call that
-  // changes sessions, the destructor). The messages must outlive that.
-  void Start(std::vector<const ReceivedAttend*> batch, absl::Time now, BatchDone done);
-  // Waits for the running batches and hands out their results.
+  // Plans and launches a batch. `published` runs on this thread once the
+  // batch's pages are taken and before any of its answers can go out;
+  // `done` gets its results once the backend has finished it, on the
+  // finisher thread (or within this call), and must not block. The messages
+  // must outlive the next Collect after `done`.
+  void Start(std::vector<const ReceivedAttend*> batch, absl::Time now, BatchDone done,
+             absl::FunctionRef<void()> published = [] {});
+  // Advances the sessions of the batches answered since the last Collect
+  // (or gives back the pages of their failed messages); whether there were
+  // any.
+  bool Collect();
+  // Waits until every batch started has been answered, then Collect.
   void Finish();
-  // Batches started whose results are not handed out yet.
-  int batches_running() const { return static_cast<int>(running_.size()); }
+  // Batches started and not answered yet.
+  int batches_running() const;
+  // Called on the finisher thread after each batch it answers (the
+  // scheduler then has the engine thread Collect).
+  void SetFinishedHook(std::function<void()> hook);
   // Start, then Finish: the results of `batch`.
   std::vector<AttendResult> Attend(const std::vector<const ReceivedAttend*>& batch, absl::Time now);
 
@@ -130,6 +150,8 @@ class Engine {
     std::vector<LaunchGroup> groups;
     std::vector<absl::StatusOr<int64_t>> launches;  // per group: Launcher::Start's
     WrittenLayers written;  // the session layers the wave writes
+    std::vector<bool> ran;  // per plan: its launch succeeded (FinishLaunches)
+    bool failed = false;    // a launch failed after it started
   };
 
   // Plans the pending messages of `run` (those touching `written`, which
@@ -137,10 +159,13 @@ class Engine {
   // may run now; returns those deferred to the next wave.
   std::vector<int> StartWave(RunningBatch& run, const std::vector<int>& pending,
                              WrittenLayers& written);
-  // Waits for the wave's launches, writes their answers (or failures) and
-  // commits the plans that ran or gives back their pages.
-  void FinishWave(RunningBatch& run);
-  void FinishOldest();
+  // Waits for the wave's launches and writes their answers (or failures);
+  // on either thread.
+  void FinishLaunches(RunningBatch& run);
+  // Commits the wave's plans that ran, gives back the others' pages, clears
+  // a failure the backend holds; on the engine thread.
+  void CommitWave(RunningBatch& run);
+  void FinisherLoop();
 
   // Destroyed bottom-up: the launcher and the pool free backend memory, so
   // the backend goes last.
@@ -155,7 +180,14 @@ class Engine {
   AppendPlanner append_planner_;
   std::unique_ptr<Launcher> launcher_;
   const int batches_in_flight_;
-  std::deque<std::unique_ptr<RunningBatch>> running_;  // in the order they started
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  // Handed to the finisher, oldest first; then answered, not collected.
+  std::deque<std::unique_ptr<RunningBatch>> running_;
+  std::deque<std::unique_ptr<RunningBatch>> finished_;
+  bool stopping_ = false;
+  std::function<void()> finished_hook_;
+  std::thread finisher_;  // with batches_in_flight_ 1
 };
 
 }  // namespace mla

@@ -19,13 +19,17 @@
 #include "server/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <functional>
 #include <limits>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -1900,11 +1904,24 @@ std::unique_ptr<Engine> NewFlakyEngine(int64_t blocks, FlakyBackend** backend,
                    batches_in_flight);
 }
 
-// A batch started with Engine::Start, and its answers once handed out.
+// A batch started with Engine::Start, and its answers once handed out (on
+// the engine's finisher thread).
 struct StartedBatch {
   std::vector<ReceivedAttend> received;
+  std::mutex mutex;
+  std::condition_variable answered;
   std::vector<AttendResult> results;
   bool done = false;
+
+  bool Done() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return done;
+  }
+  // Whether it was answered within 10 s.
+  bool WaitDone() {
+    std::unique_lock<std::mutex> lock(mutex);
+    return answered.wait_for(lock, std::chrono::seconds(10), [this] { return done; });
+  }
 };
 
 std::unique_ptr<StartedBatch> StartBatch(Engine& engine,
@@ -1915,17 +1932,19 @@ std::unique_ptr<StartedBatch> StartBatch(Engine& engine,
   for (const ReceivedAttend& attend : started->received) batch.push_back(&attend);
   StartedBatch* raw = started.get();
   engine.Start(batch, kT0, [raw](std::vector<AttendResult> results) {
+    std::lock_guard<std::mutex> lock(raw->mutex);
     EXPECT_FALSE(raw->done) << "a batch answered twice";
     raw->results = std::move(results);
     raw->done = true;
+    raw->answered.notify_all();
   });
   return started;
 }
 
 // Checks the answers of a batch handed out, as RunAndExpect does.
-void ExpectAnswered(const StartedBatch& batch, const std::vector<const Message*>& messages,
+void ExpectAnswered(StartedBatch& batch, const std::vector<const Message*>& messages,
                     absl::string_view what) {
-  ASSERT_TRUE(batch.done) << what << ": not answered";
+  ASSERT_TRUE(batch.WaitDone()) << what << ": not answered";
   ASSERT_EQ(batch.results.size(), messages.size()) << what;
   for (size_t i = 0; i < messages.size(); ++i) {
     ExpectMatches(*messages[i], batch.results[i], absl::StrCat(what, ", message ", i));
@@ -1933,58 +1952,117 @@ void ExpectAnswered(const StartedBatch& batch, const std::vector<const Message*>
   }
 }
 
+// A CopyingBackend whose waits for a launch's end (WaitForMark, the
+// engine's finisher) pass only as the test allows: the test decides when
+// a launch is "done on the device".
+class GatedBackend : public CopyingBackend {
+ public:
+  absl::Status WaitForMark(int mark) override {
+    std::unique_lock<std::mutex> lock(mutex_);
+    opened_.wait(lock, [this] { return open_ || passed_ < allowed_; });
+    ++passed_;
+    return CopyingBackend::WaitForMark(mark);
+  }
+  // Waits block until Allow or Open.
+  void Close() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    open_ = false;
+    allowed_ = passed_;
+  }
+  void Allow(int waits) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    allowed_ += waits;
+    opened_.notify_all();
+  }
+  void Open() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    open_ = true;
+    opened_.notify_all();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable opened_;
+  bool open_ = true;
+  int64_t passed_ = 0;
+  int64_t allowed_ = 0;
+};
+
 // Pipelined batches, on a backend without host access (as a GPU's): Start
-// returns with its batch running, and the next Start hands it out after
-// staging its own, so answers come batch after batch in the order they
-// started. A batch of two launch groups runs while the one before does (the
-// launcher's third launch waits for its first). A message touching a
-// session layer that the running batch writes waits for it: it is planned
-// on the advanced session, not refused as out of order. A call that changes
-// sessions finishes the running batch first. Every answer is the
+// returns with its batch running on the device, the engine thread starts
+// the next batch meanwhile, and the finisher answers each batch as soon as
+// the device is done with it, in the order they started. A message
+// touching a session layer that a running batch writes waits for it: it is
+// planned on the advanced session, not refused as out of order. A call
+// that changes sessions waits for the running batches. Every answer is the
 // reference's.
 TEST(EngineTest, PipelinedBatchesAnswerAsIfRunOneAtATime) {
+  auto gated = std::make_unique<GatedBackend>();
+  GatedBackend* gate = gated.get();
   std::unique_ptr<Engine> engine =
-      NewEngine(1000, kMaxPosition, 1024, absl::Minutes(10), std::make_unique<CopyingBackend>());
+      NewEngine(1000, kMaxPosition, 1024, absl::Minutes(10), std::move(gated));
   ASSERT_NE(engine, nullptr);
   std::unique_ptr<Seq> a = NewSeq(*engine, kFlash, 16, SinkMode::kWhole, 301);
   std::unique_ptr<Seq> b = NewSeq(*engine, kFlash, 8, SinkMode::kNone, 302);
   ASSERT_TRUE(a && b);
   ASSERT_TRUE(Append(*engine, *a, 0, 255).ok());
   ASSERT_TRUE(Append(*engine, *b, 0, 255).ok());
+  // First a batch of two launch groups (8 and 16 heads) larger than the
+  // ones below, so that their launches grow no scratch buffer (which would
+  // wait for the running launches).
   MessageOptions o;
   o.seed = 30100;
-  auto swa = Build(kFlashSwa, {{a.get(), 255}}, o);
-  const std::unique_ptr<StartedBatch> first = StartBatch(*engine, {swa.get()});
-  EXPECT_FALSE(first->done) << "the batch runs on when Start returns";
-  EXPECT_EQ(engine->batches_running(), 1);
-
-  o.seed++;
   auto c4a_a = Build(kFlashC4a, {{a.get(), 255}}, o);
   o.seed++;
-  auto c4a_b = Build(kFlashC4a, {{b.get(), 255}}, o);  // 8 heads: a launch group of its own
-  const std::unique_ptr<StartedBatch> second = StartBatch(*engine, {c4a_a.get(), c4a_b.get()});
-  ExpectAnswered(*first, {swa.get()}, "first batch, handed out by the second's Start");
-  EXPECT_FALSE(second->done);
+  auto c4a_b = Build(kFlashC4a, {{b.get(), 255}}, o);
+  RunAndExpect(*engine, {c4a_a.get(), c4a_b.get()}, "two groups");
 
-  // The next position of the layer the second batch writes.
+  gate->Close();
   o.seed++;
-  auto next_a = Build(kFlashC4a, {{a.get(), 256}}, o);
+  auto swa = Build(kFlashSwa, {{a.get(), 255}}, o);
+  const std::unique_ptr<StartedBatch> first = StartBatch(*engine, {swa.get()});
+  o.seed++;
+  auto c128a = Build(kFlashC128a, {{a.get(), 255}}, o);
+  const std::unique_ptr<StartedBatch> second = StartBatch(*engine, {c128a.get()});
+  EXPECT_FALSE(first->Done()) << "the device has not finished the first batch";
+  EXPECT_FALSE(second->Done());
+  EXPECT_EQ(engine->batches_running(), 2) << "the second started while the first ran";
+  gate->Allow(1);
+  ExpectAnswered(*first, {swa.get()}, "first batch, answered as the device finished it");
+  EXPECT_FALSE(second->Done());
+
+  // The next position of the layer the running second batch writes: Start
+  // waits for it (the device finishes it meanwhile).
+  o.seed++;
+  auto next = Build(kFlashC128a, {{a.get(), 256}}, o);
+  std::thread device([gate] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    gate->Open();
+  });
+  const std::unique_ptr<StartedBatch> third = StartBatch(*engine, {next.get()});
+  device.join();
+  ExpectAnswered(*second, {c128a.get()}, "second batch");
+  ExpectAnswered(*third, {next.get()}, "third batch, after the one it depends on");
+
+  // Creating a session waits for the running batch.
+  gate->Close();
   o.seed++;
   auto swa_b = Build(kFlashSwa, {{b.get(), 255}}, o);
-  const std::unique_ptr<StartedBatch> third = StartBatch(*engine, {swa_b.get(), next_a.get()});
-  ExpectAnswered(*second, {c4a_a.get(), c4a_b.get()}, "second batch");
-  EXPECT_FALSE(third->done);
-  EXPECT_EQ(engine->batches_running(), 1);
-
-  // Creating a session finishes the running batch.
+  const std::unique_ptr<StartedBatch> fourth = StartBatch(*engine, {swa_b.get()});
+  std::thread later([gate] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    gate->Open();
+  });
   std::unique_ptr<Seq> c = NewSeq(*engine, kFlash, 16, SinkMode::kNone, 303);
+  later.join();
   ASSERT_NE(c, nullptr);
-  ExpectAnswered(*third, {swa_b.get(), next_a.get()}, "third batch, finished by CreateSession");
+  EXPECT_TRUE(fourth->Done()) << "CreateSession returned before the running batch was answered";
+  ExpectAnswered(*fourth, {swa_b.get()}, "fourth batch");
   EXPECT_EQ(engine->batches_running(), 0);
   ExpectListed(*engine, {a.get(), b.get(), c.get()});
 
-  // On a backend whose memory is the host's, a batch is done when Start
-  // returns: there is nothing to overlap.
+  // On a backend whose memory is the host's, a batch is answered within
+  // Start: there is nothing to overlap.
   std::unique_ptr<Engine> host = NewEngine(1000);
   ASSERT_NE(host, nullptr);
   std::unique_ptr<Seq> d = NewSeq(*host, kFlash, 16, SinkMode::kNone, 304);
@@ -1992,7 +2070,7 @@ TEST(EngineTest, PipelinedBatchesAnswerAsIfRunOneAtATime) {
   o.seed++;
   auto on_host = Build(kFlashSwa, {{d.get(), 4}}, o);
   const std::unique_ptr<StartedBatch> done = StartBatch(*host, {on_host.get()});
-  EXPECT_EQ(host->batches_running(), 0);
+  EXPECT_TRUE(done->Done());
   ExpectAnswered(*done, {on_host.get()}, "host backend");
 }
 
@@ -2015,18 +2093,17 @@ TEST(EngineTest, APipelinedBatchThatFailsOnTheDeviceChangesNothing) {
   ASSERT_EQ(fails->input.segments[0].num_compressed_rows, 1);
   backend->fail_wait_in = 1;
   const std::unique_ptr<StartedBatch> failed = StartBatch(*engine, {fails.get()});
-  EXPECT_FALSE(failed->done);
-  EXPECT_GT(engine->kv_blocks_used(), before.used) << "the running batch holds its page";
+  EXPECT_GT(engine->kv_blocks_used(), before.used) << "the started batch holds its page";
   o.seed++;
   auto behind = Build(kFlashC128a, {{b.get(), 0, 129}}, o);
   const std::unique_ptr<StartedBatch> next = StartBatch(*engine, {behind.get()});
-  ASSERT_TRUE(failed->done);
+  engine->Finish();
+  ASSERT_TRUE(failed->Done() && next->Done());
   ExpectError(failed->results[0].status, absl::StatusCode::kInternal, "injected",
               "the batch that failed on the device");
-  engine->Finish();
   ExpectAnswered(*next, {behind.get()}, "the batch behind the failed one");
   ExpectListed(*engine, {a.get(), b.get()});
-  // The failed message again, now that it can run.
+  // The failed message again, now that it can run: the failure was cleared.
   o.seed++;
   auto again = Build(kFlashC128a, {{a.get(), 0, 129}}, o);
   RunAndExpect(*engine, {again.get()}, "the failed message again");

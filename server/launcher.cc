@@ -4,6 +4,7 @@
 #include <chrono>
 #include <functional>
 #include <iterator>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -99,7 +100,9 @@ class Launcher::GroupLaunch {
   // Enqueues the copy in, the key lists and prologue, the decode and the
   // copy out, with the backend's marks between them; the first failure.
   absl::Status Enqueue();
-  // Waits for the backend to finish the launch, once, and reads its times.
+  // Waits for the backend to finish the launch and reads its times, once
+  // (on whichever of the launcher's two threads asks first; the other waits
+  // for that).
   void Wait();
 
   int64_t number() const { return number_; }
@@ -148,7 +151,8 @@ class Launcher::GroupLaunch {
   const int first_mark_;  // of the backend's, for this launch's kLaunchMarks
   const DeviceArena::Slot staging_slot_;
   double staging_us_ = 0;
-  bool waited_ = false;
+  std::mutex wait_mutex_;
+  bool waited_ = false;  // with wait_mutex_; status_ and times_ are set then
   absl::Status status_;
   LaunchTimes times_;
   const GroupShape shape_;
@@ -367,14 +371,12 @@ absl::Status Launcher::GroupLaunch::Enqueue() {
 }
 
 void Launcher::GroupLaunch::Wait() {
+  std::lock_guard<std::mutex> lock(wait_mutex_);
   if (waited_) return;
   waited_ = true;
   const int m = first_mark_;
   status_ = backend_.WaitForMark(m + kLaunchMarks - 1);
-  if (!status_.ok()) {
-    backend_.Synchronize().IgnoreError();  // clears the failure; status_ has it
-    return;
-  }
+  if (!status_.ok()) return;  // the engine thread's ClearFailure clears it
   times_.upload_us = staging_us_ + backend_.MarkedMicros(m, m + 1);
   times_.prologue_us = backend_.MarkedMicros(m + 1, m + 2);
   times_.decode_us = backend_.MarkedMicros(m + 2, m + 3);
@@ -539,9 +541,14 @@ Launcher::~Launcher() {
 }
 
 void Launcher::WaitForRunning(int64_t before) {
-  for (const std::unique_ptr<GroupLaunch>& launch : running_) {
-    if (launch->number() < before) launch->Wait();
+  std::vector<std::shared_ptr<GroupLaunch>> waiting;
+  {
+    std::lock_guard<std::mutex> lock(running_mutex_);
+    for (const std::shared_ptr<GroupLaunch>& launch : running_) {
+      if (launch->number() < before) waiting.push_back(launch);
+    }
   }
+  for (const std::shared_ptr<GroupLaunch>& launch : waiting) launch->Wait();
 }
 
 absl::StatusOr<uint8_t*> Launcher::Scratch(DeviceArena::Slot slot, int64_t bytes) {
@@ -553,7 +560,7 @@ absl::StatusOr<int64_t> Launcher::Start(const LaunchGroup& group) {
   const int64_t number = next_launch_++;
   // Its staging and marks were those of the launch kLaunchesAtOnce before.
   WaitForRunning(number - kLaunchesAtOnce + 1);
-  auto launch = std::make_unique<GroupLaunch>(*this, group, number);
+  auto launch = std::make_shared<GroupLaunch>(*this, group, number);
   // Staging enqueues the queries' copy: a launch that fails even there waits
   // for the backend, the running launches first, so that nothing of it is
   // left to report to the next one.
@@ -563,28 +570,45 @@ absl::StatusOr<int64_t> Launcher::Start(const LaunchGroup& group) {
     WaitForRunning(number);
     return Drained(status);
   }
+  std::lock_guard<std::mutex> lock(running_mutex_);
   running_.push_back(std::move(launch));
   return number;
 }
 
 absl::StatusOr<GroupAnswer> Launcher::Finish(int64_t launch, LaunchTimes& times) {
-  const auto it = std::find_if(running_.begin(), running_.end(),
-                               [&](const auto& running) { return running->number() == launch; });
-  if (it == running_.end()) {
+  std::shared_ptr<GroupLaunch> finished;
+  {
+    std::lock_guard<std::mutex> lock(running_mutex_);
+    for (const std::shared_ptr<GroupLaunch>& running : running_) {
+      if (running->number() == launch) finished = running;
+    }
+  }
+  if (finished == nullptr) {
     return absl::InternalError(absl::StrCat("launch ", launch, " is not running"));
   }
-  const std::unique_ptr<GroupLaunch> finished = std::move(*it);
-  running_.erase(it);
+  // Running until the backend is done with it: until then the engine
+  // thread must not grow the buffers it uses.
   finished->Wait();
+  {
+    std::lock_guard<std::mutex> lock(running_mutex_);
+    running_.erase(std::find(running_.begin(), running_.end(), finished));
+  }
   if (!finished->status().ok()) return finished->status();
   times = finished->times();
   return finished->answer();
 }
 
+absl::Status Launcher::ClearFailure() {
+  WaitForRunning(next_launch_);
+  return backend_.Synchronize();
+}
+
 absl::StatusOr<GroupAnswer> Launcher::Run(const LaunchGroup& group, LaunchTimes& times) {
   absl::StatusOr<int64_t> launch = Start(group);
   if (!launch.ok()) return launch.status();
-  return Finish(*launch, times);
+  absl::StatusOr<GroupAnswer> answer = Finish(*launch, times);
+  if (!answer.ok()) ClearFailure().IgnoreError();
+  return answer;
 }
 
 absl::Status Launcher::Append(const AppendPlan& plan) {

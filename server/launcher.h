@@ -26,20 +26,26 @@
 // At most two launches run at once, each staged in its own pinned buffer;
 // starting a third first waits for the oldest, and growing a scratch buffer
 // first waits for every running launch (Finish still gives their answers).
-// A launch that fails waits for the backend (Synchronize, which also clears
-// what the backend holds to report: the next launch must not get it) and is
-// not running. Append() waits for the running launches first. A launch
+// A launch that fails to start waits for the backend (Synchronize, which
+// also clears what the backend holds to report: the next launch must not
+// get it) and is not running; one found failed by Finish leaves that to
+// ClearFailure. Append() waits for the running launches first. A launch
 // changes no session: the caller commits a plan or gives its pages back.
 // The launcher owns the RoPE tables in backend memory (made by Create), a
 // DeviceArena of scratch buffers and the answer pool; the backend and the
 // pool's memory must outlive it (answers need not); its destructor waits for
-// the running launches. Not thread-safe: the engine thread owns it.
+// the running launches.
+//
+// Threads: the engine thread makes every call but Finish, which one other
+// thread may make (the engine's finisher) while the engine thread starts the
+// next launch.
 #ifndef MLA_OFFLOAD_SERVER_LAUNCHER_H_
 #define MLA_OFFLOAD_SERVER_LAUNCHER_H_
 
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <mutex>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -96,12 +102,12 @@ class Launcher {
   // Waits for launch `launch` (from Start, not finished yet) and gives its
   // answer and the time of each of its steps.
   absl::StatusOr<GroupAnswer> Finish(int64_t launch, LaunchTimes& times);
-  // Start, then Finish.
+  // After a Finish that failed: waits for the running launches and clears
+  // the failure the backend holds (the backend's Synchronize). Engine thread.
+  absl::Status ClearFailure();
+  // Start, then Finish (then ClearFailure if it failed).
   absl::StatusOr<GroupAnswer> Run(const LaunchGroup& group, LaunchTimes& times);
   absl::Status Append(const AppendPlan& plan);
-
-  // Launches started and not finished.
-  int running() const { return static_cast<int>(running_.size()); }
 
  private:
   class GroupLaunch;
@@ -143,8 +149,10 @@ class Launcher {
   // Threads that copy the messages' large tensors into the staging: one
   // memcpy thread moves well under the host's memory bandwidth.
   ThreadPool& copiers_;
-  std::deque<std::unique_ptr<GroupLaunch>> running_;  // in the order they started
-  int64_t next_launch_ = 0;
+  std::mutex running_mutex_;
+  // Started and not finished, in the order they started; with running_mutex_.
+  std::deque<std::shared_ptr<GroupLaunch>> running_;
+  int64_t next_launch_ = 0;  // the engine thread's
 };
 
 }  // namespace mla

@@ -22,7 +22,16 @@ int64_t TokensOf(const wire::AttendRequestView& input) {
 }  // namespace
 
 Scheduler::Scheduler(std::unique_ptr<Engine> engine, const SchedulerOptions& options)
-    : engine_(std::move(engine)), options_(options), thread_([this] { Loop(); }) {}
+    : engine_(std::move(engine)), options_(options) {
+  engine_->SetFinishedHook([this] {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      collect_ = true;
+    }
+    wake_.notify_one();
+  });
+  thread_ = std::thread([this] { Loop(); });
+}
 
 Scheduler::~Scheduler() {
   {
@@ -99,18 +108,18 @@ void Scheduler::Loop() {
   auto next_expiry = std::chrono::steady_clock::now();
   const auto expiry_interval = absl::ToChronoNanoseconds(options_.expiry_interval);
   std::unique_lock<std::mutex> lock(mutex_);
-  const auto work_waiting = [&] { return stopping_ || !queue_.empty() || !next_.empty(); };
+  const auto work_waiting = [&] {
+    return stopping_ || collect_ || !queue_.empty() || !next_.empty();
+  };
   while (true) {
-    // A running batch's answers go out before anything but the next batch
-    // runs, and before the engine thread waits for work.
-    const bool attend_next = next_.empty() && !queue_.empty() && queue_.front().attend;
-    if (engine_->batches_running() > 0 && !attend_next) {
-      lock.unlock();
-      engine_->Finish();
-      lock.lock();
-      continue;
-    }
     wake_.wait_until(lock, next_expiry, work_waiting);
+    if (collect_) {
+      // Batches the engine's finisher answered: their sessions advance now.
+      collect_ = false;
+      lock.unlock();
+      if (engine_->Collect()) NotifyState();
+      lock.lock();
+    }
     if (std::chrono::steady_clock::now() >= next_expiry) {
       lock.unlock();
       if (!engine_->ExpireIdle(options_.clock()).empty()) NotifyState();
@@ -127,6 +136,7 @@ void Scheduler::Loop() {
     }
     if (task) {
       lock.unlock();
+      engine_->Collect();  // the task sees what every answered batch did
       const Reply reply = task(*engine_);
       NotifyState();
       if (reply) reply();
@@ -134,7 +144,12 @@ void Scheduler::Loop() {
       continue;
     }
     if (queue_.empty()) {
-      if (stopping_) return;
+      if (stopping_) {
+        // The running batches' answers go before the scheduler does.
+        lock.unlock();
+        engine_->Finish();
+        return;
+      }
       continue;
     }
     // Gather a batch: consecutive Attend messages up to the token budget,
@@ -154,9 +169,7 @@ void Scheduler::Loop() {
       // Blocked by a task, the token budget or read-only work.
       const bool blocked = !queue_.empty() || !next_.empty();
       if (blocked || stopping_ || tokens >= options_.max_batch_tokens) break;
-      // With a batch running, whatever waits goes now: the running batch's
-      // answers would wait with it.
-      if (engine_->batches_running() > 0 || !OthersActive(batch)) break;
+      if (!OthersActive(batch)) break;
       if (!wake_.wait_until(lock, deadline, work_waiting)) break;
     }
     lock.unlock();
@@ -210,10 +223,14 @@ void Scheduler::RunBatch(std::vector<Item>& batch) {
   // The items (and the messages in them) stay with the batch until its
   // answers go.
   auto items = std::make_shared<std::vector<Item>>(std::move(live));
-  engine_->Start(std::move(inputs), options_.clock(),
-                 [this, items, stats, start](std::vector<AttendResult> results) {
-                   Answer(*items, stats, start, results);
-                 });
+  // The state goes out once the batch's pages are taken, before any answer
+  // does: whoever has one sees the pages it took.
+  engine_->Start(
+      std::move(inputs), options_.clock(),
+      [this, items, stats, start](std::vector<AttendResult> results) {
+        Answer(*items, stats, start, results);
+      },
+      [this] { NotifyState(); });
 }
 
 void Scheduler::Answer(std::vector<Item>& items, BatchStats stats,
@@ -228,7 +245,6 @@ void Scheduler::Answer(std::vector<Item>& items, BatchStats stats,
     observer = batch_observer_;
   }
   if (observer) observer(stats);
-  NotifyState();  // before the answers: whoever has one sees the pages it took
   for (size_t i = 0; i < items.size(); ++i) {
     results[i].timing.total_us = absl::ToDoubleMicroseconds(finished - items[i].attend->arrival);
     items[i].done(std::move(results[i]));

@@ -19,16 +19,17 @@
 //
 // The batch wait: a batch waits for more messages only while another active
 // stream (one that sent a message within `active_stream_window`) has none in
-// it, and never longer than `batch_wait`; and not at all while the batch
-// before it still runs on the backend. A lone stream is never held back;
+// it, and never longer than `batch_wait`. A lone stream is never held back;
 // streams stepping through layers together meet in one batch.
 //
 // Pipelining: a batch is started on the engine (Engine::Start) and, while
-// the backend runs it, the next batch is gathered and staged; the running
-// batch's answers go out as soon as the engine has finished it, and always
-// before a task or read-only work runs or the engine thread waits for work.
+// the backend runs it, the engine thread gathers and stages the next; the
+// engine's finisher thread sends the running batch's answers as soon as the
+// backend is done, and the engine thread then advances its sessions
+// (Engine::Collect) before anything else runs.
 //
-// Thread-safe. Callbacks run on the engine thread and must not block.
+// Thread-safe. Attend callbacks run on the engine thread or the engine's
+// finisher thread, tasks on the engine thread; none may block.
 #ifndef MLA_OFFLOAD_SERVER_SCHEDULER_H_
 #define MLA_OFFLOAD_SERVER_SCHEDULER_H_
 
@@ -105,11 +106,12 @@ class Scheduler {
   void RunNext(Task task);
   // The time on the engine's clock (SchedulerOptions::clock).
   absl::Time Now() const { return options_.clock(); }
-  // Called on the engine thread after every batch.
+  // Called after every batch, on the thread that answers it.
   void SetBatchObserver(std::function<void(const BatchStats&)> observer);
   // Called on the engine thread after anything that may change the engine's
-  // state (a batch, a task, an idle-session sweep), and once at the start;
-  // always before the answers of that batch or task go out.
+  // state (a batch started, an answered batch collected, a task, an
+  // idle-session sweep), and once at the start; always before the answers
+  // of that batch or task go out (a batch takes its pages when it starts).
   void SetStateObserver(std::function<void(const Engine&)> observer);
 
   int queued_messages() const;
@@ -146,6 +148,7 @@ class Scheduler {
   absl::flat_hash_map<const AttendStreamTag*, StreamSeen> streams_;  // by their last message
   int queued_attends_ = 0;
   bool stopping_ = false;
+  bool collect_ = false;  // the engine's finisher answered a batch
   std::function<void(const BatchStats&)> batch_observer_;
   std::function<void(const Engine&)> state_observer_;
   void NotifyState();

@@ -190,8 +190,19 @@ absl::Status CudaBackend::Activate() {
   return CudaError(cudaSetDevice(device_), "cudaSetDevice");
 }
 
+void CudaBackend::Issued(const char* what) {
+  // Launches pipelined without a Synchronize between them would grow the
+  // list without end: keep its last part.
+  constexpr size_t kKeep = 512;
+  if (in_flight_.size() > 2 * kKeep) {
+    const size_t cut = in_flight_.find(", ", in_flight_.size() - kKeep);
+    in_flight_ = absl::StrCat("..., ", in_flight_.substr(cut == std::string::npos ? 0 : cut + 2));
+  }
+  absl::StrAppend(&in_flight_, in_flight_.empty() ? "" : ", ", what);
+}
+
 absl::Status CudaBackend::Launched(const char* kernel, int error) {
-  absl::StrAppend(&in_flight_, in_flight_.empty() ? "" : ", ", kernel);
+  Issued(kernel);
   const absl::Status status =
       CudaError(static_cast<cudaError_t>(error), absl::StrCat("launching ", kernel));
   if (!status.ok() && deferred_.ok()) deferred_ = status;
@@ -271,7 +282,7 @@ absl::Status CudaBackend::EnqueueCopy(void* dst, const void* src, int64_t bytes,
                                       const char* what) {
   if (bytes <= 0) return absl::OkStatus();
   if (absl::Status status = Activate(); !status.ok()) return status;
-  absl::StrAppend(&in_flight_, in_flight_.empty() ? "" : ", ", what);
+  Issued(what);
   return CudaError(cudaMemcpyAsync(dst, src, bytes, static_cast<cudaMemcpyKind>(kind),
                                    AsStream(stream_)),
                    what);
@@ -303,28 +314,18 @@ absl::Status CudaBackend::Mark(int mark) {
     return status;
   }
   marked_[mark] = true;
-  mark_ends_[mark] = in_flight_.size();
   return absl::OkStatus();
 }
 
 absl::Status CudaBackend::WaitForMark(int mark) {
   if (absl::Status status = CheckMark(mark); !status.ok()) return status;
   if (!marked_[mark]) return absl::OkStatus();
-  if (absl::Status status = Activate(); !status.ok()) return status;
-  const size_t done = std::min(mark_ends_[mark], in_flight_.size());
-  if (absl::Status status =
-          CudaError(cudaEventSynchronize(static_cast<cudaEvent_t>(marks_[mark])),
-                    absl::StrCat("waiting for mark ", mark, done == 0 ? "" : " after ",
-                                 in_flight_.substr(0, done)));
-      !status.ok()) {
+  // Only the runtime's (thread-safe) calls: another thread may issue work.
+  if (absl::Status status = CudaError(cudaSetDevice(device_), "cudaSetDevice"); !status.ok()) {
     return status;
   }
-  // What finished leaves the names of what may still run; the other marks
-  // count from there (", " parts the names).
-  const size_t cut = done == 0 ? 0 : std::min(done + 2, in_flight_.size());
-  in_flight_.erase(0, cut);
-  for (size_t& end : mark_ends_) end = end > cut ? end - cut : 0;
-  return absl::OkStatus();
+  return CudaError(cudaEventSynchronize(static_cast<cudaEvent_t>(marks_[mark])),
+                   absl::StrCat("waiting for the work before mark ", mark));
 }
 
 double CudaBackend::MarkedMicros(int from, int to) const {
@@ -384,7 +385,6 @@ absl::Status CudaBackend::Synchronize() {
   if (status.ok()) status = CudaError(cudaGetLastError(), "synchronize");
   if (status.ok() && !deferred_.ok()) status = deferred_;
   in_flight_.clear();
-  for (size_t& end : mark_ends_) end = 0;
   deferred_ = absl::OkStatus();
   return status;
 }

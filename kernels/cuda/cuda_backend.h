@@ -82,6 +82,8 @@ class CudaBackend : public ComputeBackend {
 
  private:
   absl::Status Activate();
+  // Notes `what` in in_flight_.
+  void Issued(const char* what);
   absl::Status Launched(const char* kernel, int error);
   // Enqueues a copy of `kind` (a cudaMemcpyKind).
   absl::Status EnqueueCopy(void* dst, const void* src, int64_t bytes, int kind, const char* what);
@@ -92,10 +94,9 @@ class CudaBackend : public ComputeBackend {
   int num_sms_ = 0;
   cuda::DecodeKernels decode_kernels_ = cuda::DecodeKernels::kWgmma;
   std::string name_;
-  // What was enqueued since the last Synchronize or the last mark waited
-  // for, for error messages; mark_ends_[i]: its length when mark i was set.
+  // What was enqueued since the last Synchronize (its last part), for error
+  // messages.
   std::string in_flight_;
-  size_t mark_ends_[kMaxMarks] = {};
   // The first error seen by an asynchronous call, returned by Synchronize.
   absl::Status deferred_;
   void* scratch_ = nullptr;
