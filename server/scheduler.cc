@@ -108,9 +108,8 @@ void Scheduler::Loop() {
   auto next_expiry = std::chrono::steady_clock::now();
   const auto expiry_interval = absl::ToChronoNanoseconds(options_.expiry_interval);
   std::unique_lock<std::mutex> lock(mutex_);
-  const auto work_waiting = [&] {
-    return stopping_ || collect_ || !queue_.empty() || !next_.empty();
-  };
+  const auto new_work = [&] { return stopping_ || !queue_.empty() || !next_.empty(); };
+  const auto work_waiting = [&] { return collect_ || new_work(); };
   while (true) {
     wake_.wait_until(lock, next_expiry, work_waiting);
     if (collect_) {
@@ -170,7 +169,9 @@ void Scheduler::Loop() {
       const bool blocked = !queue_.empty() || !next_.empty();
       if (blocked || stopping_ || tokens >= options_.max_batch_tokens) break;
       if (!OthersActive(batch)) break;
-      if (!wake_.wait_until(lock, deadline, work_waiting)) break;
+      // Not woken by answered batches (their sessions advance after this
+      // batch starts): the wait ends at new work or the deadline.
+      if (!wake_.wait_until(lock, deadline, new_work)) break;
     }
     lock.unlock();
     RunBatch(batch);

@@ -29,8 +29,10 @@
 namespace mla {
 namespace {
 
-std::unique_ptr<Engine> NewEngine() {
+// `batches_in_flight` 1: batches answered by the engine's finisher thread.
+std::unique_ptr<Engine> NewEngine(int batches_in_flight = -1) {
   EngineOptions options;
+  options.batches_in_flight = batches_in_flight;
   options.kv_blocks = 1000;
   options.max_position = 4096;
   options.models = {*FindModelProfile("deepseek-v4-flash")};
@@ -224,6 +226,43 @@ TEST(SchedulerTest, ActiveStreamsMeetInOneBatchAndQuietOnesHoldNobody) {
   ASSERT_GE(sizes.size(), 2u);
   EXPECT_EQ(sizes[sizes.size() - 2], 2) << "a's and b's second messages ran apart";
   EXPECT_EQ(sizes.back(), 1);
+}
+
+// A batch answered by the engine's finisher while the next one gathers
+// (waiting for another active stream) does not stretch the batch wait: the
+// next batch starts at the wait's end, not once the other stream has been
+// quiet for the active window (a scheduler that took the answered batch for
+// new work waited the whole window, 100 ms by default, at every such batch).
+TEST(SchedulerTest, AnAnsweredBatchDoesNotStretchTheBatchWait) {
+  SchedulerOptions options;
+  options.batch_wait = absl::Milliseconds(50);
+  options.active_stream_window = absl::Seconds(20);
+  Scheduler scheduler(NewEngine(/*batches_in_flight=*/1), options);
+  const auto a = std::make_shared<AttendStreamTag>();
+  const auto b = std::make_shared<AttendStreamTag>();
+  Submit(scheduler, Message(1), b).wait();  // b is active from now on
+  std::future<AttendResult> second;
+  auto slow_answer = std::make_shared<std::promise<void>>();
+  {
+    EngineHold hold(scheduler);
+    // a's first message; its answer (on the finisher) comes 10 ms into the
+    // second's batch wait, which a task between them keeps apart.
+    ASSERT_TRUE(scheduler
+                    .SubmitAttend(Message(2),
+                                  [slow_answer](AttendResult) {
+                                    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+                                    slow_answer->set_value();
+                                  },
+                                  a)
+                    .ok());
+    scheduler.Run([](Engine&) { return Scheduler::Reply(); });
+    second = Submit(scheduler, Message(3), a);
+  }
+  const absl::Time start = absl::Now();
+  ASSERT_EQ(second.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2))
+      << "the second batch waited for the quiet stream b's active window";
+  slow_answer->get_future().wait();
 }
 
 // A message of one segment claiming `tokens` tokens (the scheduler counts
