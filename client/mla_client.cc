@@ -513,6 +513,118 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
   bool done_ ABSL_GUARDED_BY(mutex_) = false;
 };
 
+// The connections of one stream (StreamOptions::connections): a RawStream
+// on each, the messages spread over them, the answers taken in the order
+// sent. A message goes to the connection of the newest message not yet
+// received that shares a key with it (its session layers: the server
+// orders only one connection's messages), else to the next one in turn.
+// Pick, raw(i).Send and Sent (or NotSent) make one Send, from one thread at
+// a time; Receive may run meanwhile on another.
+class Stripes {
+ public:
+  struct Answer {
+    uint64_t id = 0;  // the stream's: 1, 2, ... in the order sent
+    RawStream::Answer raw;
+  };
+
+  explicit Stripes(std::vector<std::unique_ptr<RawStream>> raws);
+  ~Stripes();
+
+  int Pick(const std::vector<std::string>& keys);
+  RawStream& raw(int stripe) { return *raws_[stripe]; }
+  // raw(stripe).Send sent it as its `raw_id`; the stream's id.
+  uint64_t Sent(int stripe, uint64_t raw_id, std::vector<std::string> keys);
+  void NotSent();
+  absl::StatusOr<Answer> Receive();
+  int outstanding() const;
+  // OK while every connection can carry messages; else the first's reason.
+  absl::Status status() const;
+  // Finishes every connection's stream; the first failure.
+  absl::Status Finish();
+
+ private:
+  struct Message {
+    uint64_t id = 0;
+    int stripe = 0;
+    uint64_t raw_id = 0;
+    std::vector<std::string> keys;
+  };
+
+  const std::vector<std::unique_ptr<RawStream>> raws_;
+  mutable absl::Mutex mutex_;
+  std::deque<Message> sent_ ABSL_GUARDED_BY(mutex_);  // not yet received, oldest first
+  int sending_ ABSL_GUARDED_BY(mutex_) = 0;           // between Pick and Sent
+  int next_ ABSL_GUARDED_BY(mutex_) = 0;
+  uint64_t last_id_ ABSL_GUARDED_BY(mutex_) = 0;
+};
+
+Stripes::Stripes(std::vector<std::unique_ptr<RawStream>> raws) : raws_(std::move(raws)) {}
+
+Stripes::~Stripes() = default;
+
+int Stripes::Pick(const std::vector<std::string>& keys) {
+  absl::MutexLock lock(&mutex_);
+  ++sending_;
+  for (auto it = sent_.rbegin(); it != sent_.rend(); ++it) {
+    for (const std::string& key : keys) {
+      if (std::find(it->keys.begin(), it->keys.end(), key) != it->keys.end()) return it->stripe;
+    }
+  }
+  const int stripe = next_;
+  next_ = (next_ + 1) % static_cast<int>(raws_.size());
+  return stripe;
+}
+
+uint64_t Stripes::Sent(int stripe, uint64_t raw_id, std::vector<std::string> keys) {
+  absl::MutexLock lock(&mutex_);
+  --sending_;
+  sent_.push_back({++last_id_, stripe, raw_id, std::move(keys)});
+  return last_id_;
+}
+
+void Stripes::NotSent() {
+  absl::MutexLock lock(&mutex_);
+  --sending_;
+}
+
+absl::StatusOr<Stripes::Answer> Stripes::Receive() {
+  Message oldest;
+  {
+    absl::MutexLock lock(&mutex_);
+    // A message being sent is outstanding already (as on one stream).
+    mutex_.Await(absl::Condition(
+        +[](Stripes* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mutex_) {
+          return !self->sent_.empty() || self->sending_ == 0;
+        },
+        this));
+    if (sent_.empty()) return raws_.front()->Receive().status();  // its words for "nothing out"
+    oldest = std::move(sent_.front());
+    sent_.pop_front();
+  }
+  absl::StatusOr<RawStream::Answer> answer = raws_[oldest.stripe]->Receive();
+  if (!answer.ok()) return answer.status();
+  return Answer{oldest.id, *std::move(answer)};
+}
+
+int Stripes::outstanding() const {
+  int total = 0;
+  for (const std::unique_ptr<RawStream>& raw : raws_) total += raw->outstanding();
+  return total;
+}
+
+absl::Status Stripes::status() const {
+  for (const std::unique_ptr<RawStream>& raw : raws_) {
+    if (absl::Status status = raw->status(); !status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Stripes::Finish() {
+  absl::Status first;
+  for (const std::unique_ptr<RawStream>& raw : raws_) first.Update(raw->Finish());
+  return first;
+}
+
 }  // namespace internal
 
 // ---- Attend.
@@ -547,7 +659,8 @@ bool AttendResult::has_lse() const { return data_->lse.has_value(); }
 const wire::TensorView& AttendResult::out_view() const { return data_->out; }
 const wire::TimingView& AttendResult::timing() const { return data_->timing; }
 
-AttendStream::AttendStream(std::unique_ptr<internal::RawStream> raw) : raw_(std::move(raw)) {}
+AttendStream::AttendStream(std::unique_ptr<internal::Stripes> stripes)
+    : stripes_(std::move(stripes)) {}
 AttendStream::~AttendStream() = default;
 
 absl::StatusOr<uint64_t> AttendStream::Send(const AttendInput& input) {
@@ -581,12 +694,19 @@ absl::StatusOr<uint64_t> AttendStream::Send(const AttendInput& input) {
                                                    " values is not [T=", tokens, ", K] for any K"));
   }
   const int64_t heads = static_cast<int64_t>(input.q.size()) / q_row;
-  const std::shared_ptr<const void> keep_alive = raw_->Guard(input.keep_alive);
+  std::vector<std::string> keys;  // the session layers of the message
+  keys.reserve(input.segments.size());
+  for (const AttendSegment& segment : input.segments) {
+    keys.push_back(absl::StrCat(input.layer, "/", segment.session_id));
+  }
+  const int stripe = stripes_->Pick(keys);
+  internal::RawStream& raw = stripes_->raw(stripe);
+  const std::shared_ptr<const void> keep_alive = raw.Guard(input.keep_alive);
   auto tensor = [&keep_alive](wire::DType dtype, std::vector<int64_t> shape, const void* data,
                               size_t bytes) {
     return wire::MakeTensorView(dtype, std::move(shape), data, bytes, keep_alive);
   };
-  return raw_->Send([&](uint64_t id) -> absl::StatusOr<grpc::ByteBuffer> {
+  absl::StatusOr<uint64_t> sent = raw.Send([&](uint64_t id) -> absl::StatusOr<grpc::ByteBuffer> {
     wire::AttendRequestView request;
     request.request_id = id;
     request.layer = input.layer;
@@ -614,14 +734,20 @@ absl::StatusOr<uint64_t> AttendStream::Send(const AttendInput& input) {
     }
     return wire::SerializeAttendRequest(request);
   }, {tokens, heads, kHeadDim});
+  if (!sent.ok()) {
+    stripes_->NotSent();
+    return sent.status();
+  }
+  return stripes_->Sent(stripe, *sent, std::move(keys));
 }
 
 absl::StatusOr<AttendResult> AttendStream::Receive() {
-  absl::StatusOr<internal::RawStream::Answer> answer = raw_->Receive();
-  if (!answer.ok()) return answer.status();
+  absl::StatusOr<internal::Stripes::Answer> received = stripes_->Receive();
+  if (!received.ok()) return received.status();
+  internal::RawStream::Answer* answer = &received->raw;
   absl::StatusOr<wire::AttendResponseView> response =
       wire::ParseAttendResponse(answer->buffer, std::numeric_limits<size_t>::max());
-  const std::string what = absl::StrCat("Attend request ", answer->id);
+  const std::string what = absl::StrCat("Attend request ", received->id);
   if (!response.ok()) {
     return absl::InternalError(
         absl::StrCat(what, ": the answer does not parse: ", response.status().message()));
@@ -667,16 +793,16 @@ absl::StatusOr<AttendResult> AttendStream::Receive() {
     }
   }
   auto data = std::make_unique<AttendResult::Data>();
-  data->request_id = answer->id;
+  data->request_id = received->id;
   data->out = *std::move(response->out);
   data->lse = std::move(response->lse);
   if (response->timing.has_value()) data->timing = *response->timing;
   return AttendResult(std::move(data));
 }
 
-int AttendStream::outstanding() const { return raw_->outstanding(); }
-absl::Status AttendStream::status() const { return raw_->status(); }
-absl::Status AttendStream::Finish() { return raw_->Finish(); }
+int AttendStream::outstanding() const { return stripes_->outstanding(); }
+absl::Status AttendStream::status() const { return stripes_->status(); }
+absl::Status AttendStream::Finish() { return stripes_->Finish(); }
 
 // ---- Echo.
 
@@ -706,27 +832,36 @@ std::string EchoResult::ToString() const {
   return bytes;
 }
 
-EchoStream::EchoStream(std::unique_ptr<internal::RawStream> raw) : raw_(std::move(raw)) {}
+EchoStream::EchoStream(std::unique_ptr<internal::Stripes> stripes)
+    : stripes_(std::move(stripes)) {}
 EchoStream::~EchoStream() = default;
 
 absl::StatusOr<uint64_t> EchoStream::Send(absl::Span<const uint8_t> payload,
                                           std::shared_ptr<const void> keep_alive) {
-  const std::shared_ptr<const void> guard = raw_->Guard(std::move(keep_alive));
-  return raw_->Send([&](uint64_t) -> absl::StatusOr<grpc::ByteBuffer> {
+  const int stripe = stripes_->Pick({});
+  internal::RawStream& raw = stripes_->raw(stripe);
+  const std::shared_ptr<const void> guard = raw.Guard(std::move(keep_alive));
+  absl::StatusOr<uint64_t> sent = raw.Send([&](uint64_t) -> absl::StatusOr<grpc::ByteBuffer> {
     wire::WireWriter writer;
     const wire::Piece piece(payload.data(), payload.size());
     writer.WriteBytes(mla_offload::v1::EchoMessage::kPayloadFieldNumber,
                       absl::MakeConstSpan(&piece, 1), guard);
     return writer.Finish();
   });
+  if (!sent.ok()) {
+    stripes_->NotSent();
+    return sent.status();
+  }
+  return stripes_->Sent(stripe, *sent, {});
 }
 
 absl::StatusOr<EchoResult> EchoStream::Receive() {
-  absl::StatusOr<internal::RawStream::Answer> answer = raw_->Receive();
-  if (!answer.ok()) return answer.status();
+  absl::StatusOr<internal::Stripes::Answer> received = stripes_->Receive();
+  if (!received.ok()) return received.status();
+  const internal::RawStream::Answer* answer = &received->raw;
   auto data = std::make_unique<EchoResult::Data>();
   if (grpc::Status status = answer->buffer.Dump(&data->slices); !status.ok()) {
-    return StatusFromGrpc(status, absl::StrCat("Echo message ", answer->id));
+    return StatusFromGrpc(status, absl::StrCat("Echo message ", received->id));
   }
   const std::vector<wire::Piece> all = PiecesOf(data->slices);
   wire::WireReader reader(all);
@@ -749,18 +884,54 @@ absl::StatusOr<EchoResult> EchoStream::Receive() {
     }
     if (!status.ok()) {
       return absl::InternalError(
-          absl::StrCat("Echo message ", answer->id, ": the answer does not parse: ",
+          absl::StrCat("Echo message ", received->id, ": the answer does not parse: ",
                        status.message()));
     }
   }
   return EchoResult(std::move(data));
 }
 
-int EchoStream::outstanding() const { return raw_->outstanding(); }
-absl::Status EchoStream::status() const { return raw_->status(); }
-absl::Status EchoStream::Finish() { return raw_->Finish(); }
+int EchoStream::outstanding() const { return stripes_->outstanding(); }
+absl::Status EchoStream::status() const { return stripes_->status(); }
+absl::Status EchoStream::Finish() { return stripes_->Finish(); }
 
 // ---- Client.
+
+namespace {
+
+// A channel to `target` with `options`' transport and credentials; its own
+// TCP connection when `own_connection` (gRPC shares one between channels of
+// equal arguments otherwise).
+absl::StatusOr<std::shared_ptr<grpc::Channel>> NewChannel(const std::string& target,
+                                                          const ConnectOptions& options,
+                                                          bool own_connection) {
+  grpc::ChannelArguments args;
+  const int max_bytes =
+      static_cast<int>(std::min<int64_t>(options.max_message_bytes, INT32_MAX));
+  args.SetMaxReceiveMessageSize(max_bytes);
+  args.SetMaxSendMessageSize(max_bytes);
+  // The server's settings: large tensor messages must not stall on flow
+  // control every 64 KiB.
+  DefaultTransport().Apply([&args](const char* name, int value) { args.SetInt(name, value); });
+  if (own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  if (options.use_tls) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options.tls_root_certs_pem;
+    ssl.pem_cert_chain = options.tls_client_cert_pem;
+    ssl.pem_private_key = options.tls_client_key_pem;
+    credentials = grpc::SslCredentials(ssl);
+    if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
+  } else {
+    credentials = grpc::InsecureChannelCredentials();
+  }
+  if (credentials == nullptr) {
+    return absl::InvalidArgumentError("ConnectOptions: gRPC refused the TLS credentials");
+  }
+  return grpc::CreateCustomChannel(target, credentials, args);
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& target,
                                                         const ConnectOptions& options) {
@@ -783,38 +954,17 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
   if (options.max_message_bytes <= 0) {
     return absl::InvalidArgumentError("ConnectOptions.max_message_bytes must be positive");
   }
-  grpc::ChannelArguments args;
-  const int max_bytes =
-      static_cast<int>(std::min<int64_t>(options.max_message_bytes, INT32_MAX));
-  args.SetMaxReceiveMessageSize(max_bytes);
-  args.SetMaxSendMessageSize(max_bytes);
-  // The server's settings: large tensor messages must not stall on flow
-  // control every 64 KiB.
-  DefaultTransport().Apply([&args](const char* name, int value) { args.SetInt(name, value); });
-  if (options.own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  std::shared_ptr<grpc::ChannelCredentials> credentials;
-  if (options.use_tls) {
-    grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = options.tls_root_certs_pem;
-    ssl.pem_cert_chain = options.tls_client_cert_pem;
-    ssl.pem_private_key = options.tls_client_key_pem;
-    credentials = grpc::SslCredentials(ssl);
-    if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
-  } else {
-    credentials = grpc::InsecureChannelCredentials();
-  }
-  if (credentials == nullptr) {
-    return absl::InvalidArgumentError("ConnectOptions: gRPC refused the TLS credentials");
-  }
-  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(target, credentials, args);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      NewChannel(target, options, options.own_connection);
+  if (!channel.ok()) return channel.status();
   if (options.connect_timeout > absl::ZeroDuration() &&
-      !channel->WaitForConnected(DeadlineAfter(options.connect_timeout))) {
+      !(*channel)->WaitForConnected(DeadlineAfter(options.connect_timeout))) {
     return absl::UnavailableError(
         absl::StrCat("cannot connect to ", target, " within ",
                      absl::FormatDuration(options.connect_timeout),
                      " (is the server running there, and plaintext/TLS as configured?)"));
   }
-  return std::unique_ptr<Client>(new Client(target, std::move(channel), options));
+  return std::unique_ptr<Client>(new Client(target, *std::move(channel), options));
 }
 
 Client::Client(std::string target, std::shared_ptr<grpc::Channel> channel,
@@ -1051,29 +1201,48 @@ absl::StatusOr<std::vector<pb::SessionInfo>> Client::ListSessions(const CallOpti
   return std::vector<pb::SessionInfo>(response.sessions().begin(), response.sessions().end());
 }
 
-absl::StatusOr<std::unique_ptr<internal::RawStream>> Client::OpenRaw(
+absl::StatusOr<std::unique_ptr<internal::Stripes>> Client::OpenStripes(
     absl::string_view method, const StreamOptions& options) {
   if (options.step_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("StreamOptions.step_timeout must be positive");
   }
+  if (options.connections < 1 || options.connections > kMaxStreamConnections) {
+    return absl::InvalidArgumentError(absl::StrCat("StreamOptions.connections is ",
+                                                   options.connections, "; give 1 to ",
+                                                   kMaxStreamConnections));
+  }
   const std::string name(method);
-  auto raw = std::make_unique<internal::RawStream>(
-      absl::StrCat(name.substr(name.rfind('/') + 1), " stream on ", target_), options);
-  raw->Start(channel_, name);
-  return raw;
+  std::vector<std::unique_ptr<internal::RawStream>> raws;
+  for (int c = 0; c < options.connections; ++c) {
+    // The first on the client's channel, the others on connections of their own.
+    std::shared_ptr<grpc::Channel> channel = channel_;
+    if (c > 0) {
+      absl::StatusOr<std::shared_ptr<grpc::Channel>> own =
+          NewChannel(target_, options_, /*own_connection=*/true);
+      if (!own.ok()) return own.status();
+      channel = *std::move(own);
+    }
+    auto raw = std::make_unique<internal::RawStream>(
+        absl::StrCat(name.substr(name.rfind('/') + 1), " stream on ", target_,
+                     options.connections > 1 ? absl::StrCat(" (connection ", c + 1, ")") : ""),
+        options);
+    raw->Start(channel, name);
+    raws.push_back(std::move(raw));
+  }
+  return std::make_unique<internal::Stripes>(std::move(raws));
 }
 
 absl::StatusOr<std::unique_ptr<AttendStream>> Client::OpenAttendStream(
     const StreamOptions& options) {
-  absl::StatusOr<std::unique_ptr<internal::RawStream>> raw = OpenRaw(kAttendMethod, options);
-  if (!raw.ok()) return raw.status();
-  return std::unique_ptr<AttendStream>(new AttendStream(*std::move(raw)));
+  absl::StatusOr<std::unique_ptr<internal::Stripes>> stripes = OpenStripes(kAttendMethod, options);
+  if (!stripes.ok()) return stripes.status();
+  return std::unique_ptr<AttendStream>(new AttendStream(*std::move(stripes)));
 }
 
 absl::StatusOr<std::unique_ptr<EchoStream>> Client::OpenEchoStream(const StreamOptions& options) {
-  absl::StatusOr<std::unique_ptr<internal::RawStream>> raw = OpenRaw(kEchoMethod, options);
-  if (!raw.ok()) return raw.status();
-  return std::unique_ptr<EchoStream>(new EchoStream(*std::move(raw)));
+  absl::StatusOr<std::unique_ptr<internal::Stripes>> stripes = OpenStripes(kEchoMethod, options);
+  if (!stripes.ok()) return stripes.status();
+  return std::unique_ptr<EchoStream>(new EchoStream(*std::move(stripes)));
 }
 
 // ---- Placement.

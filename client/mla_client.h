@@ -241,10 +241,26 @@ struct StreamOptions {
   // not count). The server reads ahead --max_messages_in_flight (default 8)
   // per stream.
   int max_in_flight = 8;
+  // TCP connections the stream's messages are spread over, 1 to
+  // kMaxStreamConnections; each has its own stream and its own
+  // max_in_flight (the first is the Client's connection, the others are
+  // opened for this stream). One HTTP/2 connection's reads and writes are
+  // serialised on each side, so a stream keeping several messages in
+  // flight moves more over two (on loopback 1.26x the echo messages at 2 in
+  // flight: server/bench/README.md). The server orders only the messages of
+  // one connection: a message goes on the connection of the newest
+  // unreceived message that shares a session layer (session and layer) with
+  // it, so it is applied after that one; the others take the connections in
+  // turn. Answers are received in the order sent, as on one connection; Send
+  // from one thread at a time.
+  int connections = 1;
 };
+
+inline constexpr int kMaxStreamConnections = 16;
 
 namespace internal {
 class RawStream;
+class Stripes;
 }  // namespace internal
 
 // A bidirectional Attend stream: several layer steps in flight, answers in
@@ -279,8 +295,8 @@ class AttendStream {
 
  private:
   friend class Client;
-  explicit AttendStream(std::unique_ptr<internal::RawStream> raw);
-  std::unique_ptr<internal::RawStream> raw_;
+  explicit AttendStream(std::unique_ptr<internal::Stripes> stripes);
+  std::unique_ptr<internal::Stripes> stripes_;
 };
 
 // Echo: every message comes back unchanged, in order (the load-test
@@ -301,8 +317,8 @@ class EchoStream {
 
  private:
   friend class Client;
-  explicit EchoStream(std::unique_ptr<internal::RawStream> raw);
-  std::unique_ptr<internal::RawStream> raw_;
+  explicit EchoStream(std::unique_ptr<internal::Stripes> stripes);
+  std::unique_ptr<internal::Stripes> stripes_;
 };
 
 // One server. Streams opened from it share its channel and may outlive it.
@@ -353,8 +369,9 @@ class Client {
                                                     const grpc::ByteBuffer& request,
                                                     const CallOptions& call,
                                                     absl::string_view what);
-  absl::StatusOr<std::unique_ptr<internal::RawStream>> OpenRaw(absl::string_view method,
-                                                               const StreamOptions& options);
+  // A stream of `method` on options.connections connections.
+  absl::StatusOr<std::unique_ptr<internal::Stripes>> OpenStripes(absl::string_view method,
+                                                                 const StreamOptions& options);
 
   const std::string target_;
   const std::shared_ptr<grpc::Channel> channel_;

@@ -717,6 +717,66 @@ TEST_F(ClientTest, SendAndReceiveFromTwoThreads) {
   EXPECT_TRUE((*stream)->Finish().ok());
 }
 
+// A stream spread over three connections (two of them opened for it):
+// every answer in the order sent and right, although each layer's
+// consecutive positions are in flight together, so they must stay on one
+// connection (the server orders only one connection's messages) while the
+// two layers' messages spread. Echo spreads the same way; a connection
+// count outside 1..16 is refused.
+TEST_F(ClientTest, StripedStreamsSpreadOverConnectionsAndKeepEachLayersOrder) {
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--batch_wait_us=20000"}));
+  Sequence seq = MakeSequence(93);
+  ASSERT_NO_FATAL_FAILURE(CreateAndAppend(&seq, 100));
+  SwaMirror mirror(seq);
+  mirror.Insert(0, 116);
+  mirror.Insert(1, 116);
+  std::vector<Step> steps;
+  for (int32_t p = 100; p < 116; ++p) {
+    for (int layer = 0; layer < 2; ++layer) steps.push_back(MakeStep(seq, layer, p, 1, true, false));
+  }
+  const int before = OpenSockets();
+  StreamOptions options;
+  options.connections = 3;
+  options.max_in_flight = 16;
+  absl::StatusOr<std::unique_ptr<AttendStream>> stream = client_->OpenAttendStream(options);
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  for (size_t i = 0; i < steps.size(); ++i) {
+    absl::StatusOr<uint64_t> id = (*stream)->Send(InputOf(seq, steps[i]));
+    ASSERT_TRUE(id.ok()) << id.status();
+    EXPECT_EQ(*id, i + 1);
+  }
+  EXPECT_EQ(OpenSockets(), before + 2) << "connections 2 and 3 are the stream's own";
+  EXPECT_EQ((*stream)->outstanding(), static_cast<int>(steps.size()));
+  for (size_t i = 0; i < steps.size(); ++i) {
+    absl::StatusOr<AttendResult> result = (*stream)->Receive();
+    ASSERT_TRUE(result.ok()) << "answer " << i << ": " << result.status();
+    EXPECT_EQ(result->request_id(), i + 1);
+    ExpectAnswer(*result, steps[i], mirror, absl::StrCat("answer ", i));
+  }
+  EXPECT_TRUE((*stream)->Finish().ok());
+  EXPECT_EQ((*stream)->Receive().status().code(), absl::StatusCode::kFailedPrecondition);
+
+  options.connections = 2;
+  absl::StatusOr<std::unique_ptr<EchoStream>> echo = client_->OpenEchoStream(options);
+  ASSERT_TRUE(echo.ok()) << echo.status();
+  std::vector<std::vector<uint8_t>> payloads;  // referenced until answered
+  for (uint8_t m = 0; m < 6; ++m) payloads.emplace_back(1000 + m, m);
+  for (const std::vector<uint8_t>& payload : payloads) ASSERT_TRUE((*echo)->Send(payload).ok());
+  for (uint8_t m = 0; m < 6; ++m) {
+    absl::StatusOr<EchoResult> back = (*echo)->Receive();
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->ToString(), std::string(1000 + m, static_cast<char>(m))) << "message " << +m;
+  }
+  EXPECT_TRUE((*echo)->Finish().ok());
+
+  for (int connections : {0, kMaxStreamConnections + 1}) {
+    options.connections = connections;
+    absl::StatusOr<std::unique_ptr<AttendStream>> bad = client_->OpenAttendStream(options);
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << connections;
+    EXPECT_THAT(std::string(bad.status().message()), HasSubstr("StreamOptions.connections"));
+  }
+}
+
 // Two threads waiting in Receive for one answer: one gets it, the other is
 // told that nothing is outstanding any more.
 TEST_F(ClientTest, TwoReceivesForOneAnswer) {
