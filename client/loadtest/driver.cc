@@ -678,6 +678,7 @@ PhaseStats RunPhase(std::vector<std::unique_ptr<Node>>& nodes, PhasePlan plan,
   client::StreamOptions stream_options;
   stream_options.step_timeout = absl::Seconds(options.step_timeout_s);
   stream_options.max_in_flight = plan.open_loop ? 1024 : options.concurrency;
+  stream_options.connections = options.connections_per_stream;
   Live live;
   plan.start = Clock::now() + std::chrono::milliseconds(20);
   plan.warm_end = plan.start + FromSeconds(options.warmup_s);
@@ -883,6 +884,10 @@ absl::Status ValidateOptions(const LoadOptions& o) {
   if (o.tokens_per_step < 1 || o.tokens_per_step > 129) return bad("--tokens_per_step: 1 to 129");
   if (o.prompt < 0) return bad("--prompt must not be negative");
   if (o.concurrency < 1) return bad("--concurrency must be at least 1");
+  if (o.connections_per_stream < 1 || o.connections_per_stream > client::kMaxStreamConnections) {
+    return bad(absl::StrCat("--connections_per_stream=", o.connections_per_stream, ": give 1 to ",
+                            client::kMaxStreamConnections));
+  }
   // `!(x <= max)` and `!(x >= 0)` hold for NaN too.
   if (!(o.rate >= 0 && o.rate <= kMaxRate)) {
     return bad(absl::StrCat("--rate=", o.rate, ": give 0 (closed loop) or a rate up to ", kMaxRate,
@@ -935,6 +940,7 @@ absl::StatusOr<RunOutput> RunLoadTest(const LoadOptions& options) {
   config.prompt = options.prompt;
   config.mode = options.rate > 0 ? "open" : "closed";
   config.concurrency = options.concurrency;
+  config.connections_per_stream = options.connections_per_stream;
   config.rate = options.rate;
   config.warmup_s = options.warmup_s;
   config.duration_s = options.steps == 0 ? options.duration_s : 0;

@@ -65,6 +65,9 @@ struct LoadOptions {
   int verify_threads = 2;
   bool derotate = false;
   bool connection_per_node = true;
+  // TCP connections each node's Attend stream (and its Echo baseline) is
+  // spread over (client::StreamOptions::connections).
+  int connections_per_stream = 1;
   double step_timeout_s = 30;
   uint64_t seed = 1;
   bool progress = true;

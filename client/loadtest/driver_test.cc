@@ -41,6 +41,10 @@ TEST(DriverTest, EachBadSettingNamesItsFlag) {
   EXPECT_THAT(ErrorOf([](LoadOptions& o) { o.tokens_per_step = 130; }),
               HasSubstr("--tokens_per_step"));
   EXPECT_THAT(ErrorOf([](LoadOptions& o) { o.concurrency = 0; }), HasSubstr("--concurrency"));
+  EXPECT_THAT(ErrorOf([](LoadOptions& o) { o.connections_per_stream = 0; }),
+              HasSubstr("--connections_per_stream=0: give 1 to 16"));
+  EXPECT_THAT(ErrorOf([](LoadOptions& o) { o.connections_per_stream = 17; }),
+              HasSubstr("--connections_per_stream=17"));
   EXPECT_THAT(ErrorOf([](LoadOptions& o) { o.rate = -1; }), HasSubstr("--rate"));
   EXPECT_THAT(ErrorOf([](LoadOptions& o) { o.duration_s = 0; }), HasSubstr("--duration_s"));
   EXPECT_THAT(ErrorOf([](LoadOptions& o) {

@@ -229,6 +229,30 @@ TEST(LoadTestEndToEnd, ClosedLoopWithBaselineVerifyAndEveryOutput) {
   EXPECT_EQ(png.substr(1, 3), "PNG");
 }
 
+// Each node's stream (and its Echo baseline) spread over two connections,
+// with four layer steps in flight: answers verified and none failed (the
+// steps of one session layer stay on one connection), and the report and
+// JSON say so.
+TEST(LoadTestEndToEnd, StreamsSpreadOverConnections) {
+  std::unique_ptr<client::TestServer> server = StartServer();
+  ASSERT_NE(server, nullptr);
+  const std::string json_path = OutDir() + "/spread.json";
+  const LoadTestRun run = LoadTest(
+      {"--target=" + server->target(), "--model=deepseek-v4-flash", "--tp=8", "--layers=4",
+       "--streams=2", "--sessions=2", "--prompt=200", "--concurrency=4",
+       "--connections_per_stream=2", "--warmup_s=0.2", "--duration_s=1", "--baseline", "--verify",
+       "--verify_every=3", "--verify_max=8", "--verify_tokens=2", "--json_out=" + json_path});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("each node's stream over 2 connections"));
+  EXPECT_THAT(run.output, HasSubstr("errors                   none"));
+  EXPECT_THAT(run.output, HasSubstr("verify                   PASSED"));
+  const nlohmann::json json = nlohmann::json::parse(ReadFile(json_path));
+  EXPECT_EQ(json["config"]["connections_per_stream"], 2);
+  EXPECT_EQ(json["attend"]["layer_steps_failed"], 0);
+  EXPECT_GT(json["attend"]["layer_steps_ok"].get<int64_t>(), 10);
+  EXPECT_EQ(json["echo"]["layer_steps_failed"], 0);
+}
+
 TEST(LoadTestEndToEnd, OpenLoopStepsAndTwoServers) {
   std::unique_ptr<client::TestServer> first = StartServer(), second = StartServer();
   ASSERT_NE(first, nullptr);

@@ -75,6 +75,12 @@ ABSL_FLAG(double, step_timeout_s, 30,
 ABSL_FLAG(bool, connection_per_node, true,
           "Each node gets its own TCP connection to each server (as real serving nodes would); "
           "false: all nodes share one.");
+ABSL_FLAG(int, connections_per_stream, 1,
+          "TCP connections each node's Attend stream is spread over (its Echo baseline's too, "
+          "so that it compares like with like), 1 to 16. One HTTP/2 connection's reads and "
+          "writes are serialised, so a node with several layer steps in flight (--concurrency) "
+          "may move more over two; messages on one session layer stay on one connection, in "
+          "order.");
 ABSL_FLAG(bool, progress, true,
           "A one-line progress display on stderr (rewritten in place on a terminal, a line every "
           "5 s otherwise).");
@@ -126,6 +132,7 @@ int Main(const std::vector<std::string>& repeated_targets) {
   options.seed = absl::GetFlag(FLAGS_seed);
   options.step_timeout_s = absl::GetFlag(FLAGS_step_timeout_s);
   options.connection_per_node = absl::GetFlag(FLAGS_connection_per_node);
+  options.connections_per_stream = absl::GetFlag(FLAGS_connections_per_stream);
   options.progress = absl::GetFlag(FLAGS_progress);
   options.progress_tty = isatty(fileno(stderr)) != 0;
   options.interrupted = &g_interrupted;

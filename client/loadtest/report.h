@@ -49,6 +49,7 @@ struct RunConfig {
   int prompt = 0;       // P tokens appended before decoding
   std::string mode;     // "closed" or "open"
   int concurrency = 1;  // closed loop: layer steps in flight per node
+  int connections_per_stream = 1;  // TCP connections each node's streams spread over
   double rate = 0;      // open loop: target layer steps/s, all nodes
   double warmup_s = 0;
   double duration_s = 0;  // 0 when --steps bounds the run
