@@ -96,6 +96,15 @@ absl::Status ComputeBackend::Mark(int mark) {
 
 absl::Status ComputeBackend::WaitForMark(int mark) { return CheckMark(mark); }
 
+absl::Status ComputeBackend::CopyToDeviceQueued(void* device_dst, const void* host_src,
+                                                int64_t bytes) {
+  return CopyToDeviceAsync(device_dst, host_src, bytes);
+}
+
+absl::Status ComputeBackend::MarkCopies(int mark) { return Mark(mark); }
+
+absl::Status ComputeBackend::JoinCopies() { return absl::OkStatus(); }
+
 double ComputeBackend::MarkedMicros(int from, int to) const {
   if (from < 0 || from >= kMaxMarks || to < 0 || to >= kMaxMarks) return 0;
   const std::chrono::steady_clock::time_point unset{};

@@ -187,6 +187,17 @@ class ComputeBackend {
   // AllocateHost memory. The defaults copy at once.
   virtual absl::Status CopyToDeviceAsync(void* device_dst, const void* host_src, int64_t bytes);
   virtual absl::Status CopyToHostAsync(void* host_dst, const void* device_src, int64_t bytes);
+  // The copy queue: copies to the device that run beside the other work (on
+  // a GPU a second stream), so that the next launch's inputs go in while
+  // this one computes. CopyToDeviceQueued enqueues one there (host_src must
+  // stay unchanged until a mark after it has been waited for); MarkCopies
+  // sets a mark in the copy queue's order; JoinCopies makes everything
+  // issued after it wait for every copy queued before it, and the work a
+  // queued copy overwrites must have finished before it is queued. The
+  // defaults have one queue: CopyToDeviceAsync, Mark, nothing.
+  virtual absl::Status CopyToDeviceQueued(void* device_dst, const void* host_src, int64_t bytes);
+  virtual absl::Status MarkCopies(int mark);
+  virtual absl::Status JoinCopies();
 
   // Builds the key lists (KeyListBuildParams). The default runs on the host
   // (BuildKeyListsOnHost, kernels/key_lists.h) and serves backends whose

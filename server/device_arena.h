@@ -2,10 +2,12 @@
 // use (a slot), reused from launch to launch, so that a launch allocates
 // only when it is larger than every one before it. The two staging slots
 // hold host memory the backend copies from fastest (pinned on a GPU), one
-// for each of two launches that may run at once; the launcher reuses one
-// only after the launch that staged in it has finished. The device slots
-// are shared: the backend runs launches in order, so a launch's kernels
-// have read them before the next one's copies and kernels write them.
+// for each of two launches that may run at once, and so are their device
+// copies (the next launch's is filled on the copy queue while this one's
+// kernels read theirs); the launcher reuses one only after the launch that
+// staged in it has finished. The other device slots are shared: the backend
+// runs kernels in order, so a launch's kernels have read them before the
+// next one's write them.
 //
 // A buffer grows to what is asked or to twice its size, whichever is more,
 // and never shrinks; growing frees the old one, so a pointer from Reserve
@@ -28,7 +30,8 @@ class DeviceArena {
   enum Slot {
     kStaging0,  // host (AllocateHost): a launch's PackedArrays (q, kv, rows, arrays)
     kStaging1,  // the same, for the launch staged while one in kStaging0 runs
-    kStaged,    // the device's copy of a staging, without host access
+    kStaged0,   // the device's copy of kStaging0, without host access
+    kStaged1,   // of kStaging1 (the copy queue fills one while the other is read)
     kQOut,     // the prologue's queries, [N, Hp, 512] bf16
     kOutput,   // the decode's out then lse, without host access
     kNumSlots

@@ -26,10 +26,11 @@ constexpr int64_t kMinCopyPiece = int64_t{256} << 10;
 
 // Launches that may run at once, each with its own staging and its own
 // marks: kMarkStride of the backend's marks apart, of which it sets
-// kLaunchMarks (one before each step and one after the last).
+// kLaunchMarks (two around the copy in, on the copy queue; then one before
+// each step and one after the last).
 constexpr int64_t kLaunchesAtOnce = 2;
 constexpr int kMarkStride = ComputeBackend::kMaxMarks / kLaunchesAtOnce;
-constexpr int kLaunchMarks = 5;
+constexpr int kLaunchMarks = 6;
 static_assert(kLaunchMarks <= kMarkStride);
 
 // Runs `step`, setting `micros` to the time it took.
@@ -150,6 +151,7 @@ class Launcher::GroupLaunch {
   const int64_t number_;
   const int first_mark_;  // of the backend's, for this launch's kLaunchMarks
   const DeviceArena::Slot staging_slot_;
+  const DeviceArena::Slot staged_slot_;  // the device's copy of it
   double staging_us_ = 0;
   std::mutex wait_mutex_;
   bool waited_ = false;  // with wait_mutex_; status_ and times_ are set then
@@ -209,6 +211,8 @@ Launcher::GroupLaunch::GroupLaunch(Launcher& launcher, const LaunchGroup& group,
       first_mark_(static_cast<int>(number % kLaunchesAtOnce) * kMarkStride),
       staging_slot_(number % kLaunchesAtOnce == 0 ? DeviceArena::kStaging0
                                                   : DeviceArena::kStaging1),
+      staged_slot_(number % kLaunchesAtOnce == 0 ? DeviceArena::kStaged0
+                                                 : DeviceArena::kStaged1),
       shape_(ShapeOf(group)),
       host_(backend_.host_accessible()),
       q_bytes_(shape_.tokens * group.num_heads * kRowBytes),
@@ -268,7 +272,8 @@ absl::Status Launcher::GroupLaunch::Stage() {
     Copy(*group_.plans[i]->input->q,
          q_.data() + shape_.starts[i].token * group_.num_heads * kRowBytes, parallel);
   });
-  absl::StatusOr<uint8_t*> arrays = launcher_.UploadStaged(packed_, 0, q_end_);
+  absl::StatusOr<uint8_t*> arrays =
+      launcher_.UploadStaged(packed_, 0, q_end_, staged_slot_, /*queued=*/true);
   if (!arrays.ok()) return arrays.status();
   arrays_ = *arrays;
   each_plan([&](int64_t i, bool parallel) {
@@ -359,10 +364,17 @@ void Launcher::GroupLaunch::StageToken(const AttendPlan& plan, size_t s, int64_t
 }
 
 absl::Status Launcher::GroupLaunch::Enqueue() {
-  static constexpr Step kSteps[] = {&GroupLaunch::Upload, &GroupLaunch::Prologue,
-                                    &GroupLaunch::Decode, &GroupLaunch::ReadBack};
-  static_assert(std::size(kSteps) + 1 == kLaunchMarks);
-  int mark = first_mark_;
+  // The copy in on the copy queue, beside the launch before, which may
+  // still compute; the steps after it wait for it (JoinCopies).
+  const int m = first_mark_;
+  if (absl::Status status = backend_.MarkCopies(m); !status.ok()) return status;
+  if (absl::Status status = Upload(); !status.ok()) return status;
+  if (absl::Status status = backend_.MarkCopies(m + 1); !status.ok()) return status;
+  if (absl::Status status = backend_.JoinCopies(); !status.ok()) return status;
+  static constexpr Step kSteps[] = {&GroupLaunch::Prologue, &GroupLaunch::Decode,
+                                    &GroupLaunch::ReadBack};
+  static_assert(std::size(kSteps) + 3 == kLaunchMarks);
+  int mark = m + 2;
   for (Step step : kSteps) {
     if (absl::Status status = backend_.Mark(mark++); !status.ok()) return status;
     if (absl::Status status = (this->*step)(); !status.ok()) return status;
@@ -378,13 +390,14 @@ void Launcher::GroupLaunch::Wait() {
   status_ = backend_.WaitForMark(m + kLaunchMarks - 1);
   if (!status_.ok()) return;  // the engine thread's ClearFailure clears it
   times_.upload_us = staging_us_ + backend_.MarkedMicros(m, m + 1);
-  times_.prologue_us = backend_.MarkedMicros(m + 1, m + 2);
-  times_.decode_us = backend_.MarkedMicros(m + 2, m + 3);
-  times_.readback_us = backend_.MarkedMicros(m + 3, m + 4);
+  times_.prologue_us = backend_.MarkedMicros(m + 2, m + 3);
+  times_.decode_us = backend_.MarkedMicros(m + 3, m + 4);
+  times_.readback_us = backend_.MarkedMicros(m + 4, m + 5);
 }
 
 absl::Status Launcher::GroupLaunch::Upload() {
-  absl::StatusOr<uint8_t*> arrays = launcher_.UploadStaged(packed_, q_end_, upload_bytes_);
+  absl::StatusOr<uint8_t*> arrays =
+      launcher_.UploadStaged(packed_, q_end_, upload_bytes_, staged_slot_, /*queued=*/true);
   if (!arrays.ok()) return arrays.status();
   arrays_ = *arrays;
   return Reserve(DeviceArena::kQOut, shape_.tokens * group_.padded_heads * kRowBytes, q_out_);
@@ -523,12 +536,16 @@ absl::Status Launcher::Stage(PackedArrays& packed, DeviceArena::Slot slot) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint8_t*> Launcher::UploadStaged(PackedArrays& packed, size_t from, size_t to) {
+absl::StatusOr<uint8_t*> Launcher::UploadStaged(PackedArrays& packed, size_t from, size_t to,
+                                                DeviceArena::Slot slot, bool queued) {
   uint8_t* staging = packed.data();
   if (backend_.host_accessible()) return staging;
-  absl::StatusOr<uint8_t*> device = Scratch(DeviceArena::kStaged, packed.bytes());
+  absl::StatusOr<uint8_t*> device = Scratch(slot, packed.bytes());
   if (!device.ok()) return device.status();
-  if (absl::Status status = backend_.CopyToDeviceAsync(*device + from, staging + from, to - from);
+  const int64_t bytes = static_cast<int64_t>(to - from);
+  if (absl::Status status =
+          queued ? backend_.CopyToDeviceQueued(*device + from, staging + from, bytes)
+                 : backend_.CopyToDeviceAsync(*device + from, staging + from, bytes);
       !status.ok()) {
     return status;
   }
@@ -660,7 +677,9 @@ absl::Status Launcher::AppendPass(const AppendPlan& plan, RopeKind rope) {
 
 absl::Status Launcher::Insert(PackedArrays& packed, const RowInsert& swa,
                               const RowInsert& compressed, PrologueParams params) {
-  absl::StatusOr<uint8_t*> arrays = UploadStaged(packed, 0, packed.bytes());
+  // Every launch has finished (Append waited): the main queue.
+  absl::StatusOr<uint8_t*> arrays =
+      UploadStaged(packed, 0, packed.bytes(), DeviceArena::kStaged0, /*queued=*/false);
   if (!arrays.ok()) return arrays.status();
   params.swa = swa.Params(*arrays, pool_);
   params.compressed = compressed.Params(*arrays, pool_);

@@ -1,12 +1,14 @@
 // The launcher of one device: how planned requests run on the compute
 // backend (spec sections 4 and 5).
 //
-// Run() launches one group of Attend plans. On the host it stages
+// Start() launches one group of Attend plans. On the host it stages
 // everything the launch sends (q, kv and the new compressed rows of every
 // message in token order, the sessions' page tables, the top-k rows, the
 // sinks) into one pinned buffer, the queries first, whose copy to the
-// device starts while the rest is staged; then it enqueues, without waiting
-// between them: the copy of the rest, the key lists (built on the backend from the
+// device starts while the rest is staged; the copies go on the backend's
+// copy queue, beside the kernels of the launch before. Then it enqueues,
+// without waiting between them: the copy of the rest, and after it (the
+// backend's JoinCopies) the key lists (built on the backend from the
 // page tables: the host translates no key to its slot), one prologue
 // (queries normalised and rotated, new SWA and compressed rows written), one
 // decode (both key lists of every token, sinks, the optional de-rotation)
@@ -14,7 +16,7 @@
 // HostBufferPool, which the responses are serialised from. Large tensors
 // (q above all) are copied into the staging by a few threads at once. On a
 // host-accessible backend the staging is the backend's memory and nothing
-// is copied. Each step returns its failure at once and Run answers the
+// is copied. Each step returns its failure at once and Start answers the
 // first; the time of each step is reported (LaunchTimes: the backend's
 // marks between the steps). Append() writes an AppendKV's rows with the same
 // row staging (RowInsert) and one prologue without queries per RoPE kind.
@@ -128,9 +130,11 @@ class Launcher {
   // Gives `packed` the arena's staging memory `slot` for all of its bytes.
   absl::Status Stage(PackedArrays& packed, DeviceArena::Slot slot);
   // The backend's view of the staged `packed`: the staging itself on a
-  // host-accessible backend, else the device's copy (the arena's), of which
-  // bytes [from, to) are enqueued to be copied now.
-  absl::StatusOr<uint8_t*> UploadStaged(PackedArrays& packed, size_t from, size_t to);
+  // host-accessible backend, else the device's copy (the arena's `slot`),
+  // of which bytes [from, to) are enqueued to be copied now, on the copy
+  // queue when `queued`.
+  absl::StatusOr<uint8_t*> UploadStaged(PackedArrays& packed, size_t from, size_t to,
+                                        DeviceArena::Slot slot, bool queued);
   // The rows of one RoPE kind of an AppendKV.
   absl::Status AppendPass(const AppendPlan& plan, RopeKind rope);
   // Copies `tensor` to `dst`; a large one in pieces on the copy threads.

@@ -142,6 +142,16 @@ CudaBackend::CudaBackend(int device) : device_(device) {
                            "cudaStreamCreate");
   if (!init_status_.ok()) return;
   stream_ = stream;
+  cudaStream_t copy_stream = nullptr;
+  init_status_ = CudaError(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking),
+                           "cudaStreamCreate (copy queue)");
+  if (!init_status_.ok()) return;
+  copy_stream_ = copy_stream;
+  cudaEvent_t join = nullptr;
+  init_status_ = CudaError(cudaEventCreateWithFlags(&join, cudaEventDisableTiming),
+                           "cudaEventCreate (copy queue)");
+  if (!init_status_.ok()) return;
+  join_event_ = join;
   for (void*& mark : marks_) {
     cudaEvent_t event = nullptr;
     init_status_ = CudaError(cudaEventCreate(&event), "cudaEventCreate");
@@ -162,6 +172,11 @@ CudaBackend::~CudaBackend() {
     cudaStreamSynchronize(AsStream(stream_));
     cudaStreamDestroy(AsStream(stream_));
   }
+  if (copy_stream_ != nullptr) {
+    cudaStreamSynchronize(AsStream(copy_stream_));
+    cudaStreamDestroy(AsStream(copy_stream_));
+  }
+  if (join_event_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(join_event_));
   for (void* mark : marks_) {
     if (mark != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(mark));
   }
@@ -279,22 +294,45 @@ absl::Status CudaBackend::CopyToHost(void* host_dst, const void* device_src, int
 }
 
 absl::Status CudaBackend::EnqueueCopy(void* dst, const void* src, int64_t bytes, int kind,
-                                      const char* what) {
+                                      const char* what, void* stream) {
   if (bytes <= 0) return absl::OkStatus();
   if (absl::Status status = Activate(); !status.ok()) return status;
   Issued(what);
   return CudaError(cudaMemcpyAsync(dst, src, bytes, static_cast<cudaMemcpyKind>(kind),
-                                   AsStream(stream_)),
+                                   AsStream(stream)),
                    what);
 }
 
 absl::Status CudaBackend::CopyToDeviceAsync(void* device_dst, const void* host_src,
                                             int64_t bytes) {
-  return EnqueueCopy(device_dst, host_src, bytes, cudaMemcpyHostToDevice, "copy to device");
+  return EnqueueCopy(device_dst, host_src, bytes, cudaMemcpyHostToDevice, "copy to device",
+                     stream_);
 }
 
 absl::Status CudaBackend::CopyToHostAsync(void* host_dst, const void* device_src, int64_t bytes) {
-  return EnqueueCopy(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, "copy to host");
+  return EnqueueCopy(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, "copy to host",
+                     stream_);
+}
+
+absl::Status CudaBackend::CopyToDeviceQueued(void* device_dst, const void* host_src,
+                                             int64_t bytes) {
+  return EnqueueCopy(device_dst, host_src, bytes, cudaMemcpyHostToDevice,
+                     "copy to device (copy queue)", copy_stream_);
+}
+
+absl::Status CudaBackend::MarkCopies(int mark) { return RecordMark(mark, copy_stream_); }
+
+absl::Status CudaBackend::JoinCopies() {
+  if (absl::Status status = Activate(); !status.ok()) return status;
+  if (absl::Status status =
+          CudaError(cudaEventRecord(static_cast<cudaEvent_t>(join_event_), AsStream(copy_stream_)),
+                    "cudaEventRecord (copy queue)");
+      !status.ok()) {
+    return status;
+  }
+  return CudaError(
+      cudaStreamWaitEvent(AsStream(stream_), static_cast<cudaEvent_t>(join_event_), 0),
+      "cudaStreamWaitEvent (copy queue)");
 }
 
 absl::Status CudaBackend::BuildKeyLists(const KeyListBuildParams& params) {
@@ -303,12 +341,14 @@ absl::Status CudaBackend::BuildKeyLists(const KeyListBuildParams& params) {
   return Launched("key list kernel", cuda::LaunchKeyLists(params, AsStream(stream_)));
 }
 
-absl::Status CudaBackend::Mark(int mark) {
+absl::Status CudaBackend::Mark(int mark) { return RecordMark(mark, stream_); }
+
+absl::Status CudaBackend::RecordMark(int mark, void* stream) {
   if (absl::Status status = CheckMark(mark); !status.ok()) return status;
   if (absl::Status status = Activate(); !status.ok()) return status;
   marked_[mark] = false;
   if (absl::Status status = CudaError(
-          cudaEventRecord(static_cast<cudaEvent_t>(marks_[mark]), AsStream(stream_)),
+          cudaEventRecord(static_cast<cudaEvent_t>(marks_[mark]), AsStream(stream)),
           "cudaEventRecord");
       !status.ok()) {
     return status;
@@ -382,6 +422,9 @@ absl::Status CudaBackend::Synchronize() {
   absl::Status status = CudaError(
       cudaStreamSynchronize(AsStream(stream_)),
       in_flight_.empty() ? std::string("synchronize") : absl::StrCat("synchronize after ", in_flight_));
+  if (status.ok()) {
+    status = CudaError(cudaStreamSynchronize(AsStream(copy_stream_)), "synchronize (copy queue)");
+  }
   if (status.ok()) status = CudaError(cudaGetLastError(), "synchronize");
   if (status.ok() && !deferred_.ok()) status = deferred_;
   in_flight_.clear();

@@ -65,6 +65,9 @@ class CudaBackend : public ComputeBackend {
   absl::Status Mark(int mark) override;
   double MarkedMicros(int from, int to) const override;
   absl::Status WaitForMark(int mark) override;
+  absl::Status CopyToDeviceQueued(void* device_dst, const void* host_src, int64_t bytes) override;
+  absl::Status MarkCopies(int mark) override;
+  absl::Status JoinCopies() override;
 
   // The backend's stream (a cudaStream_t), for timing and interop: work
   // enqueued on it is ordered with the backend's kernels, with one limit.
@@ -85,12 +88,17 @@ class CudaBackend : public ComputeBackend {
   // Notes `what` in in_flight_.
   void Issued(const char* what);
   absl::Status Launched(const char* kernel, int error);
-  // Enqueues a copy of `kind` (a cudaMemcpyKind).
-  absl::Status EnqueueCopy(void* dst, const void* src, int64_t bytes, int kind, const char* what);
+  // Enqueues a copy of `kind` (a cudaMemcpyKind) on `stream`.
+  absl::Status EnqueueCopy(void* dst, const void* src, int64_t bytes, int kind, const char* what,
+                           void* stream);
+  // Records mark `mark` on `stream`.
+  absl::Status RecordMark(int mark, void* stream);
 
   int device_;
   absl::Status init_status_;
   void* stream_ = nullptr;  // cudaStream_t
+  void* copy_stream_ = nullptr;  // cudaStream_t: the copy queue
+  void* join_event_ = nullptr;   // cudaEvent_t: JoinCopies' point in the copy queue
   int num_sms_ = 0;
   cuda::DecodeKernels decode_kernels_ = cuda::DecodeKernels::kWgmma;
   std::string name_;

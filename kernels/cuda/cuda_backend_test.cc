@@ -525,6 +525,33 @@ TEST(CopyTest, WaitForMarkWaitsForTheWorkBeforeItsMark) {
   EXPECT_TRUE(backend.Synchronize().ok());
 }
 
+// A copy on the copy queue has landed before what the main queue does after
+// JoinCopies: the read back on the main queue sees every byte (without the
+// join it would start at once and read the buffer's zeros). MarkCopies
+// marks the copy queue's order.
+TEST(CopyTest, TheCopyQueueJoinsTheMainQueue) {
+  MAKE_CUDA_BACKEND(backend);
+  constexpr int64_t kBytes = int64_t{64} << 20;  // more than a millisecond at 50 GB/s
+  absl::StatusOr<DeviceBuffer> staging = backend.AllocateHost(kBytes);
+  absl::StatusOr<DeviceBuffer> answer = backend.AllocateHost(kBytes);
+  absl::StatusOr<DeviceBuffer> device = backend.Allocate(kBytes);  // zero-filled
+  ASSERT_TRUE(staging.ok() && answer.ok() && device.ok());
+  uint8_t* in = staging->as<uint8_t>();
+  uint8_t* out = answer->as<uint8_t>();
+  for (int64_t b = 0; b < kBytes; ++b) in[b] = static_cast<uint8_t>(b * 5 + 1) | 1;
+  std::memset(out, 0xee, kBytes);
+  ASSERT_TRUE(backend.MarkCopies(0).ok());
+  ASSERT_TRUE(backend.CopyToDeviceQueued(device->data(), in, kBytes).ok());
+  ASSERT_TRUE(backend.MarkCopies(1).ok());
+  ASSERT_TRUE(backend.JoinCopies().ok());
+  ASSERT_TRUE(backend.CopyToHostAsync(out, device->data(), kBytes).ok());
+  ASSERT_TRUE(backend.Mark(2).ok());
+  ASSERT_TRUE(backend.WaitForMark(2).ok());
+  EXPECT_EQ(std::memcmp(in, out, kBytes), 0) << "the read back did not wait for the queued copy";
+  EXPECT_GT(backend.MarkedMicros(0, 1), 100);
+  EXPECT_TRUE(backend.Synchronize().ok());
+}
+
 // The CUDA key lists equal the host's (kernels/key_lists.cc) bit for bit on
 // random tables: every rule (top-k with pads, C128A, none), positions before
 // and past the window and the ring's wrap, widths that are not a multiple
