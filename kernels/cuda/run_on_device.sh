@@ -15,7 +15,8 @@
 # service: the service path of server/bench/README.md (the load test on
 # V4-Pro TP8 against a CUDA server: 64 and 128 tokens a layer step, one
 # stream, 1 and 2 in flight, and 8 streams x 16 sessions x 4 in flight; the
-# 2-in-flight shapes also with each stream over 2 connections;
+# 2-in-flight shapes also with each stream over 2 connections
+# (SERVICE_SHAPES="SESSIONS:STREAMS:IN_FLIGHT:CONNECTIONS ..." picks others);
 # then host_copy_bench's pinned copy floor of those steps), for every server
 # binary named mla_offload_server* here (a second build, e.g.
 # mla_offload_server_base, is measured in the same run), reports and step
@@ -129,7 +130,7 @@ if [[ $steps == *service* ]]; then
     pid=$!
     for _ in $(seq 100); do (echo > /dev/tcp/127.0.0.1/50051) 2> /dev/null && break; sleep 0.2; done
     # sessions x 1 token = tokens a layer step; streams; in flight; connections a stream
-    for shape in 64:1:1:1 128:1:1:1 64:1:2:1 64:1:2:2 16:8:4:1 16:8:4:2; do
+    for shape in ${SERVICE_SHAPES:-64:1:1:1 128:1:1:1 64:1:2:1 64:1:2:2 16:8:4:1 16:8:4:2}; do
       IFS=: read -r sessions streams inflight connections <<< "$shape"
       run="${name}_s${sessions}_n${streams}_c${inflight}$([ "$connections" = 1 ] || echo "_x$connections")"
       timeout 120 ./mla_offload_loadtest --target=127.0.0.1:50051 --model=deepseek-v4-pro --tp=8 \
