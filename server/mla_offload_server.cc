@@ -1,14 +1,18 @@
 // mla_offload_server: serves DeepSeek-V4 sparse MLA attention over gRPC.
 #include <csignal>
 #include <cstdio>
+#include <iostream>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/internal/parse.h"
+#include "absl/flags/internal/usage.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -17,6 +21,7 @@
 #include "kernels/backend_factory.h"
 #include "kernels/geometry.h"
 #include "kernels/model_profile.h"
+#include "server/build_info.h"
 #include "server/host_memory.h"
 #include "server/metrics/http_exporter.h"
 #include "server/metrics/registry.h"
@@ -61,8 +66,10 @@ ABSL_FLAG(int, max_messages_in_flight, 8,
           "Attend messages one stream may have read but not yet answered (read-ahead).");
 ABSL_FLAG(int, session_idle_ttl_s, 600,
           "Sessions idle longer than this are closed (a session may ask for its own TTL).");
-ABSL_FLAG(int, metrics_port, 9090,
-          "Port of the Prometheus /metrics endpoint on the --listen host; -1 turns it off.");
+ABSL_FLAG(int, metrics_port, 9464,
+          "Port of the Prometheus /metrics endpoint on the --listen host (0: any free port, "
+          "printed at start); -1 turns it off. The default is not Prometheus's own 9090, so "
+          "that both run on one host.");
 ABSL_FLAG(bool, keep_freed_memory, true,
           "Keep freed host memory in the process (glibc mallopt: blocks up to 64 MiB from the "
           "heap, trimmed only above 1 GiB free) so that every Attend message's multi-MiB gRPC "
@@ -76,7 +83,13 @@ ABSL_FLAG(int, drain_seconds, 25,
 namespace mla {
 namespace {
 
-constexpr char kVersion[] = "mla-offload 0.1.0 (mla_offload.v1)";
+constexpr char kVersionNumber[] = "0.1.0";
+
+// "mla-offload 0.1.0 (mla_offload.v1), commit 0123456789ab": --version,
+// ServerInfo.version and the mla_build_info metric.
+std::string VersionText() {
+  return absl::StrCat("mla-offload ", kVersionNumber, " (mla_offload.v1), commit ", kBuildCommit);
+}
 
 volatile std::sig_atomic_t g_signal = 0;
 void OnSignal(int signal) { g_signal = signal; }
@@ -179,9 +192,16 @@ int Main() {
   options.scheduler.max_queued_messages = absl::GetFlag(FLAGS_max_queued_messages);
   options.service.max_messages_in_flight = absl::GetFlag(FLAGS_max_messages_in_flight);
   options.service.max_message_bytes = int64_t{absl::GetFlag(FLAGS_max_message_mb)} << 20;
-  options.service.version = kVersion;
+  options.service.version = VersionText();
   options.service.devices = backend_text;
   metrics::Registry registry;
+  if (absl::StatusOr<metrics::GaugeFamily*> build = registry.AddGauge(
+          "mla_build_info", "1, labelled with the server's version and the commit it was built from.",
+          {"version", "commit"});
+      build.ok()) {
+    absl::StatusOr<metrics::Gauge*> info = (*build)->WithLabels({kVersionNumber, kBuildCommit});
+    if (info.ok()) (*info)->Set(1);
+  }
   absl::StatusOr<std::unique_ptr<OffloadServer>> started =
       OffloadServer::Start(*std::move(backend), options, registry);
   if (!started.ok()) return Fail(started.status());
@@ -241,7 +261,18 @@ int main(int argc, char** argv) {
       "process exits) and \"mla_offload.v1.MlaOffload\" (readiness: NOT_SERVING from the\n"
       "start of the drain on). Metrics: Prometheus text on http://HOST:--metrics_port/metrics.\n"
       "SIGTERM drains, then stops.");
-  absl::ParseCommandLine(argc, argv);
+  absl::FlagsUsageConfig usage;
+  usage.version_string = [] { return mla::VersionText() + "\n"; };
+  absl::SetFlagsUsageConfig(usage);
+  // As absl::ParseCommandLine, but --help and --version (what an operator
+  // asks to learn, not an error) exit 0; Abseil's own handling exits 1.
+  absl::flags_internal::ParseCommandLineImpl(
+      argc, argv, absl::flags_internal::ArgvListAction::kRemoveParsedArgs,
+      absl::flags_internal::UsageFlagsAction::kIgnoreUsage,
+      absl::flags_internal::OnUndefinedFlag::kAbortIfUndefined);
+  if (absl::flags_internal::HandleUsageFlags(std::cout, absl::ProgramUsageMessage()) != -1) {
+    return 0;
+  }
   if (absl::GetFlag(FLAGS_keep_freed_memory) && !mla::KeepFreedHostMemory()) {
     std::fprintf(stderr, "warning: malloc refused the --keep_freed_memory settings\n");
   }

@@ -1800,6 +1800,12 @@ TEST_F(ServerE2eTest, MetricsShowThePoolAtStart) {
   EXPECT_EQ(metrics.Get("mla_kv_blocks", {{"state", "used"}}), 0.0);
   EXPECT_EQ(metrics.Get("mla_sessions"), 0.0);
   EXPECT_EQ(metrics.Get("mla_draining"), 0.0);
+  // The build: its version, and the commit ServerInfo names too.
+  const std::string version = Info().version();
+  const std::string commit = version.substr(version.rfind(' ') + 1);
+  EXPECT_THAT(version, HasSubstr(", commit ")) << version;
+  EXPECT_EQ(metrics.Get("mla_build_info", {{"version", "0.1.0"}, {"commit", commit}}), 1.0)
+      << "commit " << commit;
 }
 
 // ---- 6. Drain.
@@ -1944,6 +1950,34 @@ TEST(ServerFlagsTest, OutOfRangeFlagsAreRefusedByName) {
     EXPECT_THAT(result->err, HasSubstr(message)) << flag;
     EXPECT_THAT(result->out, ::testing::Not(HasSubstr("serving on"))) << flag;
   }
+}
+
+// --version prints the version and the commit and exits 0; --help, which
+// explains every flag (the metrics port not Prometheus's own 9090), exits 0
+// too (Abseil's own handling exits 1); an unknown flag exits 1.
+TEST(ServerFlagsTest, VersionAndHelpAnswerAndExitZero) {
+  absl::StatusOr<std::string> binary = client::ServerBinary();
+  ASSERT_TRUE(binary.ok()) << binary.status();
+  absl::StatusOr<client::CommandResult> version = client::RunCommand({*binary, "--version"});
+  ASSERT_TRUE(version.ok()) << version.status();
+  EXPECT_EQ(version->exit_code, 0);
+  EXPECT_THAT(version->out, ::testing::MatchesRegex(
+                                "mla-offload [0-9.]+ \\(mla_offload.v1\\), commit [0-9a-f]+(-dirty)?\n|"
+                                "mla-offload [0-9.]+ \\(mla_offload.v1\\), commit unknown\n"));
+  absl::StatusOr<client::CommandResult> help = client::RunCommand({*binary, "--help"});
+  ASSERT_TRUE(help.ok()) << help.status();
+  EXPECT_EQ(help->exit_code, 0);
+  EXPECT_THAT(help->out, HasSubstr("--batches_in_flight"));
+  // Metrics do not take Prometheus's own port.
+  const size_t metrics = help->out.find("--metrics_port (");
+  ASSERT_NE(metrics, std::string::npos);
+  const size_t at = help->out.find("default: ", metrics);
+  ASSERT_NE(at, std::string::npos);
+  EXPECT_EQ(std::atoi(help->out.c_str() + at + 9), 9464);
+  absl::StatusOr<client::CommandResult> bad = client::RunCommand({*binary, "--no_such_flag"});
+  ASSERT_TRUE(bad.ok()) << bad.status();
+  EXPECT_EQ(bad->exit_code, 1);
+  EXPECT_THAT(bad->err, HasSubstr("no_such_flag"));
 }
 
 // The drain's default ends before Kubernetes' default grace period (30 s)
