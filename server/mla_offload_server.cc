@@ -24,6 +24,7 @@
 #include "server/build_info.h"
 #include "server/host_memory.h"
 #include "server/metrics/http_exporter.h"
+#include "server/metrics/process_metrics.h"
 #include "server/metrics/registry.h"
 #include "server/offload_server.h"
 
@@ -202,6 +203,9 @@ int Main() {
     absl::StatusOr<metrics::Gauge*> info = (*build)->WithLabels({kVersionNumber, kBuildCommit});
     if (info.ok()) (*info)->Set(1);
   }
+  absl::StatusOr<std::unique_ptr<metrics::ProcessMetrics>> process =
+      metrics::ProcessMetrics::Add(registry);
+  if (!process.ok()) return Fail(process.status());
   absl::StatusOr<std::unique_ptr<OffloadServer>> started =
       OffloadServer::Start(*std::move(backend), options, registry);
   if (!started.ok()) return Fail(started.status());

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/geometry.h"
 
 namespace mla {
 namespace {
@@ -19,6 +20,8 @@ absl::Status Assign(absl::StatusOr<T> value, T* target) {
 absl::StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::Create(metrics::Registry& registry) {
   std::unique_ptr<ServerMetrics> m(new ServerMetrics());
   metrics::HistogramFamily* stages = nullptr;
+  metrics::HistogramFamily* attend = nullptr;
+  metrics::GaugeFamily* kv_bytes = nullptr;
   metrics::HistogramFamily* batch_tokens = nullptr;
   metrics::HistogramFamily* batch_messages = nullptr;
   metrics::CounterFamily* tokens = nullptr;
@@ -33,10 +36,21 @@ absl::StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::Create(metrics::Re
            Assign(registry.AddCounter("mla_requests_total", "Requests answered, by method and code.",
                                       {"method", "code"}),
                   &m->requests_),
+           Assign(registry.AddHistogram("mla_request_seconds",
+                                        "Unary request latency in the server, from arrival to "
+                                        "the answer, by method.",
+                                        {"method"}, metrics::OneTwoFiveBuckets(-6, 1)),
+                  &m->request_seconds_),
            Assign(registry.AddHistogram("mla_attend_stage_seconds",
-                                        "Attend message latency by server stage.", {"stage"},
-                                        metrics::OneTwoFiveBuckets(-6, 1)),
+                                        "Attend message time in each server stage (queue, "
+                                        "prologue, decode): parts of attend_seconds.",
+                                        {"stage"}, metrics::OneTwoFiveBuckets(-6, 1)),
                   &stages),
+           Assign(registry.AddHistogram("mla_attend_seconds",
+                                        "Attend message latency in the server, from arrival to "
+                                        "the answer.",
+                                        {}, metrics::OneTwoFiveBuckets(-6, 1)),
+                  &attend),
            Assign(registry.AddCounter("mla_attend_tokens_total", "Query tokens attended."),
                   &tokens),
            Assign(registry.AddGauge("mla_attend_streams", "Attend streams open."), &streams),
@@ -49,6 +63,8 @@ absl::StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::Create(metrics::Re
            Assign(registry.AddGauge("mla_kv_blocks", "KV cache blocks (64 tokens each).",
                                     {"state"}),
                   &blocks),
+           Assign(registry.AddGauge("mla_kv_bytes", "KV cache bytes (whole blocks).", {"state"}),
+                  &kv_bytes),
            Assign(registry.AddGauge("mla_sessions", "Sessions held."), &sessions),
            Assign(registry.AddGauge("mla_queue_messages",
                                     "Attend messages waiting for the engine."),
@@ -67,13 +83,15 @@ absl::StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::Create(metrics::Re
            child(stages, {"queue"}, &m->queue_seconds_),
            child(stages, {"prologue"}, &m->prologue_seconds_),
            child(stages, {"decode"}, &m->decode_seconds_),
-           child(stages, {"total"}, &m->total_seconds_),
+           child(attend, {}, &m->total_seconds_),
            child(tokens, {}, &m->tokens_),
            child(streams, {}, &m->streams_),
            child(batch_tokens, {}, &m->batch_tokens_),
            child(batch_messages, {}, &m->batch_messages_),
            child(blocks, {"used"}, &m->blocks_used_),
            child(blocks, {"free"}, &m->blocks_free_),
+           child(kv_bytes, {"used"}, &m->kv_bytes_used_),
+           child(kv_bytes, {"free"}, &m->kv_bytes_free_),
            child(sessions, {}, &m->sessions_),
            child(queued, {}, &m->queued_),
            child(draining, {}, &m->draining_),
@@ -87,6 +105,14 @@ void ServerMetrics::RecordRequest(absl::string_view method, absl::StatusCode cod
   absl::StatusOr<metrics::Counter*> counter =
       requests_->WithLabels({std::string(method), absl::StatusCodeToString(code)});
   if (counter.ok()) (*counter)->Increment();
+}
+
+void ServerMetrics::RecordUnary(absl::string_view method, absl::StatusCode code,
+                                double seconds) {
+  RecordRequest(method, code);
+  absl::StatusOr<metrics::Histogram*> histogram =
+      request_seconds_->WithLabels({std::string(method)});
+  if (histogram.ok()) (*histogram)->Observe(seconds);
 }
 
 void ServerMetrics::RecordAttend(const AttendResult& result) {
@@ -107,6 +133,8 @@ void ServerMetrics::RecordBatch(const BatchStats& stats) {
 void ServerMetrics::SetEngineState(int64_t blocks_used, int64_t blocks_free, int64_t sessions) {
   blocks_used_->Set(static_cast<double>(blocks_used));
   blocks_free_->Set(static_cast<double>(blocks_free));
+  kv_bytes_used_->Set(static_cast<double>(blocks_used) * kBlockBytes);
+  kv_bytes_free_->Set(static_cast<double>(blocks_free) * kBlockBytes);
   sessions_->Set(static_cast<double>(sessions));
 }
 

@@ -3,15 +3,21 @@
 //
 // Families (all prefixed mla_):
 //   requests_total{method,code}          requests answered, by gRPC method and status code
-//   attend_stage_seconds{stage}          Attend latency by stage: queue, prologue, decode, total
+//   request_seconds{method}              unary request latency, arrival to answer
+//   attend_stage_seconds{stage}          Attend time in the stages: queue, prologue, decode
+//                                        (parts of a message's time: summing them over
+//                                        stages counts nothing twice)
+//   attend_seconds                       Attend message latency in the server, arrival to
+//                                        answer
 //   attend_tokens_total                  query tokens attended
 //   attend_streams                       Attend streams open
 //   batch_tokens, batch_messages         tokens and messages per engine batch (histograms)
 //   kv_blocks{state}                     KV cache blocks used and free
+//   kv_bytes{state}                      the same in bytes (584 a token, 64 tokens a block)
 //   sessions                             sessions held
 //   queue_messages                       Attend messages waiting for the engine
 //   draining                             1 once a drain has begun
-// Thread-safe; updates are lock-free after the first use of a label value.
+// and the process_* families of process_metrics.h. Thread-safe; updates are lock-free after the first use of a label value.
 #ifndef MLA_OFFLOAD_SERVER_SERVER_METRICS_H_
 #define MLA_OFFLOAD_SERVER_SERVER_METRICS_H_
 
@@ -32,6 +38,8 @@ class ServerMetrics {
   static absl::StatusOr<std::unique_ptr<ServerMetrics>> Create(metrics::Registry& registry);
 
   void RecordRequest(absl::string_view method, absl::StatusCode code);
+  // A unary request answered `seconds` after it arrived.
+  void RecordUnary(absl::string_view method, absl::StatusCode code, double seconds);
   void RecordAttend(const AttendResult& result);
   void RecordBatch(const BatchStats& stats);
   // Engine state, published by the engine thread after each change.
@@ -45,6 +53,7 @@ class ServerMetrics {
   ServerMetrics() = default;
 
   metrics::CounterFamily* requests_ = nullptr;
+  metrics::HistogramFamily* request_seconds_ = nullptr;
   metrics::Histogram* queue_seconds_ = nullptr;
   metrics::Histogram* prologue_seconds_ = nullptr;
   metrics::Histogram* decode_seconds_ = nullptr;
@@ -55,6 +64,8 @@ class ServerMetrics {
   metrics::Histogram* batch_messages_ = nullptr;
   metrics::Gauge* blocks_used_ = nullptr;
   metrics::Gauge* blocks_free_ = nullptr;
+  metrics::Gauge* kv_bytes_used_ = nullptr;
+  metrics::Gauge* kv_bytes_free_ = nullptr;
   metrics::Gauge* sessions_ = nullptr;
   metrics::Gauge* queued_ = nullptr;
   metrics::Gauge* draining_ = nullptr;

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "kernels/geometry.h"
 #include "kernels/head_padding.h"
 #include "proto/attend_codec.h"
@@ -359,7 +361,8 @@ grpc::ServerUnaryReactor* MlaOffloadService::RunUnary(grpc::CallbackServerContex
     return FinishNow(context, method, parsed);
   }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  Scheduler::Task task = [this, context, reactor, method, request, response_bytes,
+  const absl::Time arrival = absl::Now();
+  Scheduler::Task task = [this, context, reactor, method, request, response_bytes, arrival,
                           work = std::move(work)](Engine& engine) {
     Response response;
     absl::Status status = StillWanted(*context);
@@ -369,7 +372,7 @@ grpc::ServerUnaryReactor* MlaOffloadService::RunUnary(grpc::CallbackServerContex
                         options_.max_message_bytes);
     }
     if (status.ok()) *response_bytes = wire::SerializeUnaryMessage(response);
-    metrics_.RecordRequest(method, status.code());
+    metrics_.RecordUnary(method, status.code(), absl::ToDoubleSeconds(absl::Now() - arrival));
     return [reactor, status] { reactor->Finish(ToGrpc(status)); };
   };
   if (queue == Queue::kNext) {

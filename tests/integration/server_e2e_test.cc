@@ -1772,9 +1772,18 @@ TEST_F(ServerE2eTest, MetricsFollowAttendPageAllocation) {
   ExpectAnswer(stream.RoundTrip(step.request), step, "layer 2 at 3");
   Applied(step);
   EXPECT_TRUE(stream.Close().ok());
-  EXPECT_EQ(ScrapeMetrics().Get("mla_kv_blocks", {{"state", "used"}}), 177.0)
+  const Metrics after = ScrapeMetrics();
+  EXPECT_EQ(after.Get("mla_kv_blocks", {{"state", "used"}}), 177.0)
       << "mla_kv_blocks{state=\"used\"} after an Attend step took a page";
+  EXPECT_EQ(after.Get("mla_kv_bytes", {{"state", "used"}}), 177.0 * kBlockBytes);
   EXPECT_EQ(Info().kv_blocks_used(), seq.Blocks());
+  // The message's own latency histogram, apart from the stages' (which no
+  // longer hold a "total" to double-count); the unary calls' latencies.
+  EXPECT_EQ(after.Get("mla_attend_seconds_count"), 1.0);
+  EXPECT_EQ(after.Get("mla_attend_stage_seconds_count", {{"stage", "total"}}), std::nullopt);
+  EXPECT_EQ(after.Get("mla_attend_stage_seconds_count", {{"stage", "queue"}}), 1.0);
+  EXPECT_EQ(after.Get("mla_request_seconds_count", {{"method", "CreateSession"}}), 1.0);
+  EXPECT_GE(after.Get("mla_request_seconds_count", {{"method", "AppendKV"}}).value_or(0), 1.0);
 }
 
 // The engine state on /metrics follows an expiry without any other request
@@ -1800,6 +1809,11 @@ TEST_F(ServerE2eTest, MetricsShowThePoolAtStart) {
   EXPECT_EQ(metrics.Get("mla_kv_blocks", {{"state", "used"}}), 0.0);
   EXPECT_EQ(metrics.Get("mla_sessions"), 0.0);
   EXPECT_EQ(metrics.Get("mla_draining"), 0.0);
+  EXPECT_EQ(metrics.Get("mla_kv_bytes", {{"state", "free"}}),
+            static_cast<double>(total) * kBlockBytes);
+  EXPECT_GT(metrics.Get("process_resident_memory_bytes").value_or(0), 1 << 20);
+  EXPECT_GT(metrics.Get("process_open_fds").value_or(0), 0);
+  EXPECT_GT(metrics.Get("process_start_time_seconds").value_or(0), 1.7e9);
   // The build: its version, and the commit ServerInfo names too.
   const std::string version = Info().version();
   const std::string commit = version.substr(version.rfind(' ') + 1);
