@@ -1265,6 +1265,31 @@ int RendezvousPlace(absl::string_view session_key, absl::Span<const std::string>
   return best;
 }
 
+absl::StatusOr<std::vector<std::string>> StatefulSetTargets(const StatefulSetPods& pods) {
+  if (pods.name.empty()) {
+    return absl::InvalidArgumentError("StatefulSetPods.name is empty: give the StatefulSet's name");
+  }
+  if (pods.replicas < 1 || pods.replicas > 100000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("StatefulSetPods.replicas is ", pods.replicas, ": give 1 to 100000"));
+  }
+  if (pods.port < 1 || pods.port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("StatefulSetPods.port is ", pods.port, ": give 1 to 65535"));
+  }
+  if (!pods.cluster_domain.empty() && pods.name_space.empty()) {
+    return absl::InvalidArgumentError("StatefulSetPods.cluster_domain needs name_space");
+  }
+  std::string host = pods.service.empty() ? absl::StrCat(pods.name, "-headless") : pods.service;
+  if (!pods.name_space.empty()) absl::StrAppend(&host, ".", pods.name_space, ".svc");
+  if (!pods.cluster_domain.empty()) absl::StrAppend(&host, ".", pods.cluster_domain);
+  std::vector<std::string> targets;
+  for (int ordinal = 0; ordinal < pods.replicas; ++ordinal) {
+    targets.push_back(absl::StrCat(pods.name, "-", ordinal, ".", host, ":", pods.port));
+  }
+  return targets;
+}
+
 absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(std::vector<std::string> targets,
                                                           const ConnectOptions& options) {
   if (targets.empty()) {

@@ -393,6 +393,23 @@ uint64_t RendezvousWeight(absl::string_view session_key, absl::string_view targe
 // adding one moves only the keys it now wins.
 int RendezvousPlace(absl::string_view session_key, absl::Span<const std::string> targets);
 
+// The servers of a Kubernetes StatefulSet (deploy/k8s/base): each pod has a
+// stable DNS name behind the headless Service, which gRPC resolves; placing
+// sessions on the names (not the addresses) lets a restarted pod keep its
+// keys.
+struct StatefulSetPods {
+  std::string name;          // the StatefulSet's, e.g. "mla-offload"
+  int replicas = 1;
+  std::string service;       // the headless Service; empty: NAME-headless
+  std::string name_space;    // empty: the client's own namespace
+  std::string cluster_domain;  // with name_space, e.g. "cluster.local"; may be empty
+  int port = 50051;
+};
+
+// NAME-0.SERVICE[.NAMESPACE.svc[.DOMAIN]]:PORT ... NAME-(replicas-1), for
+// Cluster::Connect; INVALID_ARGUMENT naming the field that is wrong.
+absl::StatusOr<std::vector<std::string>> StatefulSetTargets(const StatefulSetPods& pods);
+
 // A session created through a Cluster: where it lives. Send every later call
 // for it to cluster.client(server), not to Place(key) again: placement
 // changes when servers are marked lost or alive, a session does not move.

@@ -39,6 +39,33 @@ TEST(RendezvousTest, WeightIsTheDocumentedFormula) {
   EXPECT_EQ(RendezvousPlace("request-42", targets), 0);
 }
 
+// A StatefulSet's pod names behind its headless Service; the Python
+// client's statefulset_targets gives the same.
+TEST(StatefulSetTargetsTest, NamesEveryPod) {
+  StatefulSetPods pods;
+  pods.name = "mla-offload";
+  pods.replicas = 2;
+  absl::StatusOr<std::vector<std::string>> targets = StatefulSetTargets(pods);
+  ASSERT_TRUE(targets.ok()) << targets.status();
+  EXPECT_EQ(*targets, (std::vector<std::string>{"mla-offload-0.mla-offload-headless:50051",
+                                                "mla-offload-1.mla-offload-headless:50051"}));
+  pods = {"s", 1, "h", "gpu", "cluster.local", 7000};
+  targets = StatefulSetTargets(pods);
+  ASSERT_TRUE(targets.ok()) << targets.status();
+  EXPECT_EQ(*targets, std::vector<std::string>{"s-0.h.gpu.svc.cluster.local:7000"});
+  for (auto [field, change] : std::vector<std::pair<std::string, void (*)(StatefulSetPods&)>>{
+           {"name", [](StatefulSetPods& p) { p.name.clear(); }},
+           {"replicas", [](StatefulSetPods& p) { p.replicas = 0; }},
+           {"port", [](StatefulSetPods& p) { p.port = 70000; }},
+           {"cluster_domain", [](StatefulSetPods& p) { p.name_space.clear(); }}}) {
+    StatefulSetPods bad{"s", 1, "", "ns", "cluster.local", 50051};
+    change(bad);
+    absl::StatusOr<std::vector<std::string>> refused = StatefulSetTargets(bad);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << field;
+    EXPECT_THAT(std::string(refused.status().message()), HasSubstr(field));
+  }
+}
+
 TEST(RendezvousTest, NoTargetsPlacesNowhere) {
   EXPECT_EQ(RendezvousPlace("seq-1", {}), -1);
 }

@@ -18,10 +18,12 @@ from .bf16 import bf16_to_float32, float32_to_bf16, round_to_bf16
 from .client import (READINESS_SERVICE, AppendResult, Client, LayerRows, Session, TlsConfig,
                      connect)
 from .errors import MlaOffloadError
+from .placement import Cluster, rendezvous_place, rendezvous_weight, statefulset_targets
 from ._stubs import pb
 
 __all__ = [
-    "READINESS_SERVICE", "AppendResult", "AttendResult", "AttendStream", "Client", "LayerRows",
-    "MlaOffloadError", "Segment", "Session", "TlsConfig", "bf16_to_float32", "connect",
-    "float32_to_bf16", "pb", "round_to_bf16",
+    "READINESS_SERVICE", "AppendResult", "AttendResult", "AttendStream", "Client", "Cluster",
+    "LayerRows", "MlaOffloadError", "Segment", "Session", "TlsConfig", "bf16_to_float32",
+    "connect", "float32_to_bf16", "pb", "rendezvous_place", "rendezvous_weight", "round_to_bf16",
+    "statefulset_targets",
 ]
