@@ -64,7 +64,8 @@ absl::StatusOr<std::unique_ptr<TestServer>> TestServer::Start(
   args.insert(args.end(), flags.begin(), flags.end());
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return absl::InternalError("pipe2 failed");
-  absl::StatusOr<pid_t> pid = Spawn(args, fds[1], -1);
+  // stdout and stderr (the log lines) in one pipe, in the order written.
+  absl::StatusOr<pid_t> pid = Spawn(args, fds[1], fds[1]);
   close(fds[1]);
   if (!pid.ok()) {
     close(fds[0]);

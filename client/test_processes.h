@@ -51,6 +51,7 @@ class TestServer {
   // Stops it (SIGTERM, then SIGKILL after 8 s) and waits. False when it
   // took the SIGKILL (it did not stop on SIGTERM) or had already exited.
   bool Stop();
+  // Everything it wrote so far, stdout and stderr interleaved.
   std::string Output() const;
   // The first line of stdout containing `text`, waiting up to `timeout`.
   std::optional<std::string> WaitForLine(absl::string_view text, absl::Duration timeout);

@@ -4,6 +4,8 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/log.h"
 
 namespace mla {
 namespace {
@@ -121,7 +123,13 @@ void Scheduler::Loop() {
     }
     if (std::chrono::steady_clock::now() >= next_expiry) {
       lock.unlock();
-      if (!engine_->ExpireIdle(options_.clock()).empty()) NotifyState();
+      const std::vector<std::string> expired = engine_->ExpireIdle(options_.clock());
+      if (!expired.empty()) {
+        Log(LogLevel::kInfo, absl::StrCat("closed ", expired.size(), " session",
+                                          expired.size() == 1 ? "" : "s",
+                                          " idle past their TTL: ", absl::StrJoin(expired, ", ")));
+        NotifyState();
+      }
       lock.lock();
       next_expiry = std::chrono::steady_clock::now() + expiry_interval;
     }

@@ -134,12 +134,14 @@ class MlaOffloadService::AttendReactor final
               ReceivedAttend{*std::move(view), service_.scheduler_.Now()}),
           [this, sequence](AttendResult result) {
             service_.metrics_.RecordAttend(result);
+            service_.refusals_.Note("Attend", result.status);
             Deliver(sequence, ResultResponse(result));
           },
           stream_tag_);
     }
     if (!status.ok()) {
       service_.metrics_.RecordRequest("Attend", status.code());
+      service_.refusals_.Note("Attend", status);
       Deliver(sequence, ErrorResponse(request_id, status));
     }
     std::unique_lock<std::mutex> lock(mutex_);
@@ -339,6 +341,7 @@ grpc::ServerUnaryReactor* MlaOffloadService::FinishNow(grpc::CallbackServerConte
                                                     const absl::Status& status) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   metrics_.RecordRequest(method, status.code());
+  refusals_.Note(method, status);
   reactor->Finish(ToGrpc(status));
   return reactor;
 }
@@ -373,6 +376,7 @@ grpc::ServerUnaryReactor* MlaOffloadService::RunUnary(grpc::CallbackServerContex
     }
     if (status.ok()) *response_bytes = wire::SerializeUnaryMessage(response);
     metrics_.RecordUnary(method, status.code(), absl::ToDoubleSeconds(absl::Now() - arrival));
+    refusals_.Note(method, status);
     return [reactor, status] { reactor->Finish(ToGrpc(status)); };
   };
   if (queue == Queue::kNext) {

@@ -28,6 +28,9 @@
 // were read (the next read starts only once the message before it is
 // queued), so they run and are answered in that order.
 //
+// Refused requests (any method, any code but OK) are logged on stderr,
+// rate-limited per method and code (server/log.h).
+//
 // Draining (StartDraining, on SIGTERM): CreateSession and AppendKV are
 // refused with UNAVAILABLE; Attend and Echo streams go on until the server
 // shuts down.
@@ -42,6 +45,7 @@
 
 #include "absl/status/status.h"
 #include "proto/mla_offload.grpc.pb.h"
+#include "server/log.h"
 #include "server/scheduler.h"
 #include "server/server_metrics.h"
 
@@ -135,6 +139,7 @@ class MlaOffloadService final : public MlaOffloadBase {
 
   Scheduler& scheduler_;
   ServerMetrics& metrics_;
+  RefusalLog refusals_;
   const ServiceOptions options_;
   std::atomic<bool> draining_{false};
   std::atomic<int> open_streams_{0};

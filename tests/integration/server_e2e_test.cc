@@ -1754,6 +1754,11 @@ TEST_F(ServerE2eTest, IdleSessionsExpireAndBusyOnesStay) {
   ExpectListed(lasting, "the session with the default TTL");
   EXPECT_EQ(Info().sessions(), 2);
   EXPECT_EQ(Info().kv_blocks_used(), busy.Blocks() + lasting.Blocks());
+  // The server's log says which it closed, and the refusals that followed.
+  const std::string log = server_->Output();
+  EXPECT_THAT(log, ::testing::ContainsRegex("Z I closed 1 session idle past their TTL: " + idle.id));
+  EXPECT_THAT(log, HasSubstr("W refused CloseSession: NOT_FOUND: "));
+  EXPECT_THAT(log, HasSubstr("W refused Attend: NOT_FOUND: "));
 }
 
 // The engine state on /metrics follows the pages an Attend step takes
