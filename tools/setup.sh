@@ -33,7 +33,8 @@ test_packages=(
   clang-14 libclang-rt-14-dev lld-14
   # Python client (client/python/): numpy, gRPC and protobuf runtimes; its
   # stubs come from protoc and grpc_python_plugin (protobuf-compiler-grpc).
-  python3-numpy python3-grpcio python3-protobuf
+  # pytest runs its tests and those of kernels/bench.
+  python3-numpy python3-grpcio python3-protobuf python3-pytest
   # Load-test latency pictures.
   gnuplot-nox
   # deploy/ (deploy/check.sh): the container image test (podman with runc,

@@ -3,7 +3,7 @@
 kernels/cuda/ab_on_device.sh, run here with stand-in binaries that print
 cuda_bench's lines and write its results.json: the rounds and their order,
 the min-max cells, the change of the median, shapes only one binary has, and
-a clear error (exit 2) for bad input. JUnit report through junit_tests.py."""
+a clear error (exit 2) for bad input. JUnit report by pytest (bench_test_support.py)."""
 
 import json
 import os
@@ -14,7 +14,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import junit_tests  # pylint: disable=wrong-import-position
+import bench_test_support  # pylint: disable=wrong-import-position
 
 TABLE = os.path.join(HERE, "ab_table.py")
 RUNNER = os.path.join(HERE, "..", "cuda", "ab_on_device.sh")
@@ -27,10 +27,10 @@ prologue H= 64 b= 128 (+32 compressed rows):      {prologue} us    2606 GB/s
 
 
 def table(*args):
-    return junit_tests.run_python(TABLE, *args)
+    return bench_test_support.run_python(TABLE, *args)
 
 
-class AbTableTest(junit_tests.ScratchTest):
+class AbTableTest(bench_test_support.ScratchTest):
     def log(self, name, flash, pro, prologue="6.5"):
         return self.write(name, RUN.format(flash=flash, pro=pro, prologue=prologue))
 
@@ -184,7 +184,7 @@ class AbTableTest(junit_tests.ScratchTest):
 
 
 def main():
-    return junit_tests.run(AbTableTest)
+    return bench_test_support.run(__file__)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """cuda_bench's flags, checked without a GPU: --help explains them, and every
 bad flag is refused (exit 2, a message naming it, the usage) before the
-benchmark touches the GPU. JUnit report through junit_tests.py."""
+benchmark touches the GPU. JUnit report by pytest (bench_test_support.py)."""
 
 import os
 import subprocess
@@ -9,7 +9,11 @@ import sys
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BENCH = os.path.join(HERE, "cuda_bench")
+# The binary is in the test's runfiles (pytest imports this file from the
+# source tree, where there is none).
+BENCH = os.path.join(
+    os.path.join(os.environ["TEST_SRCDIR"], os.environ["TEST_WORKSPACE"], "kernels", "bench")
+    if os.environ.get("TEST_SRCDIR") else HERE, "cuda_bench")
 
 
 def bench(*args):
@@ -44,8 +48,8 @@ class CudaBenchFlagsTest(unittest.TestCase):
 
 def main():
     sys.path.insert(0, HERE)
-    import junit_tests  # pylint: disable=import-outside-toplevel
-    return junit_tests.run(CudaBenchFlagsTest)
+    import bench_test_support  # pylint: disable=import-outside-toplevel
+    return bench_test_support.run(__file__)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 """Tests of ncu_roles.py on a small made-up ncu SASS page: the regions at
 setmaxnreg and EXIT (or --cuts) with their samples and stalls, the mbarrier
 waits, the top instructions, gzipped input, and a clear error (exit 2) for
-each kind of bad input. JUnit report through junit_tests.py."""
+each kind of bad input. JUnit report by pytest (bench_test_support.py)."""
 
 import gzip
 import os
@@ -10,7 +10,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import junit_tests  # pylint: disable=wrong-import-position
+import bench_test_support  # pylint: disable=wrong-import-position
 
 SCRIPT = os.path.join(HERE, "ncu_roles.py")
 
@@ -47,10 +47,10 @@ def page(code=CODE, header=HEADER, name="void DecodeWgmmaKernel<1>(DecodeParams)
 
 
 def run(*args):
-    return junit_tests.run_python(SCRIPT, *args)
+    return bench_test_support.run_python(SCRIPT, *args)
 
 
-class NcuRolesTest(junit_tests.ScratchTest):
+class NcuRolesTest(bench_test_support.ScratchTest):
     def test_splits_at_setmaxnreg_and_exit_with_samples_and_stalls(self):
         result = run(self.write("page.csv", page()), "--top", "3")
         self.assertEqual(result.returncode, 0, result.stderr)
@@ -136,7 +136,7 @@ class NcuRolesTest(junit_tests.ScratchTest):
 
 
 def main():
-    return junit_tests.run(NcuRolesTest)
+    return bench_test_support.run(__file__)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,7 @@
 #!/usr/bin/python3
 """Tests of plot_results.py: the chart of the checked-in results.json, and a
-clear error (exit 2, nothing written) for each kind of bad input. Writes one
-JUnit <testcase> per test to $XML_OUTPUT_FILE (tools/test_summary.py counts
-them)."""
+clear error (exit 2, nothing written) for each kind of bad input. Run by pytest
+(bench_test_support.py), whose JUnit report tools/test_summary.py counts."""
 
 import json
 import os
@@ -10,7 +9,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import junit_tests  # pylint: disable=wrong-import-position
+import bench_test_support  # pylint: disable=wrong-import-position
 
 SCRIPT = os.path.join(HERE, "plot_results.py")
 RESULTS = os.path.join(HERE, "results.json")
@@ -18,10 +17,10 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def run(*args, env=None):
-    return junit_tests.run_python(SCRIPT, *args, env=env)
+    return bench_test_support.run_python(SCRIPT, *args, env=env)
 
 
-class PlotResultsTest(junit_tests.ScratchTest):
+class PlotResultsTest(bench_test_support.ScratchTest):
     def write_results(self, content):
         return self.write("results.json",
                           content if isinstance(content, str) else json.dumps(content))
@@ -82,7 +81,7 @@ class PlotResultsTest(junit_tests.ScratchTest):
 
 
 def main():
-    return junit_tests.run(PlotResultsTest)
+    return bench_test_support.run(__file__)
 
 
 if __name__ == "__main__":
