@@ -3,7 +3,7 @@
 
 One bar group per shape (model, heads): the measured time, the time the
 shape's cache rows take at the run's random-row gather ceiling (no decode
-can be faster), and the issue's target and DeepSeek's FlashMLA figure where
+can be faster), and the target and DeepSeek's FlashMLA figure where
 there is one. Standard library and gnuplot only.
 
     kernels/bench/plot_results.py [--results kernels/bench/results.json]
@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 
-# FlashMLA (SM90 sparse FP8 decode, MODEL1, sink on) on an H200, from issue 4:
+# FlashMLA (SM90 sparse FP8 decode, MODEL1, sink on) on an H200, as first measured:
 # it runs H = 64 and 128 only; a rank with fewer heads pays its H = 64 time.
 FLASHMLA_US = {
     ("V4-Flash", 64): {64: 44.4, 128: 46.3, 512: 174.0},
@@ -120,7 +120,7 @@ set xtics nomirror
 set bmargin 4
 plot "{data}" using 2:xtic(1) title "measured" lc rgb "#1b9e77", \\
      "" using 3 title "rows at the gather ceiling (floor)" lc rgb "#bbbbbb", \\
-     "" using 4 title "target (issue 4)" lc rgb "#7570b3", \\
+     "" using 4 title "target" lc rgb "#7570b3", \\
      "" using 5 title "FlashMLA (H < 64: its H=64 time)" lc rgb "#d95f02"
 """
         run = subprocess.run([gnuplot], input=script, text=True, capture_output=True)

@@ -1,5 +1,5 @@
 // transport_bench: how fast the Attend stream moves tensor bytes, per stream,
-// against a plain gRPC echo of the same bytes (the baseline: typed
+// against a plain gRPC echo of the same bytes (the first measurement's baseline: typed
 // messages, protobuf `bytes`, default channel arguments, one message in
 // flight: 0.73 GB/s each way at 2 MiB on a 16-core H200 host).
 //
@@ -1284,7 +1284,7 @@ int main(int argc, char** argv) {
       "  Attend (codec)               T=128 tokens x H=16 heads (2 MiB q, 2 MiB out) with the\n"
       "                               zero-copy codec, 1/2/4 messages in flight per stream\n"
       "GB/s is tensor payload (request + response) / 2 per second: each way. 'x plain' is GB/s\n"
-      "per stream over the plain echo's at the same stream count (the issue's target: >= 3 at\n"
+      "per stream over the plain echo's at the same stream count (the target: >= 3 at\n"
       "2 MiB). Attend keeps compute small (SWA-only layers, one token per session, positions\n"
       "0..--positions-1, sessions recreated untimed) and prints the server's own timing.\n"
       "Client and server share this machine's cores. --sweep adds a table of transport\n"
