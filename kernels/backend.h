@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -168,6 +169,15 @@ class ComputeBackend {
 
   // True when backend memory is ordinary host memory (no copies needed).
   virtual bool host_accessible() const = 0;
+
+  // The device's memory as the device reports it (on a GPU every process's
+  // use counts, the CUDA context's included); nullopt for a backend whose
+  // memory is the host's.
+  struct MemoryInfo {
+    int64_t used = 0;
+    int64_t total = 0;
+  };
+  virtual std::optional<MemoryInfo> Memory() const { return std::nullopt; }
 
   // Zero-filled memory in the backend's address space.
   virtual absl::StatusOr<DeviceBuffer> Allocate(int64_t bytes) = 0;

@@ -1,5 +1,6 @@
 #include "server/server_metrics.h"
 
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -65,6 +66,11 @@ absl::StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::Create(metrics::Re
                   &blocks),
            Assign(registry.AddGauge("mla_kv_bytes", "KV cache bytes (whole blocks).", {"state"}),
                   &kv_bytes),
+           Assign(registry.AddGauge("mla_device_memory_bytes",
+                                    "The GPU's memory, as the device reports it (every "
+                                    "process's use).",
+                                    {"state"}),
+                  &m->device_memory_),
            Assign(registry.AddGauge("mla_sessions", "Sessions held."), &sessions),
            Assign(registry.AddGauge("mla_queue_messages",
                                     "Attend messages waiting for the engine."),
@@ -136,6 +142,13 @@ void ServerMetrics::SetEngineState(int64_t blocks_used, int64_t blocks_free, int
   kv_bytes_used_->Set(static_cast<double>(blocks_used) * kBlockBytes);
   kv_bytes_free_->Set(static_cast<double>(blocks_free) * kBlockBytes);
   sessions_->Set(static_cast<double>(sessions));
+}
+
+void ServerMetrics::SetDeviceMemory(int64_t used, int64_t free) {
+  for (auto [state, value] : {std::pair<const char*, int64_t>{"used", used}, {"free", free}}) {
+    absl::StatusOr<metrics::Gauge*> gauge = device_memory_->WithLabels({state});
+    if (gauge.ok()) (*gauge)->Set(static_cast<double>(value));
+  }
 }
 
 void ServerMetrics::SetQueued(int messages) { queued_->Set(messages); }

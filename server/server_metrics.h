@@ -14,6 +14,8 @@
 //   batch_tokens, batch_messages         tokens and messages per engine batch (histograms)
 //   kv_blocks{state}                     KV cache blocks used and free
 //   kv_bytes{state}                      the same in bytes (584 a token, 64 tokens a block)
+//   device_memory_bytes{state}           the GPU's memory used and free, as the device
+//                                        reports it (none on the CPU backend)
 //   sessions                             sessions held
 //   queue_messages                       Attend messages waiting for the engine
 //   draining                             1 once a drain has begun
@@ -44,6 +46,7 @@ class ServerMetrics {
   void RecordBatch(const BatchStats& stats);
   // Engine state, published by the engine thread after each change.
   void SetEngineState(int64_t blocks_used, int64_t blocks_free, int64_t sessions);
+  void SetDeviceMemory(int64_t used, int64_t free);
   void SetQueued(int messages);
   void StreamOpened();
   void StreamClosed();
@@ -66,6 +69,7 @@ class ServerMetrics {
   metrics::Gauge* blocks_free_ = nullptr;
   metrics::Gauge* kv_bytes_used_ = nullptr;
   metrics::Gauge* kv_bytes_free_ = nullptr;
+  metrics::GaugeFamily* device_memory_ = nullptr;  // children made on first use
   metrics::Gauge* sessions_ = nullptr;
   metrics::Gauge* queued_ = nullptr;
   metrics::Gauge* draining_ = nullptr;

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -295,6 +296,9 @@ void MlaOffloadService::PublishEngineState(const Engine& engine) {
                           engine.kv_blocks_total() - engine.kv_blocks_used(),
                           engine.num_sessions());
   metrics_.SetQueued(scheduler_.queued_messages());
+  if (const std::optional<ComputeBackend::MemoryInfo> memory = engine.backend().Memory()) {
+    metrics_.SetDeviceMemory(memory->used, memory->total - memory->used);
+  }
   std::lock_guard<std::mutex> lock(info_mutex_);
   if (info_.models().empty()) {
     // What never changes, once.

@@ -357,6 +357,13 @@ absl::Status CudaBackend::RecordMark(int mark, void* stream) {
   return absl::OkStatus();
 }
 
+std::optional<ComputeBackend::MemoryInfo> CudaBackend::Memory() const {
+  if (!init_status_.ok() || cudaSetDevice(device_) != cudaSuccess) return std::nullopt;
+  size_t free = 0, total = 0;
+  if (cudaMemGetInfo(&free, &total) != cudaSuccess) return std::nullopt;
+  return MemoryInfo{static_cast<int64_t>(total - free), static_cast<int64_t>(total)};
+}
+
 absl::Status CudaBackend::WaitForMark(int mark) {
   if (absl::Status status = CheckMark(mark); !status.ok()) return status;
   if (!marked_[mark]) return absl::OkStatus();

@@ -65,6 +65,7 @@ class CudaBackend : public ComputeBackend {
   absl::Status Mark(int mark) override;
   double MarkedMicros(int from, int to) const override;
   absl::Status WaitForMark(int mark) override;
+  std::optional<MemoryInfo> Memory() const override;
   absl::Status CopyToDeviceQueued(void* device_dst, const void* host_src, int64_t bytes) override;
   absl::Status MarkCopies(int mark) override;
   absl::Status JoinCopies() override;

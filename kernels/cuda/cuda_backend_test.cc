@@ -19,6 +19,7 @@
 #include <functional>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <utility>
 #include <vector>
@@ -550,6 +551,23 @@ TEST(CopyTest, TheCopyQueueJoinsTheMainQueue) {
   EXPECT_EQ(std::memcmp(in, out, kBytes), 0) << "the read back did not wait for the queued copy";
   EXPECT_GT(backend.MarkedMicros(0, 1), 100);
   EXPECT_TRUE(backend.Synchronize().ok());
+}
+
+// Memory() is the device's own count: it grows by (at least) what is
+// allocated, and used stays within total.
+TEST(MemoryTest, TheDeviceCountsWhatIsAllocated) {
+  MAKE_CUDA_BACKEND(backend);
+  const std::optional<ComputeBackend::MemoryInfo> before = backend.Memory();
+  ASSERT_TRUE(before.has_value());
+  EXPECT_GT(before->used, 0) << "the context alone uses some";
+  EXPECT_LE(before->used, before->total);
+  constexpr int64_t kBytes = int64_t{1} << 30;
+  absl::StatusOr<DeviceBuffer> buffer = backend.Allocate(kBytes);
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  const std::optional<ComputeBackend::MemoryInfo> after = backend.Memory();
+  ASSERT_TRUE(after.has_value());
+  EXPECT_GE(after->used - before->used, kBytes);
+  EXPECT_EQ(after->total, before->total);
 }
 
 // The CUDA key lists equal the host's (kernels/key_lists.cc) bit for bit on

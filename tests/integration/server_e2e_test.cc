@@ -1819,6 +1819,17 @@ TEST_F(ServerE2eTest, MetricsShowThePoolAtStart) {
   EXPECT_GT(metrics.Get("process_resident_memory_bytes").value_or(0), 1 << 20);
   EXPECT_GT(metrics.Get("process_open_fds").value_or(0), 0);
   EXPECT_GT(metrics.Get("process_start_time_seconds").value_or(0), 1.7e9);
+  // The GPU's memory where there is one (the CUDA backend); none on the CPU.
+  const std::optional<double> gpu_used = metrics.Get("mla_device_memory_bytes", {{"state", "used"}});
+  const std::optional<double> gpu_free = metrics.Get("mla_device_memory_bytes", {{"state", "free"}});
+  if (ServerBackend() == "cpu") {
+    EXPECT_EQ(gpu_used, std::nullopt);
+    EXPECT_EQ(gpu_free, std::nullopt);
+  } else {
+    // At least the KV cache this server allocated.
+    EXPECT_GE(gpu_used.value_or(0), static_cast<double>(total) * kBlockBytes);
+    EXPECT_GT(gpu_free.value_or(0), 0);
+  }
   // The build: its version, and the commit ServerInfo names too.
   const std::string version = Info().version();
   const std::string commit = version.substr(version.rfind(' ') + 1);
