@@ -1,0 +1,211 @@
+// The region registry with real POSIX shared memory made by the test (the
+// client's side): registration and its refusals, bounds-checked references
+// that cannot overflow, owners that cannot see each other's regions, a
+// region unregistered while a slice of it is in use, limits, and an idle
+// owner's regions going after the grace period.
+#include "server/region_registry.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace mla {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A shared-memory object of `bytes`, filled with a pattern; unlinked when
+// the test ends (the registry's mapping outlives the name).
+class SharedMemory {
+ public:
+  explicit SharedMemory(int64_t bytes)
+      : name_(absl::StrCat("/mla-region-test-", getpid(), "-", counter_++)) {
+    const int fd = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    EXPECT_GE(fd, 0) << name_;
+    EXPECT_EQ(ftruncate(fd, bytes), 0);
+    void* data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    EXPECT_NE(data, MAP_FAILED);
+    data_ = static_cast<uint8_t*>(data);
+    bytes_ = bytes;
+    for (int64_t i = 0; i < bytes; ++i) data_[i] = static_cast<uint8_t>(i * 7 + 1);
+  }
+  ~SharedMemory() {
+    munmap(data_, bytes_);
+    shm_unlink(name_.c_str());
+  }
+  const std::string& name() const { return name_; }
+  uint8_t* data() const { return data_; }
+
+ private:
+  static inline std::atomic<int> counter_{0};
+  std::string name_;
+  uint8_t* data_ = nullptr;
+  int64_t bytes_ = 0;
+};
+
+constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+
+TEST(RegionRegistryTest, ReferencesSeeTheClientsBytesBothWays) {
+  SharedMemory memory(1 << 16);
+  RegionRegistry registry;
+  absl::StatusOr<uint64_t> id = registry.RegisterSharedMemory("ipv4:127.0.0.1:5000", memory.name(),
+                                                              1 << 16);
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_NE(*id, 0u);
+  absl::StatusOr<RegionSlice> slice =
+      registry.Resolve("ipv4:127.0.0.1:5000", *id, 100, 1000, "AttendRequest.q");
+  ASSERT_TRUE(slice.ok()) << slice.status();
+  EXPECT_EQ(slice->bytes, 1000);
+  EXPECT_EQ(std::memcmp(slice->data, memory.data() + 100, 1000), 0);
+  slice->data[0] = 0xab;  // the server writes an answer there
+  EXPECT_EQ(memory.data()[100], 0xab) << "one memory, not a copy";
+  const std::vector<RegionSummary> list = registry.List("ipv4:127.0.0.1:5000");
+  ASSERT_EQ(list.size(), 1u);
+  EXPECT_EQ(list[0].id, *id);
+  EXPECT_EQ(list[0].name, memory.name());
+  EXPECT_EQ(list[0].bytes, 1 << 16);
+  // The whole region, and an empty slice at its end.
+  EXPECT_TRUE(registry.Resolve("ipv4:127.0.0.1:5000", *id, 0, 1 << 16, "q").ok());
+  EXPECT_TRUE(registry.Resolve("ipv4:127.0.0.1:5000", *id, 1 << 16, 0, "q").ok());
+}
+
+TEST(RegionRegistryTest, ReferencesOutsideTheRegionAreRefusedWithoutOverflow) {
+  SharedMemory memory(4096);
+  RegionRegistry registry;
+  absl::StatusOr<uint64_t> id = registry.RegisterSharedMemory("a", memory.name(), 4096);
+  ASSERT_TRUE(id.ok()) << id.status();
+  for (auto [offset, bytes] : std::vector<std::pair<int64_t, int64_t>>{
+           {0, 4097}, {4096, 1}, {4097, 0}, {-1, 10}, {10, -1}, {kMax, 1}, {1, kMax},
+           {kMax, kMax}, {std::numeric_limits<int64_t>::min(), 4096}}) {
+    absl::StatusOr<RegionSlice> slice = registry.Resolve("a", *id, offset, bytes, "AttendRequest.kv");
+    EXPECT_EQ(slice.status().code(), absl::StatusCode::kInvalidArgument) << offset << " " << bytes;
+    EXPECT_THAT(std::string(slice.status().message()), HasSubstr("AttendRequest.kv"));
+    EXPECT_THAT(std::string(slice.status().message()), HasSubstr("within its 4096 bytes"));
+  }
+}
+
+// Another owner sees nothing of a region: not in its list, NOT_FOUND to
+// resolve or unregister (the same words as for an id nobody registered),
+// and the region stays.
+TEST(RegionRegistryTest, AnotherOwnersRegionDoesNotExistForIt) {
+  SharedMemory memory(4096);
+  RegionRegistry registry;
+  absl::StatusOr<uint64_t> id = registry.RegisterSharedMemory("a", memory.name(), 4096);
+  ASSERT_TRUE(id.ok());
+  EXPECT_TRUE(registry.List("b").empty());
+  const absl::Status foreign = registry.Resolve("b", *id, 0, 1, "q").status();
+  const absl::Status unknown = registry.Resolve("b", *id + 100, 0, 1, "q").status();
+  EXPECT_EQ(foreign.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(foreign.message()), HasSubstr("is not registered by this client"));
+  EXPECT_EQ(registry.Unregister("b", *id).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(registry.Resolve("a", *id, 0, 1, "q").ok()) << "the owner's region is untouched";
+}
+
+// Unregistering takes the region away from later references, but a slice a
+// step already holds stays mapped; the id is not reused.
+TEST(RegionRegistryTest, AnUnregisteredRegionStaysMappedForTheStepUsingIt) {
+  RegionRegistry registry;
+  absl::StatusOr<RegionSlice> held;
+  uint64_t first = 0;
+  {
+    SharedMemory memory(8192);
+    absl::StatusOr<uint64_t> id = registry.RegisterSharedMemory("a", memory.name(), 8192);
+    ASSERT_TRUE(id.ok());
+    first = *id;
+    held = registry.Resolve("a", first, 4096, 4096, "out");
+    ASSERT_TRUE(held.ok());
+    ASSERT_TRUE(registry.Unregister("a", first).ok());
+    EXPECT_EQ(registry.Unregister("a", first).code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ(registry.Resolve("a", first, 0, 1, "q").status().code(),
+              absl::StatusCode::kNotFound);
+  }  // the client unmaps and unlinks its object
+  std::memset(held->data, 0x5a, held->bytes);  // still the server's to write
+  EXPECT_EQ(held->data[held->bytes - 1], 0x5a);
+  SharedMemory again(4096);
+  absl::StatusOr<uint64_t> next = registry.RegisterSharedMemory("a", again.name(), 4096);
+  ASSERT_TRUE(next.ok());
+  EXPECT_GT(*next, first) << "ids are never reused";
+}
+
+TEST(RegionRegistryTest, BadRegistrationsSayWhatToChangeAndRegisterNothing) {
+  SharedMemory memory(4096);
+  RegionRegistry registry;
+  struct Case {
+    std::string name;
+    int64_t bytes;
+    absl::StatusCode code;
+    std::string words;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"no-slash", 16, absl::StatusCode::kInvalidArgument, "POSIX shared-memory name"},
+           {"/a/b", 16, absl::StatusCode::kInvalidArgument, "without \"/\""},
+           {"/", 16, absl::StatusCode::kInvalidArgument, "1 to 254 characters"},
+           {"/" + std::string(300, 'x'), 16, absl::StatusCode::kInvalidArgument, "(301 bytes)"},
+           {memory.name(), 0, absl::StatusCode::kInvalidArgument, "at least 1"},
+           {memory.name(), -5, absl::StatusCode::kInvalidArgument, "byte_size is -5"},
+           {memory.name(), 4097, absl::StatusCode::kInvalidArgument,
+            "holds 4096 bytes, fewer than byte_size 4097"},
+           {"/mla-region-test-none", 16, absl::StatusCode::kNotFound, "create it (shm_open)"},
+       }) {
+    absl::StatusOr<uint64_t> id = registry.RegisterSharedMemory("a", c.name, c.bytes);
+    EXPECT_EQ(id.status().code(), c.code) << c.name.substr(0, 20) << " " << c.bytes;
+    EXPECT_THAT(std::string(id.status().message()), HasSubstr(c.words)) << c.name.substr(0, 20);
+  }
+  EXPECT_TRUE(registry.List("a").empty());
+}
+
+TEST(RegionRegistryTest, LimitsPerOwnerChangeNothing) {
+  SharedMemory memory(4096);
+  RegionRegistryOptions options;
+  options.max_regions_per_owner = 2;
+  options.max_bytes_per_owner = 6000;
+  RegionRegistry registry(options);
+  ASSERT_TRUE(registry.RegisterSharedMemory("a", memory.name(), 4096).ok());
+  const absl::Status bytes = registry.RegisterSharedMemory("a", memory.name(), 2000).status();
+  EXPECT_EQ(bytes.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(bytes.message()), HasSubstr("more than the 1904 this client may still"));
+  ASSERT_TRUE(registry.RegisterSharedMemory("a", memory.name(), 1000).ok());
+  const absl::Status count = registry.RegisterSharedMemory("a", memory.name(), 1).status();
+  EXPECT_EQ(count.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(count.message()), HasSubstr("holds 2 regions, the most it may"));
+  EXPECT_EQ(registry.List("a").size(), 2u);
+  EXPECT_TRUE(registry.RegisterSharedMemory("b", memory.name(), 4096).ok()) << "per owner";
+}
+
+// An owner that has held no stream and no session for the grace period
+// loses its regions; one that keeps touching keeps them.
+TEST(RegionRegistryTest, AnIdleOwnersRegionsGoAfterTheGracePeriod) {
+  SharedMemory memory(4096);
+  absl::Time now = absl::UnixEpoch();
+  RegionRegistryOptions options;
+  options.grace = absl::Seconds(30);
+  options.clock = [&now] { return now; };
+  RegionRegistry registry(options);
+  absl::StatusOr<uint64_t> gone = registry.RegisterSharedMemory("gone", memory.name(), 16);
+  absl::StatusOr<uint64_t> busy = registry.RegisterSharedMemory("busy", memory.name(), 16);
+  ASSERT_TRUE(gone.ok() && busy.ok());
+  now += absl::Seconds(20);
+  registry.Touch("busy");
+  EXPECT_TRUE(registry.Expire().empty()) << "nobody idle 30 s yet";
+  now += absl::Seconds(15);
+  EXPECT_EQ(registry.Expire(), std::vector<uint64_t>{*gone});
+  EXPECT_TRUE(registry.List("gone").empty());
+  EXPECT_EQ(registry.List("busy").size(), 1u);
+  now += absl::Seconds(31);
+  EXPECT_EQ(registry.Expire(), std::vector<uint64_t>{*busy});
+}
+
+}  // namespace
+}  // namespace mla
