@@ -123,7 +123,7 @@ void Engine::Start(std::vector<const ReceivedAttend*> batch, absl::Time now, Bat
   run->batch = std::move(batch);
   run->results.resize(run->batch.size());
   run->now = now;
-  run->done = std::move(done);
+  run->done = std::make_shared<BatchDone>(std::move(done));
   std::vector<int> pending(run->batch.size());
   for (size_t i = 0; i < run->batch.size(); ++i) {
     pending[i] = static_cast<int>(i);
@@ -156,7 +156,7 @@ void Engine::Start(std::vector<const ReceivedAttend*> batch, absl::Time now, Bat
   if (batches_in_flight_ == 0) {
     FinishLaunches(*run);
     CommitWave(*run);
-    run->done(std::move(run->results));
+    (*run->done)(std::move(run->results));
     return;
   }
   {
@@ -179,7 +179,7 @@ bool Engine::Collect() {
 void Engine::Finish() {
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    changed_.wait(lock, [this] { return running_.empty(); });
+    changed_.wait(lock, [this] { return running_.empty() && answering_ == 0; });
   }
   Collect();
 }
@@ -204,16 +204,25 @@ void Engine::FinisherLoop() {
       run = running_.front().get();
     }
     FinishLaunches(*run);
-    run->done(std::move(run->results));
+    // Collectable before its answers go: whoever has one and then asks
+    // (ListSessions runs Collect first) sees the sessions it advanced.
+    std::vector<AttendResult> results = std::move(run->results);
+    const std::shared_ptr<BatchDone> done = run->done;
     std::function<void()> hook;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       finished_.push_back(std::move(running_.front()));
       running_.pop_front();
+      ++answering_;
       hook = finished_hook_;
     }
-    changed_.notify_all();
     if (hook) hook();
+    (*done)(std::move(results));
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      --answering_;
+    }
+    changed_.notify_all();
   }
 }
 

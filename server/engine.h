@@ -145,7 +145,9 @@ class Engine {
     std::vector<const ReceivedAttend*> batch;
     std::vector<AttendResult> results;
     absl::Time now;
-    BatchDone done;
+    // Shared: the finisher calls it after handing the batch to Collect, and
+    // the messages it keeps alive must last until CommitWave has run too.
+    std::shared_ptr<BatchDone> done;
     std::vector<AttendPlan> plans;  // of the wave
     std::vector<LaunchGroup> groups;
     std::vector<absl::StatusOr<int64_t>> launches;  // per group: Launcher::Start's
@@ -185,6 +187,7 @@ class Engine {
   // Handed to the finisher, oldest first; then answered, not collected.
   std::deque<std::unique_ptr<RunningBatch>> running_;
   std::deque<std::unique_ptr<RunningBatch>> finished_;
+  int answering_ = 0;  // batches taken from running_ whose callback has not returned
   bool stopping_ = false;
   std::function<void()> finished_hook_;
   std::thread finisher_;  // with batches_in_flight_ 1

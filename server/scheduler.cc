@@ -42,6 +42,10 @@ Scheduler::~Scheduler() {
   }
   wake_.notify_all();
   thread_.join();
+  // The engine's finisher may still be in the finished hook, which locks
+  // mutex_: the engine (and its finisher) goes before the scheduler's own
+  // members do.
+  engine_.reset();
 }
 
 absl::Status Scheduler::SubmitAttend(std::shared_ptr<const ReceivedAttend> input, AttendDone done,

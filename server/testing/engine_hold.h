@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <future>
+#include <memory>
 
 #include "server/scheduler.h"
 
@@ -18,12 +19,17 @@ namespace mla {
 class EngineHold {
  public:
   explicit EngineHold(Scheduler& scheduler) {
-    scheduler.Run([this](Engine&) {
-      holding_.set_value();
-      released_.get_future().wait();
+    // The task touches nothing of this object: it may be destroyed (after
+    // Release) before the task has woken up.
+    auto holding = std::make_shared<std::promise<void>>();
+    std::future<void> held = holding->get_future();
+    std::shared_future<void> released = released_.get_future().share();
+    scheduler.Run([holding, released](Engine&) {
+      holding->set_value();
+      released.wait();
       return Scheduler::Reply();
     });
-    holding_.get_future().wait();
+    held.wait();
   }
   ~EngineHold() { Release(); }
   EngineHold(const EngineHold&) = delete;
@@ -34,7 +40,6 @@ class EngineHold {
   }
 
  private:
-  std::promise<void> holding_;
   std::promise<void> released_;
   std::atomic<bool> released_once_{false};
 };
