@@ -202,9 +202,15 @@ TEST(SchedulerTest, ActiveStreamsMeetInOneBatchAndQuietOnesHoldNobody) {
   Batches batches(scheduler);
   const auto a = std::make_shared<AttendStreamTag>();
   const auto b = std::make_shared<AttendStreamTag>();
-  // Both streams active: one batch of one message each.
-  std::future<AttendResult> a0 = Submit(scheduler, Message(1), a);
-  std::future<AttendResult> b0 = Submit(scheduler, Message(2), b);
+  // Both streams active: one batch of one message each. Queued while the
+  // engine is held, so that both are in it (else b's, coming after a's
+  // batch took a's, would wait the whole minute for a's next one).
+  std::future<AttendResult> a0, b0;
+  {
+    EngineHold hold(scheduler);
+    a0 = Submit(scheduler, Message(1), a);
+    b0 = Submit(scheduler, Message(2), b);
+  }
   a0.wait();
   b0.wait();
   // a's next message is gathered and waits for b (the queue empties when it
