@@ -32,17 +32,20 @@ std::vector<std::string> StatFields() {
   return fields;
 }
 
-// proc(5) field `number` (1-based, as the manual counts) as a number; 0 when
-// it is missing.
-double StatField(int number) {
-  const std::vector<std::string> fields = StatFields();
+// proc(5) field `number` (1-based, as the manual counts) of `fields`
+// (StatFields) as a number; 0 when it is missing.
+double Field(const std::vector<std::string>& fields, int number) {
   const size_t at = static_cast<size_t>(number - 3);
   return at < fields.size() ? std::strtod(fields[at].c_str(), nullptr) : 0;
 }
 
+// One field of a fresh read of /proc/self/stat.
+double StatField(int number) { return Field(StatFields(), number); }
+
 double CpuSeconds() {
   const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
-  return ticks > 0 ? (StatField(14) + StatField(15)) / ticks : 0;  // utime + stime
+  const std::vector<std::string> fields = StatFields();  // one read for both
+  return ticks > 0 ? (Field(fields, 14) + Field(fields, 15)) / ticks : 0;  // utime + stime
 }
 
 double ResidentBytes() { return StatField(24) * static_cast<double>(sysconf(_SC_PAGESIZE)); }
