@@ -180,6 +180,14 @@ absl::Status CheckKeyListBuildParams(const KeyListBuildParams& params) {
         absl::StrCat("key lists: an SWA ring of ", params.swa_ring_pages,
                      " pages cannot hold a window of ", kSwaWindow, " rows"));
   }
+  if (params.num_pages < 0 || params.num_table_writes < 0) {
+    return absl::InvalidArgumentError("key lists: negative page or table write count");
+  }
+  if (params.num_table_writes > 0 && (params.pages == nullptr || params.table_write_at == nullptr ||
+                                      params.table_write_page == nullptr)) {
+    return absl::InvalidArgumentError(
+        "key lists: table writes need the pages and both write arrays");
+  }
   if (params.num_tokens > 0 &&
       (params.positions == nullptr || params.pages == nullptr || params.swa_table == nullptr ||
        params.compressed_table == nullptr || params.extra_rule == nullptr ||

@@ -116,12 +116,21 @@ struct DecodeParams {
 //            j < (p + 1) / R; length (p + 1) / R;
 //     0:     no compressed keys; length 0.
 //   Every other entry becomes -1.
+// Before the lists are built, the table writes set entries of `pages`:
+// pages[table_write_at[i]] = table_write_page[i] for i < num_table_writes
+// (the server keeps its page tables in backend memory between launches and
+// sends only the entries that changed); a write at an entry outside
+// 0..num_pages-1 is skipped.
 // The values (tables, rows, positions) are the caller's contract: every row
 // named must have its page in the table.
 struct KeyListBuildParams {
   int64_t num_tokens = 0;
   const int32_t* positions = nullptr;         // [N]
-  const int32_t* pages = nullptr;             // the page tables, one after another
+  int32_t* pages = nullptr;                   // the page tables: [num_pages]
+  int64_t num_pages = 0;
+  int64_t num_table_writes = 0;
+  const int32_t* table_write_at = nullptr;    // [num_table_writes] entries of pages
+  const int32_t* table_write_page = nullptr;  // [num_table_writes] what they become
   int swa_ring_pages = 0;                     // pages of an SWA table (ring)
   const int32_t* swa_table = nullptr;         // [N] index in pages of the token's SWA table
   const int32_t* compressed_table = nullptr;  // [N] ... of its compressed table

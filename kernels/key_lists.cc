@@ -16,6 +16,10 @@ inline int32_t SlotOf(const int32_t* table, int32_t row) {
 
 absl::Status BuildKeyListsOnHost(const KeyListBuildParams& params) {
   if (absl::Status status = CheckKeyListBuildParams(params); !status.ok()) return status;
+  for (int64_t i = 0; i < params.num_table_writes; ++i) {
+    const int32_t at = params.table_write_at[i];
+    if (at >= 0 && at < params.num_pages) params.pages[at] = params.table_write_page[i];
+  }
   const int32_t ring_rows = params.swa_ring_pages * kBlockTokens;
   const int width = params.extra_width;
   for (int64_t t = 0; t < params.num_tokens; ++t) {

@@ -35,6 +35,7 @@ struct Batch {
     p.num_tokens = 4;
     p.positions = positions.data();
     p.pages = pages.data();
+    p.num_pages = static_cast<int64_t>(pages.size());
     p.swa_ring_pages = 4;
     p.swa_table = swa_table.data();
     p.compressed_table = compressed_table.data();
@@ -89,18 +90,46 @@ TEST(KeyListsTest, TheCpuBackendBuildsTheSame) {
   ExpectBuilt(b);
 }
 
+// Table writes set their entries before the lists read the tables; a write
+// outside the tables is skipped.
+TEST(KeyListsTest, TableWritesComeFirst) {
+  Batch b;
+  const std::vector<int32_t> pages = b.pages;
+  b.pages[1] = 50;  // stale: the SWA ring's second page
+  b.pages[5] = 51;  // stale: the compressed table's second page
+  const std::vector<int32_t> at = {5, -1, 1, 10};
+  const std::vector<int32_t> page = {21, 7, 11, 7};
+  KeyListBuildParams p = b.params();
+  p.num_table_writes = 4;
+  p.table_write_at = at.data();
+  p.table_write_page = page.data();
+  ASSERT_TRUE(BuildKeyListsOnHost(p).ok());
+  EXPECT_EQ(b.pages, pages);
+  ExpectBuilt(b);
+}
+
 // A bad structure is InvalidArgument, with nothing written.
 TEST(KeyListsTest, BadStructureWritesNothing) {
-  for (int bad = 0; bad < 4; ++bad) {
+  const std::vector<int32_t> at = {0};
+  for (int bad = 0; bad < 7; ++bad) {
     Batch b;
     KeyListBuildParams p = b.params();
+    p.table_write_at = at.data();
+    p.table_write_page = at.data();
     if (bad == 0) p.extra_width = -1;
     if (bad == 1) p.swa_ring_pages = 1;  // 64 rows cannot hold a window of 128
     if (bad == 2) p.pages = nullptr;
     if (bad == 3) p.num_tokens = -1;
+    if (bad == 4) p.num_table_writes = -1;
+    if (bad == 5) p.num_pages = -1;
+    if (bad == 6) {
+      p.num_table_writes = 1;
+      p.table_write_page = nullptr;
+    }
     EXPECT_EQ(BuildKeyListsOnHost(p).code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_EQ(b.main_lengths, std::vector<int32_t>(4, 77)) << bad;
     EXPECT_EQ(b.extra_indices[3], 99) << bad;
+    EXPECT_EQ(b.pages[0], 10) << bad;
   }
 }
 

@@ -304,6 +304,11 @@ void Engine::CommitWave(RunningBatch& run) {
       attend_planner_.ReturnPages(run.plans[p]);
     }
   }
+  // A group's plans ran or failed together.
+  for (size_t g = 0; g < run.groups.size(); ++g) {
+    if (!run.launches[g].ok()) continue;
+    launcher_->Settle(*run.launches[g], run.ran[run.groups[g].plans.front() - run.plans.data()]);
+  }
   if (run.failed) launcher_->ClearFailure().IgnoreError();
   run.failed = false;
   run.groups.clear();

@@ -1838,6 +1838,7 @@ class FlakyBackend : public ComputeBackend {
 class CopyingBackend : public ComputeBackend {
  public:
   int host_allocations = 0;
+  std::vector<int64_t> table_writes;  // of each BuildKeyLists
   std::string Describe() const override { return "copying cpu"; }
   bool host_accessible() const override { return false; }
   absl::StatusOr<DeviceBuffer> Allocate(int64_t bytes) override { return inner_.Allocate(bytes); }
@@ -1852,6 +1853,7 @@ class CopyingBackend : public ComputeBackend {
     return inner_.CopyToHost(dst, src, bytes);
   }
   absl::Status BuildKeyLists(const KeyListBuildParams& params) override {
+    table_writes.push_back(params.num_table_writes);
     return inner_.BuildKeyLists(params);
   }
   absl::Status Prologue(const PrologueParams& params) override { return inner_.Prologue(params); }
@@ -1893,6 +1895,76 @@ TEST(EngineTest, ABackendWithoutHostAccessGetsTheSameAnswers) {
   EXPECT_GE(after_first_step, 2);
   EXPECT_EQ(backend->host_allocations, after_first_step) << "host memory is not reused";
   ExpectListed(*engine, {seq.get()});
+}
+
+// The sessions' page tables stay in backend memory between launches
+// (server/block_tables.h): a layer's first launch writes its whole table
+// (the SWA ring's 4 pages, then the compressed pages), the launches after
+// it only the pages that are new, and the answers stay the reference's.
+TEST(EngineTest, PageTablesStayInBackendMemory) {
+  auto copying = std::make_unique<CopyingBackend>();
+  CopyingBackend* backend = copying.get();
+  std::unique_ptr<Engine> engine =
+      NewEngine(1000, kMaxPosition, 1024, absl::Minutes(10), std::move(copying));
+  ASSERT_NE(engine, nullptr);
+  std::unique_ptr<Seq> seq = NewSeq(*engine, kFlash, 4, SinkMode::kNone, 96);
+  ASSERT_TRUE(seq != nullptr);
+  ASSERT_TRUE(Append(*engine, *seq, 0, 255).ok());
+  // The C4A layer holds (p + 1) / 4 rows after position p, 64 a page: the
+  // step at 259 brings row 64, on a second page.
+  const auto pages = [](int32_t p) { return PagesFor((p + 1) / 4); };
+  for (int32_t p = 255; p < 265; ++p) {
+    MessageOptions o;
+    o.seed = 9600 + p;
+    auto m = Build(kFlashC4a, {{seq.get(), p}}, o);
+    backend->table_writes.clear();
+    RunAndExpect(*engine, {m.get()}, absl::StrCat("at ", p));
+    ASSERT_EQ(backend->table_writes.size(), 1u) << "at " << p;
+    const int64_t expected = p == 255 ? kSwaRingBlocks + pages(p) : pages(p) - pages(p - 1);
+    EXPECT_EQ(backend->table_writes[0], expected) << "at " << p;
+  }
+}
+
+// The table space hands out ranges and never takes one back until it is
+// spent; then every table is forgotten at once, and the next launch over
+// each writes it in full. Sessions that come and go spend it here while
+// one session steps on; its answers stay the reference's throughout.
+TEST(EngineTest, PageTablesOutliveTheirSpaceRunningOut) {
+  auto copying = std::make_unique<CopyingBackend>();
+  CopyingBackend* backend = copying.get();
+  std::unique_ptr<Engine> engine =
+      NewEngine(500, kMaxPosition, 1024, absl::Minutes(10), std::move(copying));
+  ASSERT_NE(engine, nullptr);
+  std::unique_ptr<Seq> kept = NewSeq(*engine, kFlash, 4, SinkMode::kNone, 97);
+  ASSERT_TRUE(kept != nullptr);
+  ASSERT_TRUE(Append(*engine, *kept, 0, 8).ok());
+  int full_writes = 0;
+  for (int round = 0; round < 12; ++round) {
+    const int32_t p = 8 + round;
+    MessageOptions o;
+    o.seed = 9700 + round;
+    auto m = Build(kFlashC4a, {{kept.get(), p}}, o);
+    backend->table_writes.clear();
+    RunAndExpect(*engine, {m.get()}, absl::StrCat("the kept session at ", p));
+    ASSERT_EQ(backend->table_writes.size(), 1u);
+    // The whole table (the ring and one compressed page), or nothing new.
+    const int64_t writes = backend->table_writes[0];
+    EXPECT_TRUE(writes == 0 || writes == kSwaRingBlocks + 1) << writes << " at " << p;
+    full_writes += writes > 0;
+    // A session over every layer, closed again: about 400 entries of the
+    // space of 2000 (4 a block) that the next ones do not get back.
+    std::unique_ptr<Seq> passing = NewSeq(*engine, kFlash, 4, SinkMode::kNone, 200 + round);
+    ASSERT_TRUE(passing != nullptr);
+    ASSERT_TRUE(Append(*engine, *passing, 0, 8).ok());
+    for (int layer = 0; layer < passing->spec->layers(); ++layer) {
+      o.seed++;
+      auto step = Build(layer, {{passing.get(), 8}}, o);
+      RunAndExpect(*engine, {step.get()}, absl::StrCat("round ", round, ", layer ", layer));
+    }
+    ASSERT_TRUE(engine->CloseSession(passing->id).ok());
+  }
+  EXPECT_GE(full_writes, 2) << "the space never ran out: the first launch alone wrote it all";
+  ExpectListed(*engine, {kept.get()});
 }
 
 // An engine on a FlakyBackend; `backend` is set to it.

@@ -43,11 +43,10 @@ absl::Status Timed(double& micros, absl::FunctionRef<absl::Status()> step) {
 }
 
 // Where one plan's part of a launch starts: its first token, its first new
-// compressed row, its first page table entry.
+// compressed row.
 struct PlanStart {
   int64_t token = 0;
   int64_t compressed_row = 0;
-  int64_t page = 0;
 };
 
 // The sizes of one group's launch, and where each plan's part starts.
@@ -58,13 +57,12 @@ struct GroupShape {
   bool any_topk = false;        // some token's compressed keys are its top-k rows
   bool any_sinks = false;       // some session has sinks: every token gets its own
   int64_t compressed_rows = 0;  // new compressed rows the prologue writes
-  int64_t pages = 0;            // entries of the page tables
 };
 
 GroupShape ShapeOf(const LaunchGroup& group) {
   GroupShape shape;
   for (const AttendPlan* plan : group.plans) {
-    shape.starts.push_back({shape.tokens, shape.compressed_rows, shape.pages});
+    shape.starts.push_back({shape.tokens, shape.compressed_rows});
     shape.tokens += plan->num_tokens;
     const int32_t layer = plan->input->layer;
     const bool compressed = plan->profile->compress_ratio(layer) != 0;
@@ -77,10 +75,24 @@ GroupShape ShapeOf(const LaunchGroup& group) {
     for (size_t s = 0; s < plan->sessions.size(); ++s) {
       shape.any_sinks |= !plan->sessions[s]->sinks.empty();
       if (plan->inserts[s]) shape.compressed_rows += plan->input->segments[s].num_compressed_rows;
-      shape.pages += kSwaRingBlocks + (compressed ? PagesFor(plan->rows_after[s]) : 0);
     }
   }
   return shape;
+}
+
+// The page tables a group's tokens read: per segment, the SWA ring and the
+// compressed pages up to the rows after the step.
+std::vector<TableUse> TablesOf(const LaunchGroup& group) {
+  std::vector<TableUse> uses;
+  for (const AttendPlan* plan : group.plans) {
+    const int32_t layer = plan->input->layer;
+    const bool compressed = plan->profile->compress_ratio(layer) != 0;
+    for (size_t s = 0; s < plan->sessions.size(); ++s) {
+      const int64_t pages = kSwaRingBlocks + (compressed ? PagesFor(plan->rows_after[s]) : 0);
+      uses.push_back({&plan->sessions[s]->layers[layer], static_cast<int32_t>(pages)});
+    }
+  }
+  return uses;
 }
 
 }  // namespace
@@ -92,8 +104,8 @@ GroupShape ShapeOf(const LaunchGroup& group) {
 // group's answers share, comes from the answer pool.
 class Launcher::GroupLaunch {
  public:
-  // Launch `number` (Launcher::Start's) of `group`.
-  GroupLaunch(Launcher& launcher, const LaunchGroup& group, int64_t number);
+  // Launch `number` (Launcher::Start's) of `group`, which makes `tables`.
+  GroupLaunch(Launcher& launcher, const LaunchGroup& group, int64_t number, TableWrites tables);
 
   // Everything on the host: the staging, filled; enqueues the copy of its
   // queries to the device as soon as they are in it.
@@ -125,9 +137,6 @@ class Launcher::GroupLaunch {
   void StageMessage(const AttendPlan& plan, PlanStart start, bool parallel_copies);
   // Copies `tensor` to `dst`, on the copy threads when `parallel`.
   void Copy(const wire::TensorView& tensor, void* dst, bool parallel);
-  // The page tables of segment `s` of `plan` at entry `page` on; where the
-  // SWA and the compressed table start. `page` moves past them.
-  std::pair<int32_t, int32_t> StageTables(const AttendPlan& plan, size_t s, int64_t& page);
   // Token t, the message's token m, at position p of segment s.
   void StageToken(const AttendPlan& plan, size_t s, int64_t t, int64_t m, int32_t p);
   // Points `into` at the arena's `slot`, at least `bytes` of it.
@@ -158,6 +167,7 @@ class Launcher::GroupLaunch {
   absl::Status status_;
   LaunchTimes times_;
   const GroupShape shape_;
+  const TableWrites tables_;
   const bool host_;  // the backend's memory is host memory
   const int64_t q_bytes_;
   const int64_t out_bytes_;  // out, then lse
@@ -172,7 +182,8 @@ class Launcher::GroupLaunch {
   const PackedArrays::Place<int32_t> swa_table_p_;
   const PackedArrays::Place<int32_t> compressed_table_p_;
   const PackedArrays::Place<int32_t> extra_rule_p_;
-  const PackedArrays::Place<int32_t> pages_p_;
+  const PackedArrays::Place<int32_t> table_write_at_p_;
+  const PackedArrays::Place<int32_t> table_write_page_p_;
   const PackedArrays::Place<float> sinks_p_;
   // The extra key lists: top-k rows in, slots out. Sent when some token
   // has top-k rows (extra_sent_p_), else only written (extra_written_p_);
@@ -187,7 +198,7 @@ class Launcher::GroupLaunch {
   const PackedArrays::Place<int32_t> extra_lengths_p_;
 
   absl::Span<uint8_t> q_, kv_;
-  absl::Span<int32_t> positions_, swa_slots_, swa_table_, compressed_table_, extra_rule_, pages_,
+  absl::Span<int32_t> positions_, swa_slots_, swa_table_, compressed_table_, extra_rule_,
       extra_indices_;
   absl::Span<float> sinks_;
   uint8_t* arrays_ = nullptr;  // the backend's view of packed_
@@ -203,7 +214,8 @@ class Launcher::GroupLaunch {
 
 // The upload boundary: the extra indices are sent only when they hold top-k
 // rows; otherwise the backend writes them in full.
-Launcher::GroupLaunch::GroupLaunch(Launcher& launcher, const LaunchGroup& group, int64_t number)
+Launcher::GroupLaunch::GroupLaunch(Launcher& launcher, const LaunchGroup& group, int64_t number,
+                                   TableWrites tables)
     : launcher_(launcher),
       backend_(launcher.backend_),
       group_(group),
@@ -214,6 +226,7 @@ Launcher::GroupLaunch::GroupLaunch(Launcher& launcher, const LaunchGroup& group,
       staged_slot_(number % kLaunchesAtOnce == 0 ? DeviceArena::kStaged0
                                                  : DeviceArena::kStaged1),
       shape_(ShapeOf(group)),
+      tables_(std::move(tables)),
       host_(backend_.host_accessible()),
       q_bytes_(shape_.tokens * group.num_heads * kRowBytes),
       out_bytes_(shape_.tokens * group.num_heads * (kRowBytes + 4)),
@@ -225,7 +238,8 @@ Launcher::GroupLaunch::GroupLaunch(Launcher& launcher, const LaunchGroup& group,
       swa_table_p_(packed_.Reserve<int32_t>(shape_.tokens, 0)),
       compressed_table_p_(packed_.Reserve<int32_t>(shape_.tokens, 0)),
       extra_rule_p_(packed_.Reserve<int32_t>(shape_.tokens, 0)),
-      pages_p_(packed_.Reserve<int32_t>(shape_.pages, 0)),
+      table_write_at_p_(packed_.Reserve<int32_t>(tables_.at.size(), 0)),
+      table_write_page_p_(packed_.Reserve<int32_t>(tables_.page.size(), 0)),
       sinks_p_(packed_.Reserve<float>(shape_.any_sinks ? shape_.tokens * group.num_heads : 0,
                                       0.0f)),
       extra_sent_p_(
@@ -253,7 +267,8 @@ absl::Status Launcher::GroupLaunch::Stage() {
   swa_table_ = packed_.Raw(swa_table_p_);
   compressed_table_ = packed_.Raw(compressed_table_p_);
   extra_rule_ = packed_.Raw(extra_rule_p_);
-  pages_ = packed_.Raw(pages_p_);
+  std::copy(tables_.at.begin(), tables_.at.end(), packed_.Raw(table_write_at_p_).begin());
+  std::copy(tables_.page.begin(), tables_.page.end(), packed_.Raw(table_write_page_p_).begin());
   sinks_ = packed_.Raw(sinks_p_);
   extra_indices_ = packed_.Raw(extra_p());
   // One message: its large tensors in pieces on the copy threads; several:
@@ -304,7 +319,6 @@ void Launcher::GroupLaunch::StageMessage(const AttendPlan& plan, PlanStart start
   const int ratio = plan.profile->compress_ratio(input.layer);
   int64_t compressed_row = 0;  // of the message's compressed_kv
   int64_t at = start.compressed_row;
-  int64_t page = start.page;
   int64_t t = t0;
   for (size_t s = 0; s < input.segments.size(); ++s) {
     const wire::SegmentView& segment = input.segments[s];
@@ -315,30 +329,14 @@ void Launcher::GroupLaunch::StageMessage(const AttendPlan& plan, PlanStart start
       at += segment.num_compressed_rows;
     }
     compressed_row += segment.num_compressed_rows;
-    const auto [swa_table, compressed_table] = StageTables(plan, s, page);
+    // The layer's table: its SWA ring, then its compressed pages.
+    const int32_t table = tables_.starts.at(&plan.sessions[s]->layers[input.layer]);
     for (int32_t i = 0; i < segment.num_tokens; ++i, ++t) {
-      swa_table_[t] = swa_table;
-      compressed_table_[t] = compressed_table;
+      swa_table_[t] = table;
+      compressed_table_[t] = table + kSwaRingBlocks;
       StageToken(plan, s, t, t - t0, segment.position + i);
     }
   }
-}
-
-std::pair<int32_t, int32_t> Launcher::GroupLaunch::StageTables(const AttendPlan& plan, size_t s,
-                                                               int64_t& page) {
-  const LayerKv& state = plan.sessions[s]->layers[plan.input->layer];
-  const int32_t swa_at = static_cast<int32_t>(page);
-  std::copy(state.swa_blocks.begin(), state.swa_blocks.begin() + kSwaRingBlocks,
-            pages_.begin() + page);
-  page += kSwaRingBlocks;
-  const int32_t compressed_at = static_cast<int32_t>(page);
-  if (plan.profile->compress_ratio(plan.input->layer) != 0) {
-    const int64_t pages = PagesFor(plan.rows_after[s]);
-    std::copy(state.compressed_blocks.begin(), state.compressed_blocks.begin() + pages,
-              pages_.begin() + page);
-    page += pages;
-  }
-  return {swa_at, compressed_at};
 }
 
 void Launcher::GroupLaunch::StageToken(const AttendPlan& plan, size_t s, int64_t t, int64_t m,
@@ -407,7 +405,11 @@ absl::Status Launcher::GroupLaunch::Prologue() {
   KeyListBuildParams lists;
   lists.num_tokens = shape_.tokens;
   lists.positions = Device(positions_p_);
-  lists.pages = Device(pages_p_);
+  lists.pages = launcher_.tables_.pages();
+  lists.num_pages = launcher_.tables_.num_pages();
+  lists.num_table_writes = static_cast<int64_t>(tables_.at.size());
+  lists.table_write_at = Device(table_write_at_p_);
+  lists.table_write_page = Device(table_write_page_p_);
   lists.swa_ring_pages = kSwaRingBlocks;
   lists.swa_table = Device(swa_table_p_);
   lists.compressed_table = Device(compressed_table_p_);
@@ -476,16 +478,20 @@ absl::StatusOr<std::unique_ptr<Launcher>> Launcher::Create(ComputeBackend& backe
                                                            CachePoolView pool,
                                                            int32_t max_position,
                                                            ThreadPool& copiers) {
-  std::unique_ptr<Launcher> launcher(new Launcher(backend, pool, max_position, copiers));
+  absl::StatusOr<BlockTables> tables = BlockTables::Create(backend, pool.num_blocks);
+  if (!tables.ok()) return tables.status();
+  std::unique_ptr<Launcher> launcher(
+      new Launcher(backend, pool, max_position, copiers, *std::move(tables)));
   if (absl::Status status = launcher->UploadRopeTables(); !status.ok()) return status;
   return launcher;
 }
 
 Launcher::Launcher(ComputeBackend& backend, CachePoolView pool, int32_t max_position,
-                   ThreadPool& copiers)
+                   ThreadPool& copiers, BlockTables tables)
     : backend_(backend),
       pool_(pool),
       max_position_(max_position),
+      tables_(std::move(tables)),
       arena_(backend),
       answers_(backend, kMaxPinnedAnswerBytes),
       copiers_(copiers) {}
@@ -577,13 +583,16 @@ absl::StatusOr<int64_t> Launcher::Start(const LaunchGroup& group) {
   const int64_t number = next_launch_++;
   // Its staging and marks were those of the launch kLaunchesAtOnce before.
   WaitForRunning(number - kLaunchesAtOnce + 1);
-  auto launch = std::make_shared<GroupLaunch>(*this, group, number);
+  absl::StatusOr<TableWrites> tables = tables_.Prepare(number, TablesOf(group));
+  if (!tables.ok()) return tables.status();
+  auto launch = std::make_shared<GroupLaunch>(*this, group, number, *std::move(tables));
   // Staging enqueues the queries' copy: a launch that fails even there waits
   // for the backend, the running launches first, so that nothing of it is
   // left to report to the next one.
   absl::Status status = Timed(launch->staging_us(), [&] { return launch->Stage(); });
   if (status.ok()) status = launch->Enqueue();
   if (!status.ok()) {
+    tables_.Settle(number, false);
     WaitForRunning(number);
     return Drained(status);
   }
@@ -618,14 +627,6 @@ absl::StatusOr<GroupAnswer> Launcher::Finish(int64_t launch, LaunchTimes& times)
 absl::Status Launcher::ClearFailure() {
   WaitForRunning(next_launch_);
   return backend_.Synchronize();
-}
-
-absl::StatusOr<GroupAnswer> Launcher::Run(const LaunchGroup& group, LaunchTimes& times) {
-  absl::StatusOr<int64_t> launch = Start(group);
-  if (!launch.ok()) return launch.status();
-  absl::StatusOr<GroupAnswer> answer = Finish(*launch, times);
-  if (!answer.ok()) ClearFailure().IgnoreError();
-  return answer;
 }
 
 absl::Status Launcher::Append(const AppendPlan& plan) {

@@ -3,13 +3,15 @@
 //
 // Start() launches one group of Attend plans. On the host it stages
 // everything the launch sends (q, kv and the new compressed rows of every
-// message in token order, the sessions' page tables, the top-k rows, the
-// sinks) into one pinned buffer, the queries first, whose copy to the
+// message in token order, the writes to the sessions' page tables, the
+// top-k rows, the sinks) into one pinned buffer, the queries first, whose copy to the
 // device starts while the rest is staged; the copies go on the backend's
 // copy queue, beside the kernels of the launch before. Then it enqueues,
 // without waiting between them: the copy of the rest, and after it (the
-// backend's JoinCopies) the key lists (built on the backend from the
-// page tables: the host translates no key to its slot), one prologue
+// backend's JoinCopies) the table writes and the key lists (built on the
+// backend from the page tables, which stay in backend memory between
+// launches, server/block_tables.h: the host translates no key to its slot
+// and sends only the table entries that changed), one prologue
 // (queries normalised and rotated, new SWA and compressed rows written), one
 // decode (both key lists of every token, sinks, the optional de-rotation)
 // and one copy of out and lse into a pinned answer buffer from the
@@ -32,7 +34,9 @@
 // also clears what the backend holds to report: the next launch must not
 // get it) and is not running; one found failed by Finish leaves that to
 // ClearFailure. Append() waits for the running launches first. A launch
-// changes no session: the caller commits a plan or gives its pages back.
+// changes no session: the caller commits a plan or gives its pages back,
+// and then settles the launch (Settle), which tells the page tables whether
+// what it wrote can be trusted.
 // The launcher owns the RoPE tables in backend memory (made by Create), a
 // DeviceArena of scratch buffers and the answer pool; the backend and the
 // pool's memory must outlive it (answers need not); its destructor waits for
@@ -57,6 +61,7 @@
 #include "kernels/thread_pool.h"
 #include "server/append_plan.h"
 #include "server/attend_plan.h"
+#include "server/block_tables.h"
 #include "server/device_arena.h"
 #include "server/host_buffer_pool.h"
 #include "server/packed_arrays.h"
@@ -107,15 +112,18 @@ class Launcher {
   // After a Finish that failed: waits for the running launches and clears
   // the failure the backend holds (the backend's Synchronize). Engine thread.
   absl::Status ClearFailure();
-  // Start, then Finish (then ClearFailure if it failed).
-  absl::StatusOr<GroupAnswer> Run(const LaunchGroup& group, LaunchTimes& times);
+  // Launch `launch` (started, then finished) succeeded or not, once its
+  // plans are committed or their pages back. Engine thread.
+  void Settle(int64_t launch, bool succeeded) { tables_.Settle(launch, succeeded); }
+  // Generations of the page tables' space begun so far (BlockTables).
+  int64_t table_generations() const { return tables_.generation(); }
   absl::Status Append(const AppendPlan& plan);
 
  private:
   class GroupLaunch;
 
   Launcher(ComputeBackend& backend, CachePoolView pool, int32_t max_position,
-           ThreadPool& copiers);
+           ThreadPool& copiers, BlockTables tables);
   // Waits for the running launches numbered below `before` (each keeps its
   // answer for Finish).
   void WaitForRunning(int64_t before);
@@ -148,6 +156,7 @@ class Launcher {
   CachePoolView pool_;
   int32_t max_position_;
   DeviceBuffer rope_tables_[2];  // indexed by RopeKind
+  BlockTables tables_;           // the engine thread's
   DeviceArena arena_;
   HostBufferPool answers_;
   // Threads that copy the messages' large tensors into the staging: one

@@ -26,11 +26,23 @@ inline constexpr int kSwaRingBlocks = 4;
 inline constexpr int kSwaRingRows = kSwaRingBlocks * kBlockTokens;   // 256
 inline constexpr int kMaxSegmentTokens = kSwaRingRows - kSwaWindow + 1;  // 129
 
+// Where a layer's page table sits in the launcher's table space in backend
+// memory (server/block_tables.h): `capacity` entries from `at`, of which the
+// first `confirmed` are known to hold the layer's pages; valid only in
+// `generation` of the space.
+struct TablePlacement {
+  int64_t generation = -1;
+  int32_t at = 0;
+  int32_t capacity = 0;
+  int32_t confirmed = 0;
+};
+
 struct LayerKv {
   int32_t next_position = 0;
   int32_t compressed_rows = 0;
   std::vector<int32_t> swa_blocks;         // kSwaRingBlocks
   std::vector<int32_t> compressed_blocks;  // ceil(compressed_rows / 64) or more
+  TablePlacement table;
 
   // Global slot of the SWA row of `position` (one of the last 256 written).
   int32_t SwaSlot(int32_t position) const {

@@ -573,7 +573,7 @@ TEST(MemoryTest, TheDeviceCountsWhatIsAllocated) {
 // The CUDA key lists equal the host's (kernels/key_lists.cc) bit for bit on
 // random tables: every rule (top-k with pads, C128A, none), positions before
 // and past the window and the ring's wrap, widths that are not a multiple
-// of the CTA, and more tokens than SMs.
+// of the CTA, and more tokens than SMs; the table writes before them too.
 TEST(KeyListTest, MatchesTheHostOnRandomTables) {
   MAKE_CUDA_BACKEND(backend);
   std::mt19937 rng(4242);
@@ -617,13 +617,28 @@ TEST(KeyListTest, MatchesTheHostOnRandomTables) {
         rule[t] = 0;
       }
     }
+    // The tables as a launch finds them: a third of the entries stale, set
+    // by table writes (and two writes outside the tables, skipped).
+    std::vector<int32_t> stale = pages, write_at, write_page;
+    for (size_t i = 0; i < pages.size(); ++i) {
+      if (rng() % 3 != 0) continue;
+      stale[i] = static_cast<int32_t>(rng() % 5000);
+      write_at.push_back(static_cast<int32_t>(i));
+      write_page.push_back(pages[i]);
+    }
+    write_at.insert(write_at.end(), {-1, static_cast<int32_t>(pages.size())});
+    write_page.insert(write_page.end(), {1, 1});
     // Host: in place in host vectors. Device: the same inputs uploaded.
     std::vector<int32_t> host_main(tokens * kSwaWindow, 9), host_main_len(tokens, 9),
-        host_extra = extra, host_extra_len(tokens, 9);
+        host_extra = extra, host_extra_len(tokens, 9), host_pages = stale;
     KeyListBuildParams host;
     host.num_tokens = tokens;
     host.positions = positions.data();
-    host.pages = pages.data();
+    host.pages = host_pages.data();
+    host.num_pages = static_cast<int64_t>(pages.size());
+    host.num_table_writes = static_cast<int64_t>(write_at.size());
+    host.table_write_at = write_at.data();
+    host.table_write_page = write_page.data();
     host.swa_ring_pages = kRingPages;
     host.swa_table = swa_table.data();
     host.compressed_table = compressed_table.data();
@@ -634,6 +649,7 @@ TEST(KeyListTest, MatchesTheHostOnRandomTables) {
     host.extra_indices = host_extra.data();
     host.extra_lengths = host_extra_len.data();
     ASSERT_TRUE(BuildKeyListsOnHost(host).ok());
+    ASSERT_EQ(host_pages, pages) << "the host's table writes";
 
     std::vector<DeviceBuffer> keep;
     auto upload = [&](const std::vector<int32_t>& v) -> int32_t* {
@@ -645,7 +661,9 @@ TEST(KeyListTest, MatchesTheHostOnRandomTables) {
     };
     KeyListBuildParams device = host;
     device.positions = upload(positions);
-    device.pages = upload(pages);
+    device.pages = upload(stale);
+    device.table_write_at = upload(write_at);
+    device.table_write_page = upload(write_page);
     device.swa_table = upload(swa_table);
     device.compressed_table = upload(compressed_table);
     device.extra_rule = upload(rule);
@@ -660,6 +678,7 @@ TEST(KeyListTest, MatchesTheHostOnRandomTables) {
       EXPECT_TRUE(backend.CopyToHost(v.data(), from, count * 4).ok());
       return v;
     };
+    EXPECT_EQ(download(device.pages, pages.size()), pages) << "width " << width;
     EXPECT_EQ(download(device.main_indices, tokens * kSwaWindow), host_main) << "width " << width;
     EXPECT_EQ(download(device.main_lengths, tokens), host_main_len) << "width " << width;
     EXPECT_EQ(download(device.extra_indices, tokens * width), host_extra) << "width " << width;

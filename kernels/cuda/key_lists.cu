@@ -1,11 +1,11 @@
 // The key lists of a decode batch built on the GPU (KeyListBuildParams in
 // kernels/backend.h; kernels/key_lists.cc is the host's version and the
-// reference). One CTA a token; each thread writes entries of its main and
-// extra rows. A C4A token's extra row holds top-k rows on entry: each
-// entry is read and rewritten by the same thread. The pages and rows are
-// the caller's contract (the server built the tables from its sessions and
-// checked the top-k). Integer work only: the lists are bit-identical to the
-// host's.
+// reference). The table writes first, in a kernel of their own; then one
+// CTA a token, each thread writing entries of its main and extra rows. A
+// C4A token's extra row holds top-k rows on entry: each entry is read and
+// rewritten by the same thread. The pages and rows are the caller's
+// contract (the server built the tables from its sessions and checked the
+// top-k). Integer work only: the lists are bit-identical to the host's.
 #include <cstdint>
 
 #include "kernels/cuda/kernels.h"
@@ -50,9 +50,22 @@ __global__ void __launch_bounds__(kThreads) KeyListKernel(KeyListBuildParams par
   }
 }
 
+// The table writes, one a thread, before the lists read the tables.
+__global__ void __launch_bounds__(kThreads) TableWriteKernel(KeyListBuildParams params) {
+  const int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x;
+  if (i >= params.num_table_writes) return;
+  const int32_t at = params.table_write_at[i];
+  if (at >= 0 && at < params.num_pages) params.pages[at] = params.table_write_page[i];
+}
+
 }  // namespace
 
 cudaError_t LaunchKeyLists(const KeyListBuildParams& params, cudaStream_t stream) {
+  if (params.num_table_writes > 0) {
+    const int64_t blocks = (params.num_table_writes + kThreads - 1) / kThreads;
+    TableWriteKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(params);
+    if (cudaError_t error = cudaGetLastError(); error != cudaSuccess) return error;
+  }
   if (params.num_tokens == 0) return cudaSuccess;
   KeyListKernel<<<static_cast<unsigned>(params.num_tokens), kThreads, 0, stream>>>(params);
   return cudaGetLastError();
