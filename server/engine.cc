@@ -87,6 +87,9 @@ std::vector<SessionSummary> Engine::ListSessions(absl::Time now) const {
 }
 
 std::vector<std::string> Engine::ExpireIdle(absl::Time now) {
+  // Most sweeps find none idle; those keep the pipeline running.
+  Collect();
+  if (!sessions_.AnyIdle(now)) return {};
   Finish();
   return sessions_.ExpireIdle(now);
 }

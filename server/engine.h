@@ -103,7 +103,9 @@ class Engine {
   // Frees the session's blocks; returns how many.
   absl::StatusOr<int64_t> CloseSession(const std::string& session_id);
   std::vector<SessionSummary> ListSessions(absl::Time now) const;
-  // Closes sessions idle for longer than their TTL; returns their ids.
+  // Closes sessions idle for longer than their TTL; returns their ids. Waits
+  // for the running batches (whose sessions they advance) only when some
+  // session looks idle.
   std::vector<std::string> ExpireIdle(absl::Time now);
 
   // Results of a batch: results[i] answers the batch's i-th message.

@@ -2116,6 +2116,16 @@ TEST(EngineTest, PipelinedBatchesAnswerAsIfRunOneAtATime) {
   ExpectAnswered(*second, {c128a.get()}, "second batch");
   ExpectAnswered(*third, {next.get()}, "third batch, after the one it depends on");
 
+  // A sweep for idle sessions that finds none leaves the running batch be.
+  gate->Close();
+  o.seed++;
+  auto swa_a = Build(kFlashSwa, {{a.get(), 256}}, o);
+  const std::unique_ptr<StartedBatch> running = StartBatch(*engine, {swa_a.get()});
+  EXPECT_TRUE(engine->ExpireIdle(kT0 + absl::Minutes(1)).empty());
+  EXPECT_EQ(engine->batches_running(), 1) << "the sweep waited for the running batch";
+  gate->Open();
+  ExpectAnswered(*running, {swa_a.get()}, "the batch running during the sweep");
+
   // Creating a session waits for the running batch.
   gate->Close();
   o.seed++;

@@ -145,6 +145,13 @@ std::vector<SessionSummary> SessionTable::List(absl::Time now) const {
   return list;
 }
 
+bool SessionTable::AnyIdle(absl::Time now) const {
+  for (const auto& [id, session] : sessions_) {
+    if (now - session->last_used > session->idle_ttl) return true;
+  }
+  return false;
+}
+
 std::vector<std::string> SessionTable::ExpireIdle(absl::Time now) {
   std::vector<std::string> expired;
   for (const auto& [id, session] : sessions_) {

@@ -44,6 +44,8 @@ class SessionTable {
   absl::StatusOr<int64_t> Close(const std::string& id);
   // Every session, by id.
   std::vector<SessionSummary> List(absl::Time now) const;
+  // Whether some session has been idle for longer than its TTL.
+  bool AnyIdle(absl::Time now) const;
   // Closes sessions idle for longer than their TTL; returns their ids.
   std::vector<std::string> ExpireIdle(absl::Time now);
 
