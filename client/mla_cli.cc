@@ -343,10 +343,11 @@ int Attend(Client& client) {
   }
   const wire::TimingView& timing = result->timing();
   std::printf("server      queue %.0f us, plan %.0f us, upload %.0f us, prologue %.0f us, "
-              "decode %.0f us, readback %.0f us, total %.0f us (batch of %s)\n",
+              "decode %.0f us, readback %.0f us, total %.0f us (batch of %s); then serialise "
+              "%.0f us\n",
               timing.queue_us, timing.plan_us, timing.upload_us, timing.prologue_us,
               timing.decode_us, timing.readback_us, timing.total_us,
-              Count(timing.batch_tokens, "token").c_str());
+              Count(timing.batch_tokens, "token").c_str(), timing.serialize_us);
   return 0;
 }
 

@@ -323,6 +323,8 @@ absl::Status Parser::TimingField(const Tag& tag, const FieldPath& path,
           return Double(field, {&path, "upload_us"}, &view.upload_us);
         case Timing::kReadbackUsFieldNumber:
           return Double(field, {&path, "readback_us"}, &view.readback_us);
+        case Timing::kSerializeUsFieldNumber:
+          return Double(field, {&path, "serialize_us"}, &view.serialize_us);
         default:
           return Skip(field, path);
       }
@@ -518,13 +520,19 @@ grpc::ByteBuffer SerializeAttendRequest(const AttendRequestView& request) {
 }
 
 grpc::ByteBuffer SerializeAttendResponse(const AttendResponseView& response) {
+  return SerializeAttendResponse(response, [](TimingView&) {});
+}
+
+grpc::ByteBuffer SerializeAttendResponse(const AttendResponseView& response,
+                                         absl::FunctionRef<void(TimingView&)> stamp) {
   WireWriter writer;
   writer.WriteVarint(AttendResponse::kRequestIdFieldNumber,
                      response.request_id);
   WriteTensor(AttendResponse::kOutFieldNumber, response.out, &writer);
   WriteTensor(AttendResponse::kLseFieldNumber, response.lse, &writer);
   if (response.timing.has_value()) {
-    const TimingView& timing = *response.timing;
+    TimingView timing = *response.timing;
+    stamp(timing);
     WireWriter message;
     message.WriteDouble(Timing::kQueueUsFieldNumber, timing.queue_us);
     message.WriteDouble(Timing::kPrologueUsFieldNumber, timing.prologue_us);
@@ -535,6 +543,7 @@ grpc::ByteBuffer SerializeAttendResponse(const AttendResponseView& response) {
     message.WriteDouble(Timing::kPlanUsFieldNumber, timing.plan_us);
     message.WriteDouble(Timing::kUploadUsFieldNumber, timing.upload_us);
     message.WriteDouble(Timing::kReadbackUsFieldNumber, timing.readback_us);
+    message.WriteDouble(Timing::kSerializeUsFieldNumber, timing.serialize_us);
     writer.WriteMessage(AttendResponse::kTimingFieldNumber, std::move(message));
   }
   if (response.status.has_value()) {

@@ -49,6 +49,7 @@
 
 #include <grpcpp/support/byte_buffer.h>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "proto/views.h"
@@ -79,6 +80,11 @@ uint64_t LeadingRequestId(const grpc::ByteBuffer& buffer);
 
 grpc::ByteBuffer SerializeAttendRequest(const AttendRequestView& request);
 grpc::ByteBuffer SerializeAttendResponse(const AttendResponseView& response);
+// The same, with `stamp` called on (a copy of) the timing after out and lse
+// are written and before the timing is (it follows them on the wire), so
+// that it can say how long writing them took.
+grpc::ByteBuffer SerializeAttendResponse(const AttendResponseView& response,
+                                         absl::FunctionRef<void(TimingView&)> stamp);
 
 }  // namespace mla::wire
 

@@ -157,6 +157,7 @@ AttendResponse RandomResponse(Rng& rng, size_t max_tensor_bytes) {
     timing->set_plan_us(value());
     timing->set_upload_us(value());
     timing->set_readback_us(value());
+    timing->set_serialize_us(value());
   }
   if (Chance(rng, 0.3)) {
     mla_offload::v1::RequestStatus* status = response.mutable_status();
@@ -205,6 +206,7 @@ AttendResponse ToProto(const AttendResponseView& view) {
     timing->set_plan_us(view.timing->plan_us);
     timing->set_upload_us(view.timing->upload_us);
     timing->set_readback_us(view.timing->readback_us);
+    timing->set_serialize_us(view.timing->serialize_us);
   }
   if (view.status) {
     response.mutable_status()->set_code(view.status->code);
@@ -253,7 +255,8 @@ AttendResponseView ViewOf(const AttendResponse& message,
     view.timing = TimingView{timing.queue_us(),   timing.prologue_us(),
                              timing.decode_us(),  timing.total_us(),
                              timing.batch_tokens(), timing.plan_us(),
-                             timing.upload_us(),  timing.readback_us()};
+                             timing.upload_us(),  timing.readback_us(),
+                             timing.serialize_us()};
   }
   if (message.has_status()) {
     view.status =

@@ -109,6 +109,7 @@ struct TimingView {
   double plan_us = 0;
   double upload_us = 0;
   double readback_us = 0;
+  double serialize_us = 0;
 };
 
 // The outcome of one Attend message (message RequestStatus).

@@ -69,6 +69,7 @@ grpc::ByteBuffer ErrorResponse(uint64_t request_id, const absl::Status& status) 
 
 grpc::ByteBuffer ResultResponse(const AttendResult& result) {
   if (!result.status.ok()) return ErrorResponse(result.request_id, result.status);
+  const auto start = std::chrono::steady_clock::now();
   wire::AttendResponseView response;
   response.request_id = result.request_id;
   response.out =
@@ -79,7 +80,11 @@ grpc::ByteBuffer ResultResponse(const AttendResult& result) {
                                         result.lse, result.lse_bytes(), result.keep_alive);
   }
   response.timing = result.timing;
-  return wire::SerializeAttendResponse(response);
+  return wire::SerializeAttendResponse(response, [start](wire::TimingView& timing) {
+    timing.serialize_us = std::chrono::duration<double, std::micro>(
+                              std::chrono::steady_clock::now() - start)
+                              .count();
+  });
 }
 
 }  // namespace

@@ -569,7 +569,7 @@ class Node {
         const wire::TimingView& t = p.timing;
         stats_.server.Add(ServerTiming{1, t.queue_us, t.plan_us, t.upload_us, t.prologue_us,
                                        t.decode_us, t.readback_us, t.total_us,
-                                       static_cast<double>(t.batch_tokens)});
+                                       static_cast<double>(t.batch_tokens), t.serialize_us});
       }
       ++live_->ok;
     }
@@ -600,6 +600,7 @@ class Node {
       record.plan_us = static_cast<float>(p.timing.plan_us);
       record.upload_us = static_cast<float>(p.timing.upload_us);
       record.readback_us = static_cast<float>(p.timing.readback_us);
+      record.serialize_us = static_cast<float>(p.timing.serialize_us);
       records_.push_back(record);
     }
     pending_.erase(it);

@@ -18,6 +18,12 @@ std::string Line(absl::string_view label, absl::string_view text) {
   return absl::StrFormat("  %-24s %s\n", label, text);
 }
 
+// What a layer step spent outside the server's stages: the mean latency
+// less the server's total and its serialisation of the answer.
+double TransportUs(const PhaseStats& phase) {
+  return phase.latency.mean_ns() / 1e3 - phase.server.total_us - phase.server.serialize_us;
+}
+
 std::string LatencyText(const LatencyHistogram& latency) {
   if (latency.count() == 0) return "no answers";
   std::vector<std::string> parts;
@@ -215,11 +221,11 @@ std::string FormatReport(const RunReport& report) {
                                     t.queue_us, t.plan_us, t.upload_us, t.prologue_us, t.decode_us,
                                     t.readback_us, t.other_us())));
     absl::StrAppend(
-        &text, Line("", absl::StrFormat("total %.0f us; %.1f tokens per batch; transport and "
-                                        "client %.0f us (mean latency %.0f us - server total)",
-                                        t.total_us, t.batch_tokens,
-                                        a.latency.mean_ns() / 1e3 - t.total_us,
-                                        a.latency.mean_ns() / 1e3)));
+        &text, Line("", absl::StrFormat("total %.0f us; %.1f tokens per batch; then serialise "
+                                        "%.0f us; transport and client %.0f us (mean latency "
+                                        "%.0f us - server total - serialise)",
+                                        t.total_us, t.batch_tokens, t.serialize_us,
+                                        TransportUs(a), a.latency.mean_ns() / 1e3)));
   }
   absl::StrAppend(&text, Line("errors", ErrorsText(a)));
   absl::StrAppend(&text, Line("prompts", absl::StrFormat("%d sessions x %d tokens created and "
@@ -318,7 +324,8 @@ nlohmann::json ReportJson(const RunReport& report) {
       {"readback", s.readback_us},
       {"other", s.other_us()},
       {"total", s.total_us},
-      {"transport_and_client", report.attend.latency.mean_ns() / 1e3 - s.total_us},
+      {"serialize", s.serialize_us},
+      {"transport_and_client", TransportUs(report.attend)},
       {"batch_tokens", s.batch_tokens}};
   json["attend"] = std::move(attend);
   if (report.echo.has_value()) {
@@ -363,14 +370,15 @@ void ServerTiming::Add(const ServerTiming& other) {
   readback_us += other.readback_us;
   total_us += other.total_us;
   batch_tokens += other.batch_tokens;
+  serialize_us += other.serialize_us;
 }
 
 ServerTiming ServerTiming::Mean() const {
   if (count == 0) return *this;
   const double n = static_cast<double>(count);
-  return ServerTiming{count,          queue_us / n,   plan_us / n,     upload_us / n,
-                      prologue_us / n, decode_us / n, readback_us / n, total_us / n,
-                      batch_tokens / n};
+  return ServerTiming{count,          queue_us / n,      plan_us / n,     upload_us / n,
+                      prologue_us / n, decode_us / n,    readback_us / n, total_us / n,
+                      batch_tokens / n, serialize_us / n};
 }
 
 double ServerTiming::other_us() const {
@@ -380,16 +388,17 @@ double ServerTiming::other_us() const {
 void WriteStepCsv(const std::vector<StepRecord>& records, std::ostream& out) {
   out << "phase,stream,step,layer,due_s,latency_us,code,tokens,bytes_in,bytes_out,"
          "server_queue_us,server_prologue_us,server_decode_us,server_total_us,batch_tokens,"
-         "server_plan_us,server_upload_us,server_readback_us\n";
+         "server_plan_us,server_upload_us,server_readback_us,server_serialize_us\n";
   char line[512];
   for (const StepRecord& r : records) {
     std::snprintf(line, sizeof(line),
-                  "%s,%d,%lld,%d,%.6f,%.1f,%s,%d,%lld,%lld,%.1f,%.1f,%.1f,%.1f,%d,%.1f,%.1f,%.1f\n",
+                  "%s,%d,%lld,%d,%.6f,%.1f,%s,%d,%lld,%lld,%.1f,%.1f,%.1f,%.1f,%d,%.1f,%.1f,%.1f,"
+                  "%.1f\n",
                   r.phase == 'e' ? "echo" : "attend", r.stream, static_cast<long long>(r.step),
                   r.layer, r.due_s, r.latency_us, StatusCodeName(r.code).c_str(), r.tokens,
                   static_cast<long long>(r.bytes_in), static_cast<long long>(r.bytes_out),
                   r.queue_us, r.prologue_us, r.decode_us, r.server_total_us, r.batch_tokens,
-                  r.plan_us, r.upload_us, r.readback_us);
+                  r.plan_us, r.upload_us, r.readback_us, r.serialize_us);
     out << line;
   }
 }

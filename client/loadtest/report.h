@@ -69,13 +69,14 @@ struct ServerTiming {
   double readback_us = 0;
   double total_us = 0;
   double batch_tokens = 0;
+  double serialize_us = 0;  // after total, not part of it
 
   // Adds `other`'s sums and count.
   void Add(const ServerTiming& other);
   // Every figure divided by the count (the count kept).
   ServerTiming Mean() const;
   // What total holds besides the named stages: sorting a batch into
-  // launches, writing the answer.
+  // launches, the device's gaps between them, handing out the answer.
   double other_us() const;
 };
 
@@ -176,7 +177,7 @@ struct StepRecord {
   int64_t bytes_out = 0;
   float queue_us = 0, prologue_us = 0, decode_us = 0, server_total_us = 0;
   int32_t batch_tokens = 0;
-  float plan_us = 0, upload_us = 0, readback_us = 0;
+  float plan_us = 0, upload_us = 0, readback_us = 0, serialize_us = 0;
 };
 
 // The CSV header and one line per record.

@@ -653,6 +653,7 @@ void ExpectAnswer(const pb::AttendResponse& response, const Step& step, absl::st
   }
   EXPECT_GE(response.timing().batch_tokens(), tokens) << what;
   EXPECT_GT(response.timing().total_us(), 0) << what;
+  EXPECT_GT(response.timing().serialize_us(), 0) << what;
 }
 
 // `response` is the error `code`, its message naming `field`, for the

@@ -70,7 +70,8 @@ class AttendResult:
 
     out: uint16 bf16 patterns [T, H, 512] (a read-only view of the response).
     lse: float32 [T, H] when asked for (+inf where nothing was attended), else None.
-    timing: the server's pb.Timing (queue_us, prologue_us, decode_us, total_us, batch_tokens).
+    timing: the server's pb.Timing (queue_us, plan_us, upload_us, prologue_us,
+        decode_us, readback_us, total_us, batch_tokens, serialize_us).
     """
     request_id: int
     out: np.ndarray
