@@ -155,23 +155,14 @@ check_image() {
 
 [ -n "$run_one" ] && { "check_$run_one"; exit; }
 
-xml_escape() { sed -e 's/&/\&amp;/g' -e 's/</\&lt;/g' -e 's/>/\&gt;/g' -e 's/"/\&quot;/g'; }
-
 # write_junit CHECK SECONDS STATUS LOG
 write_junit() {
   [ -n "$junit" ] || return 0
   local name="$1" time="$2" status="$3" log="$4"
-  {
-    echo '<?xml version="1.0" encoding="UTF-8"?>'
-    echo "<testsuites><testsuite name=\"deploy\" tests=\"1\" failures=\"$([ "$status" -ne 0 ] && echo 1 || echo 0)\">"
-    echo "<testcase classname=\"deploy\" name=\"$name\" time=\"$time\">"
-    if [ "$status" -ne 0 ]; then
-      echo "<failure message=\"deploy/check.sh $name failed (exit $status)\">"
-      tail -n 60 "$log" | xml_escape
-      echo "</failure>"
-    fi
-    echo "</testcase></testsuite></testsuites>"
-  } >"$junit/deploy_$name.xml"
+  local failure=()
+  [ "$status" -ne 0 ] && failure=(--failure="deploy/check.sh $name failed (exit $status)" --log="$log")
+  python3 tools/junit_case.py --out="$junit/deploy_$name.xml" --suite=deploy --name="$name" \
+    --seconds="$time" "${failure[@]}"
 }
 
 # Each check's bound: far above its usual time (the image's first base

@@ -63,24 +63,15 @@ if ! [[ "$seconds" =~ ^[1-9][0-9]*$ ]]; then
 fi
 [ ${#fuzzers[@]} -eq 0 ] && fuzzers=("${all_fuzzers[@]}")
 
-xml_escape() { sed -e 's/&/\&amp;/g' -e 's/</\&lt;/g' -e 's/>/\&gt;/g' -e 's/"/\&quot;/g'; }
-
 # write_junit FUZZER SECONDS [FAILURE_MESSAGE LOG]: the failure's text is
 # the end of LOG, where the sanitizer's report is.
 write_junit() {
   [ -n "$junit" ] || return 0
   local name="$1" time="$2" message="${3:-}" log="${4:-}"
-  {
-    echo '<?xml version="1.0" encoding="UTF-8"?>'
-    echo "<testsuites><testsuite name=\"fuzz\" tests=\"1\" failures=\"$([ -n "$message" ] && echo 1 || echo 0)\">"
-    echo "<testcase classname=\"fuzz\" name=\"$name\" time=\"$time\">"
-    if [ -n "$message" ]; then
-      echo "<failure message=\"$(printf '%s' "$message" | xml_escape)\">"
-      [ -n "$log" ] && tail -n 80 "$log" | xml_escape
-      echo "</failure>"
-    fi
-    echo "</testcase></testsuite></testsuites>"
-  } > "$junit/$name.xml"
+  local failure=()
+  [ -n "$message" ] && failure=(--failure="$message" --log="$log" --lines=80)
+  python3 tools/junit_case.py --out="$junit/$name.xml" --suite=fuzz --name="$name" \
+    --seconds="$time" "${failure[@]}"
 }
 
 tools/setup.sh || exit 1
