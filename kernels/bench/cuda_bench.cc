@@ -2,7 +2,8 @@
 // it is judged against, measured in the same run.
 //
 //   cuda_bench [--out=results.json] [--iters=50] [--commit=abc123]
-//              [--b=64,128,512] [--heads=8,16,32,64,128] [--prologue=1] [--decode=1]
+//              [--b=1,2,4,8,16,64,128,512] [--heads=8,16,32,64,128] [--prologue=1]
+//              [--decode=1]
 // (--b and --heads keep only those decode shapes, --prologue=0 skips the
 // prologue shapes and --decode=0 the decode's: for profiling one shape or
 // an A/B of one kernel; RESULTS.md holds full runs.
@@ -222,7 +223,7 @@ constexpr char kUsage[] =
     "  --out=FILE        results.json to write (default results.json)\n"
     "  --iters=N         graph replays a shape, the median is taken (default 50)\n"
     "  --commit=REV      the commit recorded in results.json (default unknown)\n"
-    "  --b=LIST          decode batch sizes to run, of 64,128,512 (default all)\n"
+    "  --b=LIST          decode batch sizes to run, of 1,2,4,8,16,64,128,512 (default all)\n"
     "  --heads=LIST      decode head counts to run, of 8,16,32,64,128 (default all)\n"
     "  --prologue=0|1    run the prologue shapes (default 1)\n"
     "  --decode=0|1      run the decode shapes (default 1)\n"
@@ -283,7 +284,7 @@ std::string ParseOptions(int argc, char** argv, Options* options, bool* help) {
     } else if (const char* v = value_of("--commit=")) {
       options->commit = v;
     } else if (const char* v = value_of("--b=")) {
-      error = ParseList("--b", v, {64, 128, 512}, &options->only_b);
+      error = ParseList("--b", v, {1, 2, 4, 8, 16, 64, 128, 512}, &options->only_b);
     } else if (const char* v = value_of("--heads=")) {
       error = ParseList("--heads", v, {8, 16, 32, 64, 128}, &options->only_heads);
     } else if (const char* v = value_of("--prologue=")) {
@@ -463,7 +464,8 @@ int main(int argc, char** argv) {
   for (int h : {8, 16, 32, 64}) shapes.push_back({"V4-Flash", 512, h});
   for (int h : {8, 16, 32, 64, 128}) shapes.push_back({"V4-Pro", 1024, h});
   std::mt19937_64 rng(99);
-  for (int b : {64, 128, 512}) {
+  // Few sequences decoding (1..16) as well as full batches.
+  for (int b : {1, 2, 4, 8, 16, 64, 128, 512}) {
     if (!kept(only_b, b)) continue;
     for (const DecodeShape& shape : shapes) {
       if (!kept(only_heads, shape.heads)) continue;

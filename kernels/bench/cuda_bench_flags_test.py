@@ -32,7 +32,7 @@ class CudaBenchFlagsTest(unittest.TestCase):
         for args, message in ((["--head=64"], "unknown flag '--head=64'"),
                               (["--heads=24"], "--heads takes values of 8,16,32,64,128, not '24'"),
                               (["--heads=64,"], "--heads takes values of 8,16,32,64,128, not ''"),
-                              (["--b=96"], "--b takes values of 64,128,512, not '96'"),
+                              (["--b=96"], "--b takes values of 1,2,4,8,16,64,128,512, not '96'"),
                               (["--iters=0"], "--iters takes a count of 1 to 100000, not '0'"),
                               (["--iters=ten"], "--iters takes a count of 1 to 100000, not 'ten'"),
                               (["--prologue=2"], "--prologue takes 0 or 1, not '2'"),
