@@ -10,6 +10,7 @@
 # decode cases with those kernels (MLA_CUDA_DECODE=padded, =mma, =simt).
 # For the sanitizers or the benchmark with other kernels, set
 # MLA_CUDA_DECODE for the whole call.
+# BENCH_ARGS adds flags to the benchmark (e.g. --b=1,2,4 --prologue=0).
 # e2e: the server's end-to-end tests with --backend=cuda; transport: the
 # transport benchmark with the CUDA backend (TRANSPORT_ARGS adds flags);
 # service: the service path of server/bench/README.md (the load test on
@@ -103,7 +104,9 @@ if [[ $steps == *all* || $steps == *tool* ]]; then
 fi
 if [[ $steps == *all* || $steps == *bench* ]]; then
   echo "== cuda_bench"
-  timeout 240 ./cuda_bench --out="$OUT/results.json" --iters=30 --commit="$(cat commit.txt 2>/dev/null || echo unknown)" 2>&1 | tee "$OUT/bench.log"
+  # shellcheck disable=SC2086
+  timeout 240 ./cuda_bench --out="$OUT/results.json" --iters=30 --commit="$(cat commit.txt 2>/dev/null || echo unknown)" \
+    ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if [[ $steps == *all* || $steps == *e2e* ]]; then
