@@ -12,7 +12,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/testing/shared_memory.h"
+#include "server/testing/regions.h"
 
 namespace mla {
 namespace {
@@ -155,11 +155,8 @@ TEST_F(ResolveTest, AnotherOwnersRegionIsNotFound) {
 // still exists; once it holds neither, they go after the grace period.
 TEST(RegionOwnersTest, StreamsAndLiveSessionsKeepRegions) {
   SharedMemory memory(4096);
-  absl::Time now = absl::UnixEpoch();
-  RegionRegistryOptions options;
-  options.grace = absl::Seconds(30);
-  options.clock = [&now] { return now; };
-  RegionRegistry registry(options);
+  TestClock clock;
+  RegionRegistry registry(GraceOnClock(clock));
   ASSERT_TRUE(registry.RegisterSharedMemory("streaming", memory.name(), 16).ok());
   ASSERT_TRUE(registry.RegisterSharedMemory("with session", memory.name(), 16).ok());
   ASSERT_TRUE(registry.RegisterSharedMemory("idle", memory.name(), 16).ok());
@@ -173,7 +170,7 @@ TEST(RegionOwnersTest, StreamsAndLiveSessionsKeepRegions) {
     ++listed;
     return sessions;
   };
-  now += absl::Seconds(31);
+  clock.now += absl::Seconds(31);
   EXPECT_EQ(owners.Sweep(registry, list).size(), 1u);
   EXPECT_TRUE(registry.List("idle").empty());
   EXPECT_EQ(registry.List("with session").size(), 1u);
@@ -181,9 +178,9 @@ TEST(RegionOwnersTest, StreamsAndLiveSessionsKeepRegions) {
   EXPECT_EQ(listed, 1);
   sessions.clear();  // s1 expired or was closed
   owners.StreamClosed("streaming");
-  now += absl::Seconds(20);
+  clock.now += absl::Seconds(20);
   EXPECT_TRUE(owners.Sweep(registry, list).empty()) << "within the grace period";
-  now += absl::Seconds(11);
+  clock.now += absl::Seconds(11);
   EXPECT_EQ(owners.Sweep(registry, list).size(), 2u);
   EXPECT_TRUE(registry.List("with session").empty());
   EXPECT_TRUE(registry.List("streaming").empty());

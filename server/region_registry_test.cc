@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/testing/shared_memory.h"
+#include "server/testing/regions.h"
 
 namespace mla {
 namespace {
@@ -154,22 +154,19 @@ TEST(RegionRegistryTest, LimitsPerOwnerChangeNothing) {
 // loses its regions; one that keeps touching keeps them.
 TEST(RegionRegistryTest, AnIdleOwnersRegionsGoAfterTheGracePeriod) {
   SharedMemory memory(4096);
-  absl::Time now = absl::UnixEpoch();
-  RegionRegistryOptions options;
-  options.grace = absl::Seconds(30);
-  options.clock = [&now] { return now; };
-  RegionRegistry registry(options);
+  TestClock clock;
+  RegionRegistry registry(GraceOnClock(clock));
   absl::StatusOr<uint64_t> gone = registry.RegisterSharedMemory("gone", memory.name(), 16);
   absl::StatusOr<uint64_t> busy = registry.RegisterSharedMemory("busy", memory.name(), 16);
   ASSERT_TRUE(gone.ok() && busy.ok());
-  now += absl::Seconds(20);
+  clock.now += absl::Seconds(20);
   registry.Touch("busy");
   EXPECT_TRUE(registry.Expire().empty()) << "nobody idle 30 s yet";
-  now += absl::Seconds(15);
+  clock.now += absl::Seconds(15);
   EXPECT_EQ(registry.Expire(), std::vector<uint64_t>{*gone});
   EXPECT_TRUE(registry.List("gone").empty());
   EXPECT_EQ(registry.List("busy").size(), 1u);
-  now += absl::Seconds(31);
+  clock.now += absl::Seconds(31);
   EXPECT_EQ(registry.Expire(), std::vector<uint64_t>{*busy});
 }
 

@@ -46,7 +46,7 @@
 #include "server/metrics/registry.h"
 #include "server/offload_server.h"
 #include "server/testing/engine_hold.h"
-#include "server/testing/shared_memory.h"
+#include "server/testing/regions.h"
 #include "tests/support/test_rows.h"
 
 namespace mla {

@@ -83,7 +83,7 @@
 #include "kernels/rope.h"
 #include "proto/mla_offload.grpc.pb.h"
 #include "tests/integration/health.grpc.pb.h"
-#include "server/testing/shared_memory.h"
+#include "server/testing/regions.h"
 #include "tests/support/test_rows.h"
 
 extern char** environ;

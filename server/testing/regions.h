@@ -1,9 +1,10 @@
-// For tests of the same-host data plane: a POSIX shared-memory object made
-// as a client makes one (shm_open, ftruncate, mmap), filled with a pattern,
-// and unmapped and unlinked when it goes (the server's mapping outlives the
-// name). Not for production code.
-#ifndef MLA_OFFLOAD_SERVER_TESTING_SHARED_MEMORY_H_
-#define MLA_OFFLOAD_SERVER_TESTING_SHARED_MEMORY_H_
+// For tests of the same-host data plane: SharedMemory, a POSIX
+// shared-memory object made as a client makes one (shm_open, ftruncate,
+// mmap), filled with a pattern, and unmapped and unlinked when it goes (the
+// server's mapping outlives the name); and the options of a region
+// registry whose clock the test moves. Not for production code.
+#ifndef MLA_OFFLOAD_SERVER_TESTING_REGIONS_H_
+#define MLA_OFFLOAD_SERVER_TESTING_REGIONS_H_
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -14,7 +15,9 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "server/region_registry.h"
 
 namespace mla {
 
@@ -50,6 +53,19 @@ class SharedMemory {
   int64_t bytes_ = 0;
 };
 
+// The time of a registry's clock, which the test moves.
+struct TestClock {
+  absl::Time now = absl::UnixEpoch();
+};
+
+// A grace period of 30 s on `clock`, which must outlive the registry.
+inline RegionRegistryOptions GraceOnClock(TestClock& clock) {
+  RegionRegistryOptions options;
+  options.grace = absl::Seconds(30);
+  options.clock = [&clock] { return clock.now; };
+  return options;
+}
+
 }  // namespace mla
 
-#endif  // MLA_OFFLOAD_SERVER_TESTING_SHARED_MEMORY_H_
+#endif  // MLA_OFFLOAD_SERVER_TESTING_REGIONS_H_
