@@ -32,8 +32,6 @@ constexpr char kAttendMethod[] = "/mla_offload.v1.MlaOffload/Attend";
 constexpr char kEchoMethod[] = "/mla_offload.v1.MlaOffload/Echo";
 constexpr char kAppendKVMethod[] = "/mla_offload.v1.MlaOffload/AppendKV";
 constexpr char kHealthCheckMethod[] = "/grpc.health.v1.Health/Check";
-// The metadata that names this client instance to the server (its regions).
-constexpr char kClientIdMetadata[] = "mla-client-id";
 
 // 32 random hexadecimal digits.
 std::string NewClientId() {
@@ -209,7 +207,7 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
     if (options_.stream_timeout != absl::InfiniteDuration()) {
       context_->set_deadline(DeadlineAfter(options_.stream_timeout));
     }
-    context_->AddMetadata(kClientIdMetadata, client_id);
+    context_->AddMetadata(wire::kClientIdMetadata, client_id);
     grpc::GenericStub stub(channel);
     stub.PrepareBidiStreamingCall(context_.get(), method, grpc::StubOptions(), this);
     {
@@ -1103,7 +1101,7 @@ void Client::Prepare(grpc::ClientContext& context, const CallOptions& call) cons
   const absl::Duration timeout =
       call.timeout > absl::ZeroDuration() ? call.timeout : options_.call_timeout;
   if (timeout != absl::InfiniteDuration()) context.set_deadline(DeadlineAfter(timeout));
-  context.AddMetadata(kClientIdMetadata, client_id_);
+  context.AddMetadata(wire::kClientIdMetadata, client_id_);
 }
 
 template <typename Request, typename Response>

@@ -41,6 +41,10 @@ enum class DType : int32_t { kUnspecified = 0, kBf16 = 1, kF32 = 2, kI32 = 3 };
 // Bytes per element of a known dtype; 0 for kUnspecified and unknown values.
 size_t DTypeSize(DType dtype);
 
+// The request metadata that names a client instance (the owner of its
+// same-host regions; proto/mla_offload.proto's conventions).
+inline constexpr char kClientIdMetadata[] = "mla-client-id";
+
 // Bytes [offset, offset + byte_size) of a region the client registered
 // (message RegionRef); the numbers as they came, unchecked.
 struct RegionRefView {

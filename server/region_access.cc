@@ -31,7 +31,7 @@ absl::Status CheckClientId(absl::string_view id) {
   }
   if (ok) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
-      kClientIdMetadata, " metadata: ", EchoClientText(id),
+      wire::kClientIdMetadata, " metadata: ", EchoClientText(id),
       " is not 16 to 64 characters of A-Z, a-z, 0-9, \"-\" and \"_\"; send a random one, the "
       "same in every call of this client"));
 }
@@ -104,7 +104,7 @@ absl::StatusOr<std::string> RegionOwnerOf(const grpc::ServerContextBase& context
         EchoClientText(peer), ": send the tensors inline instead"));
   }
   const auto& metadata = context.client_metadata();
-  const auto id = metadata.find(kClientIdMetadata);
+  const auto id = metadata.find(wire::kClientIdMetadata);
   if (id == metadata.end()) return peer;
   const absl::string_view value(id->second.data(), id->second.size());
   if (absl::Status status = CheckClientId(value); !status.ok()) return status;

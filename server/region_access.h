@@ -36,9 +36,6 @@
 
 namespace mla {
 
-// The metadata key that names a client instance.
-inline constexpr char kClientIdMetadata[] = "mla-client-id";
-
 // Whether gRPC's peer address `peer` (e.g. "ipv4:127.0.0.1:5000",
 // "ipv6:[::1]:5000", "unix:") is on this host.
 bool IsSameHostPeer(absl::string_view peer);
