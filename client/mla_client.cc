@@ -6,6 +6,7 @@
 #include <deque>
 #include <limits>
 #include <optional>
+#include <random>
 #include <utility>
 
 #include <grpcpp/create_channel.h>
@@ -31,6 +32,14 @@ constexpr char kAttendMethod[] = "/mla_offload.v1.MlaOffload/Attend";
 constexpr char kEchoMethod[] = "/mla_offload.v1.MlaOffload/Echo";
 constexpr char kAppendKVMethod[] = "/mla_offload.v1.MlaOffload/AppendKV";
 constexpr char kHealthCheckMethod[] = "/grpc.health.v1.Health/Check";
+
+// 32 random hexadecimal digits.
+std::string NewClientId() {
+  std::random_device random;
+  std::string id;
+  for (int i = 0; i < 4; ++i) absl::StrAppend(&id, absl::Hex(random(), absl::kZeroPad8));
+  return id;
+}
 
 std::chrono::system_clock::time_point DeadlineAfter(absl::Duration timeout) {
   if (timeout == absl::InfiniteDuration()) return std::chrono::system_clock::time_point::max();
@@ -161,6 +170,7 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
     uint64_t id = 0;
     grpc::ByteBuffer buffer;
     std::vector<int64_t> expected_shape;  // as given to Send
+    bool in_regions = false;              // as given to Send
   };
 
   RawStream(std::string what, const StreamOptions& options)
@@ -192,10 +202,12 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
     return released_.Guard(std::move(caller_keep_alive));
   }
 
-  void Start(const std::shared_ptr<grpc::Channel>& channel, const std::string& method) {
+  void Start(const std::shared_ptr<grpc::Channel>& channel, const std::string& method,
+             const std::string& client_id) {
     if (options_.stream_timeout != absl::InfiniteDuration()) {
       context_->set_deadline(DeadlineAfter(options_.stream_timeout));
     }
+    context_->AddMetadata(wire::kClientIdMetadata, client_id);
     grpc::GenericStub stub(channel);
     stub.PrepareBidiStreamingCall(context_.get(), method, grpc::StubOptions(), this);
     {
@@ -209,9 +221,10 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
 
   // Numbers the message, builds it with `build(id)` and queues it for
   // writing; waits while max_in_flight messages are unanswered.
-  // `expected_shape` comes back with the message's answer.
+  // `expected_shape` and `in_regions` come back with the message's answer.
   template <typename Build>
-  absl::StatusOr<uint64_t> Send(Build&& build, std::vector<int64_t> expected_shape = {}) {
+  absl::StatusOr<uint64_t> Send(Build&& build, std::vector<int64_t> expected_shape = {},
+                                bool in_regions = false) {
     grpc::ByteBuffer* start = nullptr;
     uint64_t id = 0;
     {
@@ -235,7 +248,8 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
           --last_id_;
           return message.status();
         }
-        unanswered_.push_back({id, absl::Now() + options_.step_timeout, std::move(expected_shape)});
+        unanswered_.push_back(
+            {id, absl::Now() + options_.step_timeout, std::move(expected_shape), in_regions});
         writes_.push_back(*std::move(message));
         if (!writing_) {
           writing_ = true;
@@ -392,7 +406,8 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
         }
       } else {
         answers_.push_back({unanswered_.front().id, std::move(read_buffer_),
-                            std::move(unanswered_.front().expected_shape)});
+                            std::move(unanswered_.front().expected_shape),
+                            unanswered_.front().in_regions});
         unanswered_.pop_front();
         read_buffer_ = grpc::ByteBuffer();
       }
@@ -486,6 +501,7 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
     uint64_t id;
     absl::Time deadline;
     std::vector<int64_t> expected_shape;
+    bool in_regions;
   };
 
   const std::string what_;
@@ -631,7 +647,8 @@ absl::Status Stripes::Finish() {
 
 struct AttendResult::Data {
   uint64_t request_id = 0;
-  wire::TensorView out;
+  wire::TensorView out;  // no bytes when in_regions
+  bool in_regions = false;
   std::optional<wire::TensorView> lse;
   wire::TimingView timing;
   absl::once_flag out_once;
@@ -656,6 +673,7 @@ absl::Span<const float> AttendResult::lse() const {
   return FlatView(*data_->lse, data_->lse_once, data_->lse_copy);
 }
 bool AttendResult::has_lse() const { return data_->lse.has_value(); }
+bool AttendResult::in_regions() const { return data_->in_regions; }
 const wire::TensorView& AttendResult::out_view() const { return data_->out; }
 const wire::TimingView& AttendResult::timing() const { return data_->timing; }
 
@@ -663,37 +681,154 @@ AttendStream::AttendStream(std::unique_ptr<internal::Stripes> stripes)
     : stripes_(std::move(stripes)) {}
 AttendStream::~AttendStream() = default;
 
-absl::StatusOr<uint64_t> AttendStream::Send(const AttendInput& input) {
-  int64_t tokens = 0;
-  int64_t compressed_rows = 0;
-  for (const AttendSegment& segment : input.segments) {
-    tokens += segment.num_tokens;
-    compressed_rows += segment.num_compressed_rows;
+namespace {
+
+// The sizes of one Attend message, from its segments and tensors.
+struct AttendShape {
+  int64_t tokens = 0;           // T
+  int64_t heads = 0;            // H
+  int64_t compressed_rows = 0;  // of every segment
+};
+
+// The values of a tensor given as a span or as a region reference (bytes
+// over `value_bytes`), -1 when given as both; `field` names it.
+absl::StatusOr<int64_t> ValuesOf(size_t span_values, const std::optional<RegionRef>& region,
+                                 int64_t value_bytes, const char* field) {
+  if (!region.has_value()) return static_cast<int64_t>(span_values);
+  if (span_values > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AttendInput.", field, ": given as a span and as ", field,
+        "_region; give one of them"));
   }
+  if (region->bytes < 0 || region->bytes % value_bytes != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("AttendInput.", field, "_region: ",
+                                                   region->bytes, " bytes are not whole values"));
+  }
+  return region->bytes / value_bytes;
+}
+
+// The message's shape; INVALID_ARGUMENT naming the field that does not fit.
+absl::StatusOr<AttendShape> ShapeOf(const AttendInput& input) {
+  AttendShape shape;
+  for (const AttendSegment& segment : input.segments) {
+    shape.tokens += segment.num_tokens;
+    shape.compressed_rows += segment.num_compressed_rows;
+  }
+  const int64_t tokens = shape.tokens;
   const int64_t q_row = tokens * kHeadDim;
   if (tokens <= 0) {
     return absl::InvalidArgumentError(
         "AttendInput.segments: no tokens (give at least one segment with num_tokens > 0)");
   }
-  if (input.q.empty() || input.q.size() % q_row != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "AttendInput.q: ", input.q.size(), " values is not [T=", tokens, ", H, 512] for any H"));
+  absl::StatusOr<int64_t> q = ValuesOf(input.q.size(), input.q_region, 2, "q");
+  absl::StatusOr<int64_t> kv = ValuesOf(input.kv.size(), input.kv_region, 2, "kv");
+  absl::StatusOr<int64_t> compressed =
+      ValuesOf(input.compressed_kv.size(), input.compressed_kv_region, 2, "compressed_kv");
+  for (const absl::StatusOr<int64_t>* values : {&q, &kv, &compressed}) {
+    if (!values->ok()) return values->status();
   }
-  if (!input.kv.empty() && static_cast<int64_t>(input.kv.size()) != q_row) {
-    return absl::InvalidArgumentError(absl::StrCat("AttendInput.kv: ", input.kv.size(),
-                                                   " values where [T=", tokens,
-                                                   ", 512] = ", q_row, " (or none) are expected"));
+  if (*q == 0 || *q % q_row != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AttendInput.q: ", *q, " values is not [T=", tokens, ", H, 512] for any H"));
   }
-  if (static_cast<int64_t>(input.compressed_kv.size()) != compressed_rows * kHeadDim) {
+  if (*kv != 0 && *kv != q_row) {
+    return absl::InvalidArgumentError(absl::StrCat("AttendInput.kv: ", *kv, " values where [T=",
+                                                   tokens, ", 512] = ", q_row,
+                                                   " (or none) are expected"));
+  }
+  if (*compressed != shape.compressed_rows * kHeadDim) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "AttendInput.compressed_kv: ", input.compressed_kv.size(), " values where [",
-        compressed_rows, " (the segments' num_compressed_rows), 512] are expected"));
+        "AttendInput.compressed_kv: ", *compressed, " values where [", shape.compressed_rows,
+        " (the segments' num_compressed_rows), 512] are expected"));
   }
   if (input.topk.size() % tokens != 0) {
     return absl::InvalidArgumentError(absl::StrCat("AttendInput.topk: ", input.topk.size(),
                                                    " values is not [T=", tokens, ", K] for any K"));
   }
-  const int64_t heads = static_cast<int64_t>(input.q.size()) / q_row;
+  shape.heads = *q / q_row;
+  return shape;
+}
+
+// The answer regions fit the answer: out [T, H, 512] bf16 and, with
+// return_lse, lse [T, H] f32; neither, or out alone without return_lse.
+absl::Status CheckAnswerRegions(const AttendInput& input, const AttendShape& shape) {
+  if (!input.out_region.has_value()) {
+    if (!input.lse_region.has_value()) return absl::OkStatus();
+    return absl::InvalidArgumentError("AttendInput.lse_region: only with out_region");
+  }
+  const int64_t values = shape.tokens * shape.heads;
+  if (input.out_region->bytes != values * kHeadDim * 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AttendInput.out_region: ", input.out_region->bytes, " bytes where out [T=", shape.tokens,
+        ", H=", shape.heads, ", 512] bf16 needs ", values * kHeadDim * 2));
+  }
+  if (input.return_lse != input.lse_region.has_value()) {
+    return absl::InvalidArgumentError(
+        "AttendInput.lse_region: give one exactly when return_lse is set (with out_region)");
+  }
+  if (input.return_lse && input.lse_region->bytes != values * 4) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AttendInput.lse_region: ", input.lse_region->bytes, " bytes where lse [T=",
+        shape.tokens, ", H=", shape.heads, "] f32 needs ", values * 4));
+  }
+  return absl::OkStatus();
+}
+
+std::optional<wire::RegionRefView> RefView(const std::optional<RegionRef>& region) {
+  if (!region.has_value()) return std::nullopt;
+  return wire::RegionRefView{region->region_id, region->offset, region->bytes};
+}
+
+// The message of `input` with request id `id`; tensors given as spans are
+// referenced with `keep_alive`.
+wire::AttendRequestView RequestOf(const AttendInput& input, const AttendShape& shape, uint64_t id,
+                                  const std::shared_ptr<const void>& keep_alive) {
+  wire::AttendRequestView request;
+  request.request_id = id;
+  request.layer = input.layer;
+  request.head_offset = input.head_offset;
+  request.return_lse = input.return_lse;
+  request.derotate_output = input.derotate_output;
+  for (const AttendSegment& segment : input.segments) {
+    request.segments.push_back({segment.session_id, segment.position, segment.num_tokens,
+                                segment.first_compressed_row, segment.num_compressed_rows});
+  }
+  // Present when given as a span or a region; a region's bytes stay there.
+  const auto tensor = [&keep_alive](wire::DType dtype, std::vector<int64_t> tensor_shape,
+                                    const void* data, size_t bytes,
+                                    const std::optional<RegionRef>& region) {
+    wire::TensorView view =
+        wire::MakeTensorView(dtype, std::move(tensor_shape), data, bytes, keep_alive);
+    view.region = RefView(region);
+    return view;
+  };
+  const int64_t t = shape.tokens;
+  request.q = tensor(wire::DType::kBf16, {t, shape.heads, kHeadDim}, input.q.data(),
+                     input.q.size() * 2, input.q_region);
+  if (!input.kv.empty() || input.kv_region.has_value()) {
+    request.kv = tensor(wire::DType::kBf16, {t, kHeadDim}, input.kv.data(), input.kv.size() * 2,
+                        input.kv_region);
+  }
+  if (!input.compressed_kv.empty() || input.compressed_kv_region.has_value()) {
+    request.compressed_kv =
+        tensor(wire::DType::kBf16, {shape.compressed_rows, kHeadDim}, input.compressed_kv.data(),
+               input.compressed_kv.size() * 2, input.compressed_kv_region);
+  }
+  if (!input.topk.empty()) {
+    request.topk = tensor(wire::DType::kI32, {t, static_cast<int64_t>(input.topk.size()) / t},
+                          input.topk.data(), input.topk.size() * 4, std::nullopt);
+  }
+  request.out_region = RefView(input.out_region);
+  request.lse_region = RefView(input.lse_region);
+  return request;
+}
+
+}  // namespace
+
+absl::StatusOr<uint64_t> AttendStream::Send(const AttendInput& input) {
+  absl::StatusOr<AttendShape> shape = ShapeOf(input);
+  if (!shape.ok()) return shape.status();
+  if (absl::Status status = CheckAnswerRegions(input, *shape); !status.ok()) return status;
   std::vector<std::string> keys;  // the session layers of the message
   keys.reserve(input.segments.size());
   for (const AttendSegment& segment : input.segments) {
@@ -702,38 +837,11 @@ absl::StatusOr<uint64_t> AttendStream::Send(const AttendInput& input) {
   const int stripe = stripes_->Pick(keys);
   internal::RawStream& raw = stripes_->raw(stripe);
   const std::shared_ptr<const void> keep_alive = raw.Guard(input.keep_alive);
-  auto tensor = [&keep_alive](wire::DType dtype, std::vector<int64_t> shape, const void* data,
-                              size_t bytes) {
-    return wire::MakeTensorView(dtype, std::move(shape), data, bytes, keep_alive);
-  };
-  absl::StatusOr<uint64_t> sent = raw.Send([&](uint64_t id) -> absl::StatusOr<grpc::ByteBuffer> {
-    wire::AttendRequestView request;
-    request.request_id = id;
-    request.layer = input.layer;
-    request.head_offset = input.head_offset;
-    request.return_lse = input.return_lse;
-    request.derotate_output = input.derotate_output;
-    for (const AttendSegment& segment : input.segments) {
-      request.segments.push_back({segment.session_id, segment.position, segment.num_tokens,
-                                  segment.first_compressed_row, segment.num_compressed_rows});
-    }
-    request.q =
-        tensor(wire::DType::kBf16, {tokens, heads, kHeadDim}, input.q.data(), input.q.size() * 2);
-    if (!input.kv.empty()) {
-      request.kv =
-          tensor(wire::DType::kBf16, {tokens, kHeadDim}, input.kv.data(), input.kv.size() * 2);
-    }
-    if (!input.compressed_kv.empty()) {
-      request.compressed_kv = tensor(wire::DType::kBf16, {compressed_rows, kHeadDim},
-                                     input.compressed_kv.data(), input.compressed_kv.size() * 2);
-    }
-    if (!input.topk.empty()) {
-      request.topk =
-          tensor(wire::DType::kI32, {tokens, static_cast<int64_t>(input.topk.size()) / tokens},
-                 input.topk.data(), input.topk.size() * 4);
-    }
-    return wire::SerializeAttendRequest(request);
-  }, {tokens, heads, kHeadDim});
+  absl::StatusOr<uint64_t> sent = raw.Send(
+      [&](uint64_t id) -> absl::StatusOr<grpc::ByteBuffer> {
+        return wire::SerializeAttendRequest(RequestOf(input, *shape, id, keep_alive));
+      },
+      {shape->tokens, shape->heads, kHeadDim}, input.out_region.has_value());
   if (!sent.ok()) {
     stripes_->NotSent();
     return sent.status();
@@ -760,6 +868,20 @@ absl::StatusOr<AttendResult> AttendStream::Receive() {
     return absl::InternalError(absl::StrCat(what, ": answered with request_id ",
                                             response->request_id, " (answers out of order)"));
   }
+  const std::vector<int64_t>& shape = answer->expected_shape;  // [T, H, 512]
+  if (answer->in_regions) {
+    if (response->out.has_value() || response->lse.has_value()) {
+      return absl::InternalError(
+          absl::StrCat(what, ": an answer written into out_region that also carries tensors"));
+    }
+    auto data = std::make_unique<AttendResult::Data>();
+    data->request_id = received->id;
+    data->out.dtype = wire::DType::kBf16;
+    data->out.shape = shape;
+    data->in_regions = true;
+    if (response->timing.has_value()) data->timing = *response->timing;
+    return AttendResult(std::move(data));
+  }
   if (!response->out.has_value()) {
     return absl::InternalError(absl::StrCat(what, ": an OK answer without out"));
   }
@@ -780,7 +902,6 @@ absl::StatusOr<AttendResult> AttendStream::Receive() {
         dtype_name(tensor.dtype), " where [", absl::StrJoin(shape, ", "), "] ", dtype_name(dtype),
         " is expected", bytes_wrong ? ": " : "", bytes_wrong ? status.message() : ""));
   };
-  const std::vector<int64_t>& shape = answer->expected_shape;  // [T, H, 512]
   if (absl::Status status = check(*response->out, "AttendResponse.out", wire::DType::kBf16, shape);
       !status.ok()) {
     return status;
@@ -969,26 +1090,25 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
 
 Client::Client(std::string target, std::shared_ptr<grpc::Channel> channel,
                const ConnectOptions& options)
-    : target_(std::move(target)), channel_(std::move(channel)), options_(options) {}
+    : target_(std::move(target)),
+      channel_(std::move(channel)),
+      options_(options),
+      client_id_(NewClientId()) {}
 
 Client::~Client() = default;
 
-namespace {
-
-void SetCallDeadline(grpc::ClientContext& context, const CallOptions& call,
-                     const ConnectOptions& options) {
+void Client::Prepare(grpc::ClientContext& context, const CallOptions& call) const {
   const absl::Duration timeout =
-      call.timeout > absl::ZeroDuration() ? call.timeout : options.call_timeout;
+      call.timeout > absl::ZeroDuration() ? call.timeout : options_.call_timeout;
   if (timeout != absl::InfiniteDuration()) context.set_deadline(DeadlineAfter(timeout));
+  context.AddMetadata(wire::kClientIdMetadata, client_id_);
 }
-
-}  // namespace
 
 template <typename Request, typename Response>
 absl::Status Client::Unary(absl::string_view method, const Request& request, Response* response,
                            const CallOptions& call) {
   grpc::ClientContext context;
-  SetCallDeadline(context, call, options_);
+  Prepare(context, call);
   const std::string name = absl::StrCat("/mla_offload.v1.MlaOffload/", method);
   const grpc::internal::RpcMethod rpc(name.c_str(), grpc::internal::RpcMethod::NORMAL_RPC);
   grpc::Status status =
@@ -1002,7 +1122,7 @@ absl::StatusOr<std::vector<grpc::Slice>> Client::UnaryRaw(const char* method,
                                                           const CallOptions& call,
                                                           absl::string_view what) {
   grpc::ClientContext context;
-  SetCallDeadline(context, call, options_);
+  Prepare(context, call);
   const grpc::internal::RpcMethod rpc(method, grpc::internal::RpcMethod::NORMAL_RPC);
   grpc::ByteBuffer answer;
   grpc::Status status = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
@@ -1201,6 +1321,35 @@ absl::StatusOr<std::vector<pb::SessionInfo>> Client::ListSessions(const CallOpti
   return std::vector<pb::SessionInfo>(response.sessions().begin(), response.sessions().end());
 }
 
+absl::StatusOr<uint64_t> Client::RegisterRegion(const std::string& name, int64_t bytes,
+                                                const CallOptions& call) {
+  pb::RegisterRegionRequest request;
+  request.set_kind(pb::REGION_KIND_SYSTEM_SHM);
+  request.set_name(name);
+  request.set_byte_size(bytes);
+  pb::RegisterRegionResponse response;
+  if (absl::Status status = Unary("RegisterRegion", request, &response, call); !status.ok()) {
+    return status;
+  }
+  return response.region_id();
+}
+
+absl::Status Client::UnregisterRegion(uint64_t region_id, const CallOptions& call) {
+  pb::UnregisterRegionRequest request;
+  request.set_region_id(region_id);
+  pb::UnregisterRegionResponse response;
+  return Unary("UnregisterRegion", request, &response, call);
+}
+
+absl::StatusOr<std::vector<pb::RegionInfo>> Client::ListRegions(const CallOptions& call) {
+  pb::ListRegionsResponse response;
+  if (absl::Status status = Unary("ListRegions", pb::ListRegionsRequest(), &response, call);
+      !status.ok()) {
+    return status;
+  }
+  return std::vector<pb::RegionInfo>(response.regions().begin(), response.regions().end());
+}
+
 absl::StatusOr<std::unique_ptr<internal::Stripes>> Client::OpenStripes(
     absl::string_view method, const StreamOptions& options) {
   if (options.step_timeout <= absl::ZeroDuration()) {
@@ -1226,7 +1375,7 @@ absl::StatusOr<std::unique_ptr<internal::Stripes>> Client::OpenStripes(
         absl::StrCat(name.substr(name.rfind('/') + 1), " stream on ", target_,
                      options.connections > 1 ? absl::StrCat(" (connection ", c + 1, ")") : ""),
         options);
-    raw->Start(channel, name);
+    raw->Start(channel, name, client_id_);
     raws.push_back(std::move(raw));
   }
   return std::make_unique<internal::Stripes>(std::move(raws));

@@ -37,6 +37,14 @@
 // gives the pieces for a single CopyTo into the caller's own, e.g. pinned,
 // buffer).
 //
+// Same-host data plane: a client on the server's host may share memory with
+// it (HostRegion, client/host_region.h: POSIX shared memory, registered
+// once) and name q, kv and compressed rows in it, and the place to write
+// the answer, in AttendInput's *_region fields; those messages carry no
+// tensor bytes either way. Every call and stream of a Client carries its
+// client_id() (the mla-client-id metadata): the server keeps a client's
+// regions apart from every other's by it, over all its connections.
+//
 // Several servers: Cluster places each session on one server by rendezvous
 // (highest random weight) hashing of a session key chosen by the caller, and
 // the session stays there. When that server is lost, its sessions are gone
@@ -59,10 +67,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <grpcpp/channel.h>
+#include <grpcpp/client_context.h>
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/status.h>
 
@@ -157,10 +167,24 @@ struct AttendSegment {
   int32_t num_compressed_rows = 0;
 };
 
+// Bytes [offset, offset + bytes) of a region registered with the server
+// (the same-host data plane; HostRegion in client/host_region.h makes and
+// registers one).
+struct RegionRef {
+  uint64_t region_id = 0;
+  int64_t offset = 0;
+  int64_t bytes = 0;
+};
+
 // One Attend message: a layer step of one rank for the sessions in
 // `segments` (T = sum of their num_tokens). Tensors are bf16 bit patterns
 // (uint16) and int32, C order, referenced while the message is sent (see the
-// file comment).
+// file comment). On the server's host, q, kv and compressed_kv may instead
+// lie in a registered region (the *_region fields, the span left empty;
+// the server reads them while the step runs, so they must stay unchanged
+// until Receive returns its answer), and the answer may be written into
+// one (out_region, with return_lse also lse_region): the message then
+// carries and returns no tensor bytes. The top-k always travels inline.
 struct AttendInput {
   int32_t layer = 0;
   int32_t head_offset = 0;
@@ -174,6 +198,15 @@ struct AttendInput {
   // Optional: owns the memory above; held until gRPC has released the
   // message, so the caller need not keep the memory until Receive.
   std::shared_ptr<const void> keep_alive;
+  // The same-host data plane (see above): q [T, H, 512], kv [T, 512] and
+  // compressed_kv [rows, 512] bf16 in a region; out [T, H, 512] bf16 and
+  // lse [T, H] f32 written into one (out at an even offset, lse at a
+  // multiple of 4), in place when Receive returns the answer.
+  std::optional<RegionRef> q_region;
+  std::optional<RegionRef> kv_region;
+  std::optional<RegionRef> compressed_kv_region;
+  std::optional<RegionRef> out_region;
+  std::optional<RegionRef> lse_region;
 };
 
 // The answer to one Attend message that the server served. Movable, not
@@ -187,12 +220,15 @@ class AttendResult {
   uint64_t request_id() const;
   int64_t num_tokens() const;  // T
   int32_t num_heads() const;   // H
-  // [T, H, 512] bf16 bit patterns.
+  // [T, H, 512] bf16 bit patterns; empty when in_regions().
   absl::Span<const uint16_t> out() const;
   // [T, H] fp32 log-sum-exp (+inf where nothing was attended); empty unless
-  // the message asked for it.
+  // the message asked for it, and when in_regions().
   absl::Span<const float> lse() const;
   bool has_lse() const;
+  // The server wrote out (and lse) into the message's out_region (and
+  // lse_region): the answer is there, not here.
+  bool in_regions() const;
   // The output as the received pieces (no copy made): out_view().CopyTo(dst)
   // writes it into the caller's buffer with one memcpy per piece.
   const wire::TensorView& out_view() const;
@@ -352,6 +388,21 @@ class Client {
                                        const CallOptions& call = {});
   absl::StatusOr<std::vector<pb::SessionInfo>> ListSessions(const CallOptions& call = {});
 
+  // The same-host data plane (only on the server's host: PERMISSION_DENIED
+  // elsewhere). Registers `bytes` of the POSIX shared-memory object `name`
+  // (which must exist) with the server; the region's id. HostRegion does
+  // all of it.
+  absl::StatusOr<uint64_t> RegisterRegion(const std::string& name, int64_t bytes,
+                                          const CallOptions& call = {});
+  // NOT_FOUND for a region this client does not hold.
+  absl::Status UnregisterRegion(uint64_t region_id, const CallOptions& call = {});
+  absl::StatusOr<std::vector<pb::RegionInfo>> ListRegions(const CallOptions& call = {});
+  // This client's identity for its regions: a random value sent as the
+  // mla-client-id metadata of every call and stream, so that the server
+  // tells this client from others on the same host (and keeps its regions
+  // across its connections).
+  const std::string& client_id() const { return client_id_; }
+
   absl::StatusOr<std::unique_ptr<AttendStream>> OpenAttendStream(
       const StreamOptions& options = {});
   absl::StatusOr<std::unique_ptr<EchoStream>> OpenEchoStream(const StreamOptions& options = {});
@@ -372,10 +423,14 @@ class Client {
   // A stream of `method` on options.connections connections.
   absl::StatusOr<std::unique_ptr<internal::Stripes>> OpenStripes(absl::string_view method,
                                                                  const StreamOptions& options);
+  // A unary call's deadline (`call`, else the connect options') and this
+  // client's id.
+  void Prepare(grpc::ClientContext& context, const CallOptions& call) const;
 
   const std::string target_;
   const std::shared_ptr<grpc::Channel> channel_;
   const ConnectOptions options_;
+  const std::string client_id_;
 };
 
 // ---- Placement over several servers.

@@ -11,8 +11,10 @@
 // section 1 (positions max(0, p-127)..p, ascending), with the session's
 // sinks of the rank's heads.
 #include <dirent.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -31,6 +33,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/host_region.h"
 #include "client/mla_client.h"
 #include "client/test_processes.h"
 #include "gmock/gmock.h"
@@ -657,6 +660,91 @@ TEST_F(ClientTest, PipelinedAttendAnswersInOrderLikeTheCpuBackend) {
   absl::StatusOr<std::vector<pb::SessionInfo>> listed = client_->ListSessions();
   ASSERT_TRUE(listed.ok());
   EXPECT_EQ((*listed)[0].next_position(), 200) << "layers 2.. were never attended";
+}
+
+// The same-host data plane: q and kv in a HostRegion, out and lse written
+// into it, on a stream striped over two connections (the client's id makes
+// them one owner); the answers carry no bytes and the region holds
+// CpuBackend's bits. A bad reference fails alone; the region goes, on the
+// server and on this host, with its HostRegion.
+TEST_F(ClientTest, HostRegionsCarryTheTensorsAndTheAnswer) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  Sequence seq = MakeSequence(97);
+  ASSERT_NO_FATAL_FAILURE(CreateAndAppend(&seq, 200));
+  SwaMirror mirror(seq);
+  mirror.Insert(0, 204);
+  mirror.Insert(1, 204);
+  constexpr int64_t kStepBytes = 64 << 10;  // each step's part of the region
+  absl::StatusOr<std::unique_ptr<HostRegion>> region = HostRegion::Create(*client_, 8 * kStepBytes);
+  ASSERT_TRUE(region.ok()) << region.status();
+  absl::StatusOr<std::vector<pb::RegionInfo>> listed = client_->ListRegions();
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].region_id(), (*region)->id());
+  EXPECT_EQ((*listed)[0].name(), (*region)->name());
+
+  std::vector<Step> steps;
+  for (int32_t p = 200; p < 204; ++p) {
+    for (int layer = 0; layer < 2; ++layer) steps.push_back(MakeStep(seq, layer, p, 1, p % 2 == 0, false));
+  }
+  StreamOptions options;
+  options.connections = 2;
+  absl::StatusOr<std::unique_ptr<AttendStream>> stream = client_->OpenAttendStream(options);
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  const int64_t q_bytes = kHeads * kHeadDim * 2;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const int64_t at = static_cast<int64_t>(i) * kStepBytes;
+    std::memcpy((*region)->data() + at, steps[i].q->data(), q_bytes);
+    std::memcpy((*region)->data() + at + q_bytes, steps[i].kv->data(), kHeadDim * 2);
+    AttendInput input = InputOf(seq, steps[i]);
+    input.q = {};
+    input.kv = {};
+    input.q_region = *(*region)->Ref(at, q_bytes);
+    input.kv_region = *(*region)->Ref(at + q_bytes, kHeadDim * 2);
+    input.out_region = *(*region)->Ref(at + 2 * q_bytes, q_bytes);
+    if (steps[i].lse) input.lse_region = *(*region)->Ref(at + 3 * q_bytes, kHeads * 4);
+    ASSERT_TRUE((*stream)->Send(input).ok());
+  }
+  for (size_t i = 0; i < steps.size(); ++i) {
+    absl::StatusOr<AttendResult> result = (*stream)->Receive();
+    ASSERT_TRUE(result.ok()) << "answer " << i << ": " << result.status();
+    EXPECT_TRUE(result->in_regions());
+    EXPECT_TRUE(result->out().empty());
+    EXPECT_EQ(result->num_tokens(), 1);
+    EXPECT_EQ(result->num_heads(), kHeads);
+    std::vector<uint16_t> out;
+    std::vector<float> lse;
+    mirror.Decode(steps[i].layer, steps[i].position, false, &out, &lse);
+    const uint8_t* at = (*region)->data() + i * kStepBytes;
+    EXPECT_EQ(std::memcmp(at + 2 * q_bytes, out.data(), q_bytes), 0) << "answer " << i;
+    if (steps[i].lse) {
+      EXPECT_EQ(std::memcmp(at + 3 * q_bytes, lse.data(), kHeads * 4), 0) << "answer " << i;
+    }
+  }
+
+  // Refused here: the region's end, a span beside a region; by the server:
+  // an unknown region. The stream goes on.
+  EXPECT_EQ((*region)->Ref(8 * kStepBytes - 1, 2).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const Step next = MakeStep(seq, 0, 204, 1, false, false);
+  AttendInput both = InputOf(seq, next);
+  both.q_region = *(*region)->Ref(0, q_bytes);
+  absl::StatusOr<uint64_t> refused = (*stream)->Send(both);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("AttendInput.q: given as a span"));
+  AttendInput unknown = InputOf(seq, next);
+  unknown.q = {};
+  unknown.q_region = RegionRef{(*region)->id() + 100, 0, q_bytes};
+  ASSERT_TRUE((*stream)->Send(unknown).ok());
+  EXPECT_EQ((*stream)->Receive().status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE((*stream)->Finish().ok());
+
+  const std::string name = (*region)->name();
+  region->reset();
+  listed = client_->ListRegions();
+  ASSERT_TRUE(listed.ok());
+  EXPECT_TRUE(listed->empty()) << "the region is still registered";
+  EXPECT_LT(shm_open(name.c_str(), O_RDONLY, 0), 0) << name << " is left on this host";
 }
 
 // More messages than max_in_flight from one thread without receiving: Send

@@ -19,6 +19,7 @@ namespace {
 
 using ::mla_offload::v1::AttendRequest;
 using ::mla_offload::v1::AttendResponse;
+using ::mla_offload::v1::RegionRef;
 using ::mla_offload::v1::RequestStatus;
 using ::mla_offload::v1::Segment;
 using ::mla_offload::v1::Tensor;
@@ -95,6 +96,8 @@ class Parser {
 
   absl::Status TensorField(const Tag& tag, const FieldPath& path,
                            std::optional<TensorView>* tensor);
+  absl::Status RegionField(const Tag& tag, const FieldPath& path,
+                           std::optional<RegionRefView>* region);
   absl::Status Shape(const Tag& tag, const FieldPath& path,
                      std::vector<int64_t>* shape);
   absl::Status Dimension(const FieldPath& path, std::vector<int64_t>* shape);
@@ -269,6 +272,28 @@ absl::Status Parser::TensorField(const Tag& tag, const FieldPath& path,
           reader_.TakePieces(length, &view.pieces);
           return absl::OkStatus();
         }
+        case Tensor::kRegionFieldNumber:
+          return RegionField(field, {&path, "region"}, &view.region);
+        default:
+          return Skip(field, path);
+      }
+    });
+  });
+}
+
+absl::Status Parser::RegionField(const Tag& tag, const FieldPath& path,
+                                 std::optional<RegionRefView>* region) {
+  return Nested(tag, path, [&]() {
+    if (!region->has_value()) region->emplace();
+    RegionRefView& view = **region;
+    return Fields(path, [&](const Tag& field) -> absl::Status {
+      switch (field.field) {
+        case RegionRef::kRegionIdFieldNumber:
+          return Varint(field, {&path, "region_id"}, &view.region_id);
+        case RegionRef::kOffsetFieldNumber:
+          return Varint(field, {&path, "offset"}, &view.offset);
+        case RegionRef::kByteSizeFieldNumber:
+          return Varint(field, {&path, "byte_size"}, &view.byte_size);
         default:
           return Skip(field, path);
       }
@@ -385,6 +410,10 @@ absl::Status Parser::Request(const FieldPath& path,
       case AttendRequest::kDerotateOutputFieldNumber:
         return Varint(field, {&path, "derotate_output"},
                       &request->derotate_output);
+      case AttendRequest::kOutRegionFieldNumber:
+        return RegionField(field, {&path, "out_region"}, &request->out_region);
+      case AttendRequest::kLseRegionFieldNumber:
+        return RegionField(field, {&path, "lse_region"}, &request->lse_region);
       default:
         return Skip(field, path);
     }
@@ -445,6 +474,17 @@ absl::StatusOr<View> ParseMessage(
   return view;
 }
 
+void WriteRegion(uint32_t field, const std::optional<RegionRefView>& region,
+                 WireWriter* writer) {
+  if (!region.has_value()) return;
+  WireWriter message;
+  message.WriteVarint(RegionRef::kRegionIdFieldNumber, region->region_id);
+  message.WriteVarint(RegionRef::kOffsetFieldNumber, ToVarint(region->offset));
+  message.WriteVarint(RegionRef::kByteSizeFieldNumber,
+                      ToVarint(region->byte_size));
+  writer->WriteMessage(field, std::move(message));
+}
+
 WireWriter EncodeTensor(const TensorView& tensor) {
   WireWriter writer;
   writer.WriteVarint(Tensor::kDtypeFieldNumber,
@@ -452,6 +492,7 @@ WireWriter EncodeTensor(const TensorView& tensor) {
   writer.WritePackedInt64(Tensor::kShapeFieldNumber, tensor.shape);
   writer.WriteBytes(Tensor::kDataFieldNumber, tensor.pieces,
                     tensor.keep_alive);
+  WriteRegion(Tensor::kRegionFieldNumber, tensor.region, &writer);
   return writer;
 }
 
@@ -516,6 +557,10 @@ grpc::ByteBuffer SerializeAttendRequest(const AttendRequestView& request) {
   writer.WriteVarint(AttendRequest::kReturnLseFieldNumber, request.return_lse);
   writer.WriteVarint(AttendRequest::kDerotateOutputFieldNumber,
                      request.derotate_output);
+  WriteRegion(AttendRequest::kOutRegionFieldNumber, request.out_region,
+              &writer);
+  WriteRegion(AttendRequest::kLseRegionFieldNumber, request.lse_region,
+              &writer);
   return writer.Finish();
 }
 

@@ -23,8 +23,8 @@
 // Parsing gives what ParseFromString gives, with protobuf's rules for repeated
 // occurrences: a scalar's last value wins, `segments` entries append (also
 // when the field is split by other fields), and a message field seen twice is
-// merged (Tensor: dtype last wins, shape appends, data last wins; Timing and
-// RequestStatus: each field last wins). Unknown fields of every wire type,
+// merged (Tensor: dtype last wins, shape appends, data last wins, region
+// merged; Timing, RegionRef and RequestStatus: each field last wins). Unknown fields of every wire type,
 // groups included, are skipped and not kept. The parser is stricter than
 // protobuf in these ways, each an InvalidArgument: a known field with a wire
 // type other than its own (protobuf would treat it as unknown), a negative

@@ -237,7 +237,7 @@ TEST(AttendCodecTest, UnknownFieldsOfEveryWireTypeAreSkipped) {
   const std::string timing =
       Fixed64Field(1, 0x3ff0000000000000) + UnknownFields(1000);
   ExpectRequestParsesLikeGenerated(
-      UnknownFields(11) + VarintField(1, 9) + LengthDelimited(3, segment) +
+      UnknownFields(13) + VarintField(1, 9) + LengthDelimited(3, segment) +
       UnknownFields(536870900) + LengthDelimited(5, tensor) +
       UnknownFields(50));
   const std::string status =
@@ -286,6 +286,41 @@ TEST(AttendCodecTest, FieldsOutOfOrderAndRepeatedMergeLikeProtobuf) {
       LengthDelimited(5, LengthDelimited(2, "first")) +
       LengthDelimited(5, VarintField(1, 3));
   ExpectResponseParsesLikeGenerated(response);
+}
+
+// Region references (the same-host data plane): a tensor's and the
+// answer's, repeated ones merged field by field as protobuf merges them,
+// negative numbers kept as they came (the server checks them), and written
+// back as the generated class writes them.
+TEST(AttendCodecTest, RegionReferencesParseAndMergeLikeProtobuf) {
+  const std::string wire =
+      LengthDelimited(5, VarintField(1, 1) +
+                             LengthDelimited(4, VarintField(1, 7) + VarintField(2, 64))) +
+      LengthDelimited(11, VarintField(1, 9) + VarintField(3, 4096)) +
+      // out_region again: byte_size replaced, offset added.
+      LengthDelimited(11, VarintField(3, 2048) +
+                              VarintField(2, static_cast<uint64_t>(int64_t{-2}))) +
+      LengthDelimited(12, "") +
+      // q's region again: its id replaced, its offset kept.
+      LengthDelimited(5, LengthDelimited(4, VarintField(1, 8)));
+  ExpectRequestParsesLikeGenerated(wire);
+  absl::StatusOr<AttendRequestView> view = ParseAttendRequest(StaticBuffer(wire), kNoLimit);
+  ASSERT_TRUE(view.ok()) << view.status();
+  ASSERT_TRUE(view->q.has_value() && view->q->region.has_value());
+  EXPECT_EQ(view->q->region->region_id, 8u);
+  EXPECT_EQ(view->q->region->offset, 64);
+  EXPECT_TRUE(view->q->pieces.empty());
+  ASSERT_TRUE(view->out_region.has_value());
+  EXPECT_EQ(view->out_region->region_id, 9u);
+  EXPECT_EQ(view->out_region->offset, -2);
+  EXPECT_EQ(view->out_region->byte_size, 2048);
+  ASSERT_TRUE(view->lse_region.has_value()) << "an empty reference is present";
+  EXPECT_EQ(view->lse_region->region_id, 0u);
+  EXPECT_FALSE(view->kv.has_value());
+
+  AttendRequest expected;
+  ASSERT_TRUE(expected.ParseFromString(wire));
+  EXPECT_EQ(Flatten(SerializeAttendRequest(*view)), expected.SerializeAsString());
 }
 
 TEST(AttendCodecTest, NonCanonicalButValidEncodings) {

@@ -60,12 +60,31 @@ void FillRandomTensor(Rng& rng, size_t max_bytes, Tensor* tensor) {
   tensor->set_data(RandomBytes(size, rng));
 }
 
+// Any numbers, negative and zero ones included (a reference is checked by
+// the server, not the codec).
+void FillRandomRegion(Rng& rng, mla_offload::v1::RegionRef* region) {
+  if (Chance(rng, 0.7)) region->set_region_id(rng() >> (rng() % 64));
+  if (Chance(rng, 0.7)) region->set_offset(static_cast<int64_t>(rng()) >> (rng() % 64));
+  if (Chance(rng, 0.7)) region->set_byte_size(static_cast<int64_t>(rng()) >> (rng() % 64));
+}
+
+void RegionToProto(const RegionRefView& view, mla_offload::v1::RegionRef* region) {
+  region->set_region_id(view.region_id);
+  region->set_offset(view.offset);
+  region->set_byte_size(view.byte_size);
+}
+
+RegionRefView RegionViewOf(const mla_offload::v1::RegionRef& region) {
+  return {region.region_id(), region.offset(), region.byte_size()};
+}
+
 void TensorToProto(const TensorView& view, Tensor* tensor) {
   tensor->set_dtype(static_cast<mla_offload::v1::DType>(view.dtype));
   for (int64_t dimension : view.shape) tensor->add_shape(dimension);
   std::string data(view.size_bytes(), '\0');
   view.CopyTo(data.data());
   tensor->set_data(std::move(data));
+  if (view.region) RegionToProto(*view.region, tensor->mutable_region());
 }
 
 TensorView TensorViewOf(const Tensor& tensor,
@@ -75,6 +94,7 @@ TensorView TensorViewOf(const Tensor& tensor,
       MakeTensorView(static_cast<DType>(tensor.dtype()),
                      {tensor.shape().begin(), tensor.shape().end()},
                      tensor.data().data(), tensor.data().size(), keep_alive);
+  if (tensor.has_region()) view.region = RegionViewOf(tensor.region());
   const size_t size = tensor.data().size();
   if (rng != nullptr && size > 1) {
     std::vector<size_t> cuts(3);
@@ -127,6 +147,11 @@ AttendRequest RandomRequest(Rng& rng, size_t max_tensor_bytes) {
   if (Chance(rng, 0.5)) FillRandomTensor(rng, max_tensor_bytes, request.mutable_topk());
   request.set_return_lse(Chance(rng, 0.5));
   request.set_derotate_output(Chance(rng, 0.5));
+  for (mla_offload::v1::Tensor* tensor : {request.mutable_q(), request.mutable_kv()}) {
+    if (Chance(rng, 0.3)) FillRandomRegion(rng, tensor->mutable_region());
+  }
+  if (Chance(rng, 0.3)) FillRandomRegion(rng, request.mutable_out_region());
+  if (Chance(rng, 0.3)) FillRandomRegion(rng, request.mutable_lse_region());
   return request;
 }
 
@@ -188,6 +213,8 @@ AttendRequest ToProto(const AttendRequestView& view) {
   if (view.topk) TensorToProto(*view.topk, request.mutable_topk());
   request.set_return_lse(view.return_lse);
   request.set_derotate_output(view.derotate_output);
+  if (view.out_region) RegionToProto(*view.out_region, request.mutable_out_region());
+  if (view.lse_region) RegionToProto(*view.lse_region, request.mutable_lse_region());
   return request;
 }
 
@@ -237,6 +264,8 @@ AttendRequestView ViewOf(const AttendRequest& message,
   }
   view.return_lse = message.return_lse();
   view.derotate_output = message.derotate_output();
+  if (message.has_out_region()) view.out_region = RegionViewOf(message.out_region());
+  if (message.has_lse_region()) view.lse_region = RegionViewOf(message.lse_region());
   return view;
 }
 

@@ -135,9 +135,15 @@ namespace {
 // The view of a Tensor field, nullopt when the message lacks it.
 std::optional<TensorView> ViewOf(const pb::Tensor& tensor, bool present) {
   if (!present) return std::nullopt;
-  return MakeTensorView(static_cast<DType>(tensor.dtype()),
-                        {tensor.shape().begin(), tensor.shape().end()}, tensor.data().data(),
-                        tensor.data().size(), nullptr);
+  TensorView view = MakeTensorView(static_cast<DType>(tensor.dtype()),
+                                   {tensor.shape().begin(), tensor.shape().end()},
+                                   tensor.data().data(), tensor.data().size(), nullptr);
+  // Kept so that CheckTensor refuses it: these calls take inline bytes only.
+  if (tensor.has_region()) {
+    view.region = RegionRefView{tensor.region().region_id(), tensor.region().offset(),
+                                tensor.region().byte_size()};
+  }
+  return view;
 }
 
 }  // namespace

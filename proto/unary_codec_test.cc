@@ -138,6 +138,11 @@ TEST(UnaryCodecTest, CreateSessionView) {
   EXPECT_EQ(view.sinks->shape, std::vector<int64_t>{2});
   EXPECT_EQ(static_cast<const void*>(view.sinks->pieces.at(0).data()),
             request.sinks().data().data());
+  EXPECT_FALSE(view.sinks->region.has_value());
+  // Kept, for CheckTensor to refuse: the unary calls take inline bytes.
+  request.mutable_sinks()->mutable_region()->set_region_id(4);
+  ASSERT_TRUE(CreateSessionView(request).sinks->region.has_value());
+  EXPECT_EQ(CreateSessionView(request).sinks->region->region_id, 4u);
 }
 
 }  // namespace

@@ -94,6 +94,11 @@ TensorView MakeTensorView(DType dtype, std::vector<int64_t> shape, const void* d
 
 absl::Status CheckTensor(const TensorView& tensor, absl::string_view field, DType dtype,
                          absl::Span<const int64_t> shape) {
+  if (tensor.region.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".region: this tensor's bytes must travel inline, in data; only an Attend "
+               "message's q, kv and compressed_kv may come from a region"));
+  }
   const size_t element_size = DTypeSize(dtype);
   bool shape_ok = element_size > 0 && tensor.shape.size() == shape.size();
   bool has_zero = false;

@@ -4,8 +4,9 @@
 // as its requests, and what the C++ client builds.
 //
 // A TensorView's bytes lie in memory it does not own, as a list of pieces
-// (the slices of a received message, or the caller's buffer); keep_alive,
-// when set, keeps that memory alive. The small fields are copied into the
+// (the slices of a received message, the caller's buffer, or a same-host
+// region once the server has resolved a reference to it); keep_alive, when
+// set, keeps that memory alive. The small fields are copied into the
 // views. Views are plain values: they may be read from several threads at
 // once.
 //
@@ -40,6 +41,18 @@ enum class DType : int32_t { kUnspecified = 0, kBf16 = 1, kF32 = 2, kI32 = 3 };
 // Bytes per element of a known dtype; 0 for kUnspecified and unknown values.
 size_t DTypeSize(DType dtype);
 
+// The request metadata that names a client instance (the owner of its
+// same-host regions; proto/mla_offload.proto's conventions).
+inline constexpr char kClientIdMetadata[] = "mla-client-id";
+
+// Bytes [offset, offset + byte_size) of a region the client registered
+// (message RegionRef); the numbers as they came, unchecked.
+struct RegionRefView {
+  uint64_t region_id = 0;
+  int64_t offset = 0;
+  int64_t byte_size = 0;
+};
+
 // A Tensor message whose data lies in memory this view does not own.
 struct TensorView {
   DType dtype = DType::kUnspecified;
@@ -49,6 +62,10 @@ struct TensorView {
   // Keeps the pieces' memory alive (the received slices, or the caller's
   // buffer); null when the memory is known to outlive the view.
   std::shared_ptr<const void> keep_alive;
+  // The same-host data plane: set when the message names its bytes in a
+  // region (Tensor.region) instead of carrying them; pieces are then empty
+  // until the server resolves the reference into the region's memory.
+  std::optional<RegionRefView> region;
 
   size_t size_bytes() const;
   // Copies the data to dst (size_bytes() bytes), one memcpy per piece.
@@ -71,6 +88,8 @@ TensorView MakeTensorView(DType dtype, std::vector<int64_t> shape, const void* d
 // f32 [2, 16, 512]" or "kv: shape [3, 512] needs 3072 bytes of data, got
 // 2048". A shape whose byte count overflows int64 matches no data. An absent
 // tensor (nullopt) is checked as an empty one: unspecified dtype, shape [].
+// A tensor that still names a region (one the server did not resolve into
+// its memory) is InvalidArgument: that field takes inline bytes only.
 absl::Status CheckTensor(const TensorView& tensor, absl::string_view field, DType dtype,
                          absl::Span<const int64_t> shape);
 absl::Status CheckTensor(const std::optional<TensorView>& tensor, absl::string_view field,
@@ -98,6 +117,10 @@ struct AttendRequestView {
   std::optional<TensorView> topk;           // [T, K] int32
   bool return_lse = false;
   bool derotate_output = false;
+  // Where the answer's out and lse go instead of the response (same-host
+  // regions); nullopt when absent from the wire.
+  std::optional<RegionRefView> out_region;
+  std::optional<RegionRefView> lse_region;
 };
 
 struct TimingView {

@@ -118,5 +118,19 @@ TEST(ViewsTest, ShapesBeyondInt64MatchNoData) {
   EXPECT_TRUE(CheckTensor(empty, "q", DType::kBf16, any_q).ok()) << "[0, 2^62, 512]";
 }
 
+// A tensor that still names a region was not resolved by the server: its
+// field takes inline bytes only, whatever the bytes would have been.
+TEST(ViewsTest, AnUnresolvedRegionReferenceIsRefused) {
+  TensorView tensor;
+  tensor.dtype = DType::kF32;
+  tensor.shape = {0};
+  tensor.region = RegionRefView{3, 0, 0};
+  const absl::Status status = CheckTensor(tensor, "sinks", DType::kF32, {0});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(),
+            "sinks.region: this tensor's bytes must travel inline, in data; only an Attend "
+            "message's q, kv and compressed_kv may come from a region");
+}
+
 }  // namespace
 }  // namespace mla::wire

@@ -59,6 +59,28 @@ absl::Status CheckCompressedRows(const wire::SegmentView& segment, size_t s, int
   return absl::OkStatus();
 }
 
+// The regions an answer goes into hold exactly its out ([T, H, 512] bf16)
+// and, when asked, its lse ([T, H] f32). T and H are bounded here (tokens
+// by the message limit, heads by the model), so the products fit.
+absl::Status CheckAnswerRegions(const wire::AttendRequestView& input, const AttendPlan& plan) {
+  const int64_t values = plan.num_tokens * plan.num_heads;
+  const auto check = [&](const char* field, const RegionSlice& slice, int64_t bytes,
+                         const char* tensor) -> absl::Status {
+    if (slice.bytes == bytes) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".byte_size: the answer's ", tensor, " is ", bytes, " bytes (T = ",
+        plan.num_tokens, ", H = ", plan.num_heads, "); the reference names ", slice.bytes,
+        ": name exactly ", bytes));
+  };
+  if (absl::Status status =
+          check("out_region", plan.answer_regions->out, values * kRowBytes, "out [T, H, 512] bf16");
+      !status.ok()) {
+    return status;
+  }
+  if (!input.return_lse) return absl::OkStatus();
+  return check("lse_region", plan.answer_regions->lse, values * 4, "lse [T, H] f32");
+}
+
 // Per segment: does it insert, and how many compressed rows follow its step.
 // Defers the plan, and stops, at a session layer this wave writes already.
 absl::Status CheckPositions(const wire::AttendRequestView& input, const WrittenLayers& written,
@@ -221,10 +243,12 @@ absl::Status CheckTopk(const wire::AttendRequestView& input, AttendPlan& plan,
 
 }  // namespace
 
-absl::StatusOr<AttendPlan> AttendPlanner::Plan(const wire::AttendRequestView& input,
+absl::StatusOr<AttendPlan> AttendPlanner::Plan(const ReceivedAttend& received,
                                                WrittenLayers& written) {
+  const wire::AttendRequestView& input = received.request;
   AttendPlan plan;
   plan.input = &input;
+  if (received.answer_regions.has_value()) plan.answer_regions = &*received.answer_regions;
   if (absl::Status status = CheckSegments(input, plan); !status.ok()) return status;
   if (absl::Status status = CheckHeadsAndSize(input, plan); !status.ok()) return status;
   if (absl::Status status = wire::CheckTensor(input.q, "q", wire::DType::kBf16,
@@ -303,7 +327,8 @@ absl::Status AttendPlanner::CheckSegments(const wire::AttendRequestView& input, 
   return absl::OkStatus();
 }
 
-// The message's tokens, layer and heads exist, and its answer fits a message.
+// The message's tokens, layer and heads exist, and its answer fits a message
+// (or, answered into regions, exactly those regions).
 absl::Status AttendPlanner::CheckHeadsAndSize(const wire::AttendRequestView& input,
                                               const AttendPlan& plan) const {
   const ModelProfile& profile = *plan.profile;
@@ -326,6 +351,7 @@ absl::Status AttendPlanner::CheckHeadsAndSize(const wire::AttendRequestView& inp
         int64_t{input.head_offset} + plan.num_heads - 1, " are outside the model's ",
         profile.num_query_heads, " query heads"));
   }
+  if (plan.answer_regions != nullptr) return CheckAnswerRegions(input, plan);
   const int64_t answer_bytes =
       tokens * plan.num_heads * (kRowBytes + (input.return_lse ? 4 : 0)) + kAnswerFramingBytes;
   if (limits_.max_answer_bytes > 0 && answer_bytes > limits_.max_answer_bytes) {
@@ -352,8 +378,10 @@ std::vector<LaunchGroup> GroupForLaunch(absl::Span<const AttendPlan> plans) {
   for (const AttendPlan& plan : plans) {
     const RopeKind rope = plan.profile->rope_kind(plan.input->layer);
     const bool derotate = plan.input->derotate_output;
+    const int alone = plan.answer_regions != nullptr ? plan.index : -1;
     LaunchGroup& group =
-        groups[{plan.profile->name, plan.padded_heads, plan.num_heads, rope, derotate}];
+        groups[{plan.profile->name, plan.padded_heads, plan.num_heads, rope, derotate, alone}];
+    group.answer_regions = plan.answer_regions;
     group.num_heads = plan.num_heads;
     group.padded_heads = plan.padded_heads;
     group.rope = rope;

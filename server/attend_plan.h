@@ -2,8 +2,9 @@
 // need to know?
 //
 // Plan() checks a message against the sessions in the order a reader would
-// (its segments and their sessions; layer, head range and the answer's size;
-// the query; positions and compressed rows; the row tensors; the top-k),
+// (its segments and their sessions; layer, head range and the answer's size,
+// or the size of the regions it is to be written into; the query; positions
+// and compressed rows; the row tensors; the top-k),
 // each failing with a status that names the field and what to change. Only
 // when every check has passed does it take the compressed pages the
 // message's new rows need, all at once (RESOURCE_EXHAUSTED takes none), so
@@ -83,6 +84,9 @@ struct AttendPlan {
   int64_t num_tokens = 0;
   int topk_width = 0;  // C4A: input->topk is [num_tokens, topk_width], checked
   bool defer = false;  // touches a session layer an earlier message of this wave writes
+  // Where the answer is written instead of its response (same-host
+  // regions, sizes checked); null: into the launch's answer memory.
+  const AnswerRegions* answer_regions = nullptr;
 };
 
 class AttendPlanner {
@@ -92,9 +96,9 @@ class AttendPlanner {
                 ThreadPool& threads)
       : sessions_(sessions), pool_(pool), limits_(limits), threads_(threads) {}
 
-  // The plan of `input`, whose session layers it writes are added to
+  // The plan of `received`, whose session layers it writes are added to
   // `written`; or why the message may not run, with nothing changed.
-  absl::StatusOr<AttendPlan> Plan(const wire::AttendRequestView& input, WrittenLayers& written);
+  absl::StatusOr<AttendPlan> Plan(const ReceivedAttend& received, WrittenLayers& written);
   // The plan's launch succeeded: its session layers advance past its tokens.
   static void Commit(const AttendPlan& plan, absl::Time now);
   // The plan's launch failed: the pages it took go back to the pool.
@@ -112,7 +116,8 @@ class AttendPlanner {
 };
 
 // Plans that run in one prologue and one decode launch: the same model
-// (eps and softmax scale), head counts, RoPE kind and output flags.
+// (eps and softmax scale), head counts, RoPE kind and output flags. A plan
+// answered into regions launches alone: the decode writes its output there.
 struct LaunchGroup {
   std::vector<const AttendPlan*> plans;  // in batch order; tokens in this order
   int num_heads = 0;
@@ -120,6 +125,7 @@ struct LaunchGroup {
   RopeKind rope = RopeKind::kPlain;
   bool derotate = false;
   int64_t num_tokens = 0;  // of every plan
+  const AnswerRegions* answer_regions = nullptr;  // the one plan's, if it has them
 };
 
 // What the plans of one launch share.
@@ -129,10 +135,11 @@ struct LaunchGroupKey {
   int num_heads = 0;
   RopeKind rope = RopeKind::kPlain;
   bool derotate = false;
+  int alone = -1;  // the plan's batch index when it is answered into regions
 
   friend bool operator<(const LaunchGroupKey& a, const LaunchGroupKey& b) {
-    return std::tie(a.model, a.padded_heads, a.num_heads, a.rope, a.derotate) <
-           std::tie(b.model, b.padded_heads, b.num_heads, b.rope, b.derotate);
+    return std::tie(a.model, a.padded_heads, a.num_heads, a.rope, a.derotate, a.alone) <
+           std::tie(b.model, b.padded_heads, b.num_heads, b.rope, b.derotate, b.alone);
   }
 };
 

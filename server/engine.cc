@@ -237,7 +237,7 @@ std::vector<int> Engine::StartWave(RunningBatch& run, const std::vector<int>& pe
   std::vector<int> deferred;
   const auto planning = std::chrono::steady_clock::now();
   for (int index : pending) {
-    absl::StatusOr<AttendPlan> plan = attend_planner_.Plan(run.batch[index]->request, written);
+    absl::StatusOr<AttendPlan> plan = attend_planner_.Plan(*run.batch[index], written);
     if (!plan.ok()) {
       run.results[index].status = plan.status();
     } else if (plan->defer) {

@@ -715,11 +715,16 @@ void ExpectMatches(const Message& m, const AttendResult& result, absl::string_vi
   }
 }
 
+// `regions[i]`, when there, is where message i's answer goes.
 std::vector<AttendResult> AttendBatch(Engine& engine, const std::vector<const Message*>& messages,
-                                      absl::Time now = kT0) {
+                                      absl::Time now = kT0,
+                                      const std::vector<std::optional<AnswerRegions>>& regions = {}) {
   // As the scheduler hands them over: each message with its arrival.
   std::vector<ReceivedAttend> received;
-  for (const Message* m : messages) received.push_back({m->input, m->arrival});
+  for (size_t i = 0; i < messages.size(); ++i) {
+    received.push_back({messages[i]->input, messages[i]->arrival,
+                        i < regions.size() ? regions[i] : std::nullopt});
+  }
   std::vector<const ReceivedAttend*> batch;
   for (const ReceivedAttend& attend : received) batch.push_back(&attend);
   std::vector<AttendResult> results = engine.Attend(batch, now);
@@ -1965,6 +1970,78 @@ TEST(EngineTest, PageTablesOutliveTheirSpaceRunningOut) {
   }
   EXPECT_GE(full_writes, 2) << "the space never ran out: the first launch alone wrote it all";
   ExpectListed(*engine, {kept.get()});
+}
+
+// Answers written into regions (the memory the service resolves a client's
+// out_region and lse_region to) are the answers: bit for bit those of the
+// same message answered inline in the same batch, on a backend with host
+// access (its decode writes there) and on one without (its read back does),
+// lse only where asked. Regions of another size than the answer's are
+// refused, naming the field, and change nothing.
+TEST(EngineTest, AnswersIntoRegionsAreTheInlineAnswers) {
+  for (const bool host : {true, false}) {
+    SCOPED_TRACE(host ? "host backend" : "copying backend");
+    std::unique_ptr<Engine> engine =
+        NewEngine(1000, kMaxPosition, 1024, absl::Minutes(10),
+                  host ? nullptr : std::make_unique<CopyingBackend>());
+    ASSERT_NE(engine, nullptr);
+    // The same salt: the same rows and sinks in two sessions.
+    std::unique_ptr<Seq> plain_seq = NewSeq(*engine, kFlash, 16, SinkMode::kWhole, 96);
+    std::unique_ptr<Seq> region_seq = NewSeq(*engine, kFlash, 16, SinkMode::kWhole, 96);
+    ASSERT_TRUE(plain_seq != nullptr && region_seq != nullptr);
+    ASSERT_TRUE(Append(*engine, *plain_seq, 0, 255).ok());
+    ASSERT_TRUE(Append(*engine, *region_seq, 0, 255).ok());
+    for (int layer : {kFlashSwa, kFlashC4a, kFlashC128a}) {
+      MessageOptions o;
+      o.seed = 9600 + layer;
+      o.lse = layer != kFlashC4a;
+      const auto plain = Build(layer, {{plain_seq.get(), 255, 2}}, o);
+      const auto into = Build(layer, {{region_seq.get(), 255, 2}}, o);
+      const int64_t values = into->tokens() * into->heads;
+      std::vector<uint16_t> out(values * kHeadDim, 0xffff);
+      std::vector<float> lse(values, -1.0f);
+      AnswerRegions regions;
+      regions.out = {nullptr, reinterpret_cast<uint8_t*>(out.data()), values * kRowBytes};
+      if (o.lse) regions.lse = {nullptr, reinterpret_cast<uint8_t*>(lse.data()), values * 4};
+      const std::vector<AttendResult> results =
+          AttendBatch(*engine, {plain.get(), into.get()}, kT0, {std::nullopt, regions});
+      const std::string what = absl::StrCat("layer ", layer);
+      ExpectMatches(*plain, results[0], what);
+      ASSERT_TRUE(results[1].status.ok()) << what << ": " << results[1].status;
+      EXPECT_EQ(results[1].out, regions.out.data) << what << ": not written in place";
+      EXPECT_EQ(std::memcmp(out.data(), results[0].out, values * kRowBytes), 0) << what;
+      if (o.lse) {
+        EXPECT_EQ(results[1].lse, regions.lse.data) << what;
+        EXPECT_EQ(std::memcmp(lse.data(), results[0].lse, values * 4), 0) << what;
+      } else {
+        EXPECT_EQ(lse, std::vector<float>(values, -1.0f)) << what << ": lse written unasked";
+      }
+      Advance(*plain);
+      Advance(*into);
+    }
+    const Snapshot before = Snap(*engine);
+    MessageOptions o;
+    o.seed = 9700;
+    const auto next = Build(kFlashSwa, {{region_seq.get(), 257}}, o);
+    std::vector<uint8_t> memory(2 * 16 * (kRowBytes + 4));
+    const int64_t out_bytes = 16 * kRowBytes;
+    for (const auto& [out, lse, field] : std::vector<std::tuple<int64_t, int64_t, std::string>>{
+             {out_bytes - 1, 64, "out_region.byte_size: the answer's out [T, H, 512] bf16 is "
+                                 "16384 bytes (T = 1, H = 16); the reference names 16383: name "
+                                 "exactly 16384"},
+             {out_bytes + 2, 64, "out_region.byte_size"},
+             {out_bytes, 63, "lse_region.byte_size"},
+             {out_bytes, 0, "lse_region.byte_size"}}) {
+      AnswerRegions regions;
+      regions.out = {nullptr, memory.data(), out};
+      regions.lse = {nullptr, memory.data() + 2 * out_bytes, lse};
+      const std::vector<AttendResult> results =
+          AttendBatch(*engine, {next.get()}, kT0, {regions});
+      ExpectError(results[0].status, absl::StatusCode::kInvalidArgument, field, field);
+      EXPECT_EQ(Snap(*engine), before) << field;
+    }
+    ExpectListed(*engine, {plain_seq.get(), region_seq.get()});
+  }
 }
 
 // An engine on a FlakyBackend; `backend` is set to it.

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <iterator>
 #include <mutex>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -207,10 +209,28 @@ class Launcher::GroupLaunch {
   // host-accessible backend writes it in place. Uninitialised: the decode
   // (or the read back) writes every byte of out and lse.
   std::shared_ptr<uint8_t> output_;
-  uint8_t* out_host_ = nullptr;
+  uint8_t* out_host_ = nullptr;  // or the group's answer regions
   uint8_t* lse_host_ = nullptr;
   uint8_t* out_device_ = nullptr;
+  // One message's q and kv as it arrived, read there by a host-accessible
+  // backend (nothing staged); null: staged.
+  const uint16_t* q_in_place_ = nullptr;
+  const uint16_t* kv_in_place_ = nullptr;
 };
+
+namespace {
+
+// The tensor's bytes when they lie in one piece aligned for bf16, else null.
+const uint16_t* Bf16InPlace(const wire::TensorView& tensor) {
+  const std::optional<wire::Piece> piece = tensor.contiguous();
+  if (!piece.has_value() || piece->empty() ||
+      reinterpret_cast<uintptr_t>(piece->data()) % alignof(uint16_t) != 0) {
+    return nullptr;
+  }
+  return reinterpret_cast<const uint16_t*>(piece->data());
+}
+
+}  // namespace
 
 // The upload boundary: the extra indices are sent only when they hold top-k
 // rows; otherwise the backend writes them in full.
@@ -259,6 +279,10 @@ absl::Status Launcher::GroupLaunch::Stage() {
   output_ = *std::move(output);
   out_host_ = output_.get();
   lse_host_ = out_host_ + q_bytes_;
+  if (const AnswerRegions* regions = group_.answer_regions; regions != nullptr) {
+    out_host_ = regions->out.data;
+    if (regions->lse.data != nullptr) lse_host_ = regions->lse.data;
+  }
   q_ = packed_.Raw(q_p_);
   kv_ = packed_.Raw(kv_p_);
   compressed_.Open(packed_);
@@ -283,10 +307,17 @@ absl::Status Launcher::GroupLaunch::Stage() {
       launcher_.copiers_.ParallelFor(plans, [&](int64_t i) { stage(i, false); });
     }
   };
-  each_plan([&](int64_t i, bool parallel) {
-    Copy(*group_.plans[i]->input->q,
-         q_.data() + shape_.starts[i].token * group_.num_heads * kRowBytes, parallel);
-  });
+  if (host_ && plans == 1) {
+    const wire::AttendRequestView& input = *group_.plans[0]->input;
+    q_in_place_ = Bf16InPlace(*input.q);
+    if (input.kv.has_value()) kv_in_place_ = Bf16InPlace(*input.kv);
+  }
+  if (q_in_place_ == nullptr) {
+    each_plan([&](int64_t i, bool parallel) {
+      Copy(*group_.plans[i]->input->q,
+           q_.data() + shape_.starts[i].token * group_.num_heads * kRowBytes, parallel);
+    });
+  }
   absl::StatusOr<uint8_t*> arrays =
       launcher_.UploadStaged(packed_, 0, q_end_, staged_slot_, /*queued=*/true);
   if (!arrays.ok()) return arrays.status();
@@ -311,7 +342,9 @@ void Launcher::GroupLaunch::StageMessage(const AttendPlan& plan, PlanStart start
   const int64_t t0 = start.token;
   // Without kv no segment inserts: its tokens' SWA slots stay -1 and the
   // prologue reads none of their rows.
-  if (input.kv.has_value()) Copy(*input.kv, kv_.data() + t0 * kRowBytes, parallel_copies);
+  if (input.kv.has_value() && kv_in_place_ == nullptr) {
+    Copy(*input.kv, kv_.data() + t0 * kRowBytes, parallel_copies);
+  }
   // A message's top-k rows as wide as the launch's lists are one copy.
   if (plan.topk_width > 0 && plan.topk_width == shape_.extra_width) {
     Copy(*input.topk, extra_indices_.data() + t0 * shape_.extra_width, parallel_copies);
@@ -429,13 +462,14 @@ absl::Status Launcher::GroupLaunch::Prologue() {
   params.num_tokens = tokens;
   params.num_heads = group_.num_heads;
   params.padded_heads = group_.padded_heads;
-  params.q = reinterpret_cast<const uint16_t*>(Device(q_p_));
+  params.q = q_in_place_ != nullptr ? q_in_place_ : reinterpret_cast<const uint16_t*>(Device(q_p_));
   params.positions = Device(positions_p_);
   params.q_out = reinterpret_cast<uint16_t*>(q_out_);
   params.rms_norm_eps = group_.plans.front()->profile->rms_norm_eps;
   params.rope = launcher_.rope_view(group_.rope);
-  params.swa = {tokens, reinterpret_cast<const uint16_t*>(Device(kv_p_)), Device(positions_p_),
-                Device(swa_slots_p_), launcher_.pool_};
+  const uint16_t* kv =
+      kv_in_place_ != nullptr ? kv_in_place_ : reinterpret_cast<const uint16_t*>(Device(kv_p_));
+  params.swa = {tokens, kv, Device(positions_p_), Device(swa_slots_p_), launcher_.pool_};
   params.compressed = compressed_.Params(arrays_, launcher_.pool_);
   return backend_.Prologue(params);
 }
@@ -444,11 +478,13 @@ absl::Status Launcher::GroupLaunch::Decode() {
   const int64_t tokens = shape_.tokens;
   const int heads = group_.num_heads;
   out_device_ = out_host_;
+  uint8_t* lse_device = lse_host_;
   if (!host_) {
     if (absl::Status status = Reserve(DeviceArena::kOutput, out_bytes_, out_device_);
         !status.ok()) {
       return status;
     }
+    lse_device = out_device_ + q_bytes_;
   }
   const CachePoolView pool = launcher_.pool_;
   DecodeParams params;
@@ -465,13 +501,21 @@ absl::Status Launcher::GroupLaunch::Decode() {
   params.positions = Device(positions_p_);
   params.rope = launcher_.rope_view(group_.rope);
   params.out = reinterpret_cast<uint16_t*>(out_device_);
-  params.lse = reinterpret_cast<float*>(out_device_ + q_bytes_);
+  params.lse = reinterpret_cast<float*>(lse_device);
   return backend_.Decode(params);
 }
 
 absl::Status Launcher::GroupLaunch::ReadBack() {
   if (host_) return absl::OkStatus();
-  return backend_.CopyToHostAsync(out_host_, out_device_, out_bytes_);
+  if (lse_host_ == out_host_ + q_bytes_) {
+    return backend_.CopyToHostAsync(out_host_, out_device_, out_bytes_);
+  }
+  // Into the answer regions: out and lse each where the client asked.
+  if (absl::Status status = backend_.CopyToHostAsync(out_host_, out_device_, q_bytes_);
+      !status.ok()) {
+    return status;
+  }
+  return backend_.CopyToHostAsync(lse_host_, out_device_ + q_bytes_, out_bytes_ - q_bytes_);
 }
 
 absl::StatusOr<std::unique_ptr<Launcher>> Launcher::Create(ComputeBackend& backend,

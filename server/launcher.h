@@ -18,7 +18,11 @@
 // HostBufferPool, which the responses are serialised from. Large tensors
 // (q above all) are copied into the staging by a few threads at once. On a
 // host-accessible backend the staging is the backend's memory and nothing
-// is copied. Each step returns its failure at once and Start answers the
+// is copied to a device, and a launch of one message reads its q and kv
+// where they arrived (a received slice, or the client's region) when each
+// lies in one piece. A group answered into regions (LaunchGroup::
+// answer_regions, one message) has its out and lse written there: by the
+// decode itself on a host-accessible backend, else by the read back. Each step returns its failure at once and Start answers the
 // first; the time of each step is reported (LaunchTimes: the backend's
 // marks between the steps). Append() writes an AppendKV's rows with the same
 // row staging (RowInsert) and one prologue without queries per RoPE kind.

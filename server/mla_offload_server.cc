@@ -67,6 +67,15 @@ ABSL_FLAG(int, max_messages_in_flight, 8,
           "Attend messages one stream may have read but not yet answered (read-ahead).");
 ABSL_FLAG(int, session_idle_ttl_s, 600,
           "Sessions idle longer than this are closed (a session may ask for its own TTL).");
+ABSL_FLAG(int, max_regions_per_client, 64,
+          "Same-host data plane: shared-memory regions one client (mla-client-id, else its "
+          "connection) may hold registered at once; RegisterRegion past it is RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int, max_region_gb_per_client, 64,
+          "Same-host data plane: GiB (2^30 bytes) of regions one client may hold registered at "
+          "once (the server maps them: address space, not memory of its own).");
+ABSL_FLAG(int, region_grace_s, 30,
+          "Same-host data plane: a client's regions are unregistered once it has held no Attend "
+          "stream and no session it created for this long (a client that died leaves none).");
 ABSL_FLAG(int, metrics_port, 9464,
           "Port of the Prometheus /metrics endpoint on the --listen host (0: any free port, "
           "printed at start); -1 turns it off. The default is not Prometheus's own 9090, so "
@@ -120,6 +129,9 @@ absl::Status CheckFlags() {
       {"max_queued_messages", absl::GetFlag(FLAGS_max_queued_messages), 1, 1 << 24},
       {"max_messages_in_flight", absl::GetFlag(FLAGS_max_messages_in_flight), 1, 1024},
       {"session_idle_ttl_s", absl::GetFlag(FLAGS_session_idle_ttl_s), 1, 365 * 24 * 3600},
+      {"max_regions_per_client", absl::GetFlag(FLAGS_max_regions_per_client), 1, 1 << 16},
+      {"max_region_gb_per_client", absl::GetFlag(FLAGS_max_region_gb_per_client), 1, 1 << 20},
+      {"region_grace_s", absl::GetFlag(FLAGS_region_grace_s), 1, 7 * 24 * 3600},
       {"metrics_port", absl::GetFlag(FLAGS_metrics_port), -1, 65535},
       {"drain_seconds", absl::GetFlag(FLAGS_drain_seconds), 0, 24 * 3600},
   };
@@ -195,6 +207,10 @@ int Main() {
   options.service.max_message_bytes = int64_t{absl::GetFlag(FLAGS_max_message_mb)} << 20;
   options.service.version = VersionText();
   options.service.devices = backend_text;
+  options.service.regions.max_regions_per_owner = absl::GetFlag(FLAGS_max_regions_per_client);
+  options.service.regions.max_bytes_per_owner =
+      int64_t{absl::GetFlag(FLAGS_max_region_gb_per_client)} << 30;
+  options.service.regions.grace = absl::Seconds(absl::GetFlag(FLAGS_region_grace_s));
   metrics::Registry registry;
   if (absl::StatusOr<metrics::GaugeFamily*> build = registry.AddGauge(
           "mla_build_info", "1, labelled with the server's version and the commit it was built from.",

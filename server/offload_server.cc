@@ -46,6 +46,7 @@ absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(
   MlaOffloadService& service_ref = *server->service_;
   scheduler->SetBatchObserver([&metrics_ref](const BatchStats& stats) { metrics_ref.RecordBatch(stats); });
   scheduler->SetStateObserver([&service_ref](const Engine& engine) { service_ref.PublishEngineState(engine); });
+  scheduler->SetSweepObserver([&service_ref](const Engine& engine) { service_ref.SweepRegions(engine); });
   // SetStateObserver's first publication is queued; wait for it.
   std::promise<void> published;
   scheduler->Run([&published](Engine&) {

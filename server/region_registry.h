@@ -2,19 +2,20 @@
 // client on this host shares with the server once, so that its messages can
 // carry (region, offset, bytes) references instead of tensor bytes.
 //
-// A region belongs to the client that registered it (its owner: the gRPC
-// peer identity now, the tenant once authentication exists); every call
+// A region belongs to the client that registered it (its owner: the
+// client's identity as the service names it, server/region_access.h; the
+// tenant once authentication exists); every call
 // names the owner, and another owner's region is NOT_FOUND, so existence
 // never leaks. Kinds: POSIX shared memory by name (shm_open), mapped
 // read-write once at registration; CUDA IPC handles come later.
 //
 // Resolve() bounds-checks a reference with arithmetic that cannot overflow
-// and returns a RegionSlice that keeps the mapping alive: a region
-// unregistered while a step uses it stays mapped until that step's slices
-// are gone, and later references to it are NOT_FOUND. The bytes may change
-// under the server while it reads them (the client owns them); a client
-// that does so can corrupt only its own answer, which is why index tensors
-// (top-k) never come from a region.
+// and returns a RegionSlice (server/requests.h) that keeps the mapping
+// alive: a region unregistered while a step uses it stays mapped until that
+// step's slices are gone, and later references to it are NOT_FOUND. The
+// bytes may change under the server while it reads them (the client owns
+// them); a client that does so can corrupt only its own answer, which is why
+// index tensors (top-k) never come from a region.
 //
 // Regions go when their owner unregisters them, when the owner has held no
 // stream and no session for `grace` (Expire, with the owner's last activity
@@ -36,6 +37,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "server/clock.h"
+#include "server/requests.h"
 
 namespace mla {
 
@@ -44,13 +46,6 @@ struct RegionRegistryOptions {
   int64_t max_bytes_per_owner = int64_t{64} << 30;
   absl::Duration grace = absl::Seconds(30);  // an owner idle this long loses its regions
   Clock clock = MonotonicNow;
-};
-
-// Bytes of one region that a reference named, mapped while this lives.
-struct RegionSlice {
-  std::shared_ptr<const void> mapping;
-  uint8_t* data = nullptr;
-  int64_t bytes = 0;
 };
 
 struct RegionSummary {

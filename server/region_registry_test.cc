@@ -5,11 +5,6 @@
 // owner's regions going after the grace period.
 #include "server/region_registry.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <unistd.h>
-
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -18,41 +13,12 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/testing/regions.h"
 
 namespace mla {
 namespace {
 
 using ::testing::HasSubstr;
-
-// A shared-memory object of `bytes`, filled with a pattern; unlinked when
-// the test ends (the registry's mapping outlives the name).
-class SharedMemory {
- public:
-  explicit SharedMemory(int64_t bytes)
-      : name_(absl::StrCat("/mla-region-test-", getpid(), "-", counter_++)) {
-    const int fd = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    EXPECT_GE(fd, 0) << name_;
-    EXPECT_EQ(ftruncate(fd, bytes), 0);
-    void* data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    EXPECT_NE(data, MAP_FAILED);
-    data_ = static_cast<uint8_t*>(data);
-    bytes_ = bytes;
-    for (int64_t i = 0; i < bytes; ++i) data_[i] = static_cast<uint8_t>(i * 7 + 1);
-  }
-  ~SharedMemory() {
-    munmap(data_, bytes_);
-    shm_unlink(name_.c_str());
-  }
-  const std::string& name() const { return name_; }
-  uint8_t* data() const { return data_; }
-
- private:
-  static inline std::atomic<int> counter_{0};
-  std::string name_;
-  uint8_t* data_ = nullptr;
-  int64_t bytes_ = 0;
-};
 
 constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
 
@@ -188,22 +154,19 @@ TEST(RegionRegistryTest, LimitsPerOwnerChangeNothing) {
 // loses its regions; one that keeps touching keeps them.
 TEST(RegionRegistryTest, AnIdleOwnersRegionsGoAfterTheGracePeriod) {
   SharedMemory memory(4096);
-  absl::Time now = absl::UnixEpoch();
-  RegionRegistryOptions options;
-  options.grace = absl::Seconds(30);
-  options.clock = [&now] { return now; };
-  RegionRegistry registry(options);
+  TestClock clock;
+  RegionRegistry registry(GraceOnClock(clock));
   absl::StatusOr<uint64_t> gone = registry.RegisterSharedMemory("gone", memory.name(), 16);
   absl::StatusOr<uint64_t> busy = registry.RegisterSharedMemory("busy", memory.name(), 16);
   ASSERT_TRUE(gone.ok() && busy.ok());
-  now += absl::Seconds(20);
+  clock.now += absl::Seconds(20);
   registry.Touch("busy");
   EXPECT_TRUE(registry.Expire().empty()) << "nobody idle 30 s yet";
-  now += absl::Seconds(15);
+  clock.now += absl::Seconds(15);
   EXPECT_EQ(registry.Expire(), std::vector<uint64_t>{*gone});
   EXPECT_TRUE(registry.List("gone").empty());
   EXPECT_EQ(registry.List("busy").size(), 1u);
-  now += absl::Seconds(31);
+  clock.now += absl::Seconds(31);
   EXPECT_EQ(registry.Expire(), std::vector<uint64_t>{*busy});
 }
 

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -46,17 +47,37 @@ struct SessionSummary {
 
 // ---- Attend messages and their answers.
 
+// Bytes of a same-host region (server/region_registry.h) that a reference
+// named, mapped while this lives: what a tensor reference resolves to, and
+// where an answer can be written.
+struct RegionSlice {
+  std::shared_ptr<const void> mapping;
+  uint8_t* data = nullptr;
+  int64_t bytes = 0;
+};
+
+// Where an Attend message's answer goes instead of into its response: `out`
+// for out ([T, H, 512] bf16) and, when the message asks for lse, `lse` for
+// it ([T, H] f32; else empty). Their sizes are the planner's to check.
+struct AnswerRegions {
+  RegionSlice out;
+  RegionSlice lse;
+};
+
 // One Attend message as the engine runs it: the parsed wire message, whose
-// tensors point into the received slices it keeps alive, and when the
-// service received it (on the scheduler's clock).
+// tensors point into the received slices (or into the client's regions)
+// that they keep alive, when the service received it (on the scheduler's
+// clock), and where its answer goes when not into the response.
 struct ReceivedAttend {
   wire::AttendRequestView request;
   absl::Time arrival;
+  std::optional<AnswerRegions> answer_regions;
 };
 
 // The answer to one Attend message. On success `out` ([T, H, 512] bf16) and,
 // when asked, `lse` ([T, H] fp32) point into memory kept alive by
-// `keep_alive`, shared with the other requests of the same launch.
+// `keep_alive`, shared with the other requests of the same launch, or into
+// the message's answer regions, which the message keeps alive.
 struct AttendResult {
   uint64_t request_id = 0;
   absl::Status status;

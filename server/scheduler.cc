@@ -96,6 +96,11 @@ void Scheduler::SetStateObserver(std::function<void(const Engine&)> observer) {
   Run([](Engine&) { return Reply(); });  // publishes the state once, from the engine thread
 }
 
+void Scheduler::SetSweepObserver(std::function<void(const Engine&)> observer) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  sweep_observer_ = std::move(observer);
+}
+
 void Scheduler::NotifyState() {
   std::function<void(const Engine&)> observer;
   {
@@ -126,6 +131,7 @@ void Scheduler::Loop() {
       lock.lock();
     }
     if (std::chrono::steady_clock::now() >= next_expiry) {
+      const std::function<void(const Engine&)> sweep = sweep_observer_;
       lock.unlock();
       const std::vector<std::string> expired = engine_->ExpireIdle(options_.clock());
       if (!expired.empty()) {
@@ -134,6 +140,7 @@ void Scheduler::Loop() {
                                           " idle past their TTL: ", absl::StrJoin(expired, ", ")));
         NotifyState();
       }
+      if (sweep) sweep(*engine_);
       lock.lock();
       next_expiry = std::chrono::steady_clock::now() + expiry_interval;
     }

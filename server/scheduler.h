@@ -113,6 +113,9 @@ class Scheduler {
   // idle-session sweep), and once at the start; always before the answers
   // of that batch or task go out (a batch takes its pages when it starts).
   void SetStateObserver(std::function<void(const Engine&)> observer);
+  // Called on the engine thread after every idle-session sweep (each
+  // expiry_interval), for what expires with them (the service's regions).
+  void SetSweepObserver(std::function<void(const Engine&)> observer);
 
   int queued_messages() const;
 
@@ -151,6 +154,7 @@ class Scheduler {
   bool collect_ = false;  // the engine's finisher answered a batch
   std::function<void(const BatchStats&)> batch_observer_;
   std::function<void(const Engine&)> state_observer_;
+  std::function<void(const Engine&)> sweep_observer_;
   void NotifyState();
   std::thread thread_;
 };

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "kernels/geometry.h"
@@ -67,19 +68,23 @@ grpc::ByteBuffer ErrorResponse(uint64_t request_id, const absl::Status& status) 
   return wire::SerializeAttendResponse(response);
 }
 
-grpc::ByteBuffer ResultResponse(const AttendResult& result) {
+// An answer written into the client's regions carries no tensors. The
+// timing says how long writing the answer took (up to the timing itself).
+grpc::ByteBuffer ResultResponse(const AttendResult& result, bool in_regions) {
   if (!result.status.ok()) return ErrorResponse(result.request_id, result.status);
   const auto start = std::chrono::steady_clock::now();
   wire::AttendResponseView response;
   response.request_id = result.request_id;
-  response.out =
-      wire::MakeTensorView(wire::DType::kBf16, {result.num_tokens, result.num_heads, kHeadDim},
-                           result.out, result.out_bytes(), result.keep_alive);
-  if (result.lse != nullptr) {
-    response.lse = wire::MakeTensorView(wire::DType::kF32, {result.num_tokens, result.num_heads},
-                                        result.lse, result.lse_bytes(), result.keep_alive);
-  }
   response.timing = result.timing;
+  if (!in_regions) {
+    response.out =
+        wire::MakeTensorView(wire::DType::kBf16, {result.num_tokens, result.num_heads, kHeadDim},
+                             result.out, result.out_bytes(), result.keep_alive);
+    if (result.lse != nullptr) {
+      response.lse = wire::MakeTensorView(wire::DType::kF32, {result.num_tokens, result.num_heads},
+                                          result.lse, result.lse_bytes(), result.keep_alive);
+    }
+  }
   return wire::SerializeAttendResponse(response, [start](wire::TimingView& timing) {
     timing.serialize_us = std::chrono::duration<double, std::micro>(
                               std::chrono::steady_clock::now() - start)
@@ -96,9 +101,11 @@ grpc::ByteBuffer ResultResponse(const AttendResult& result) {
 class MlaOffloadService::AttendReactor final
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  explicit AttendReactor(MlaOffloadService& service) : service_(service) {
+  AttendReactor(MlaOffloadService& service, const grpc::CallbackServerContext& context)
+      : service_(service), owner_(RegionOwnerOf(context)) {
     service_.metrics_.StreamOpened();
     service_.open_streams_.fetch_add(1);
+    if (owner_.ok()) service_.region_owners_.StreamOpened(*owner_);
     reading_ = true;
     StartRead(&read_buffer_);
   }
@@ -133,15 +140,19 @@ class MlaOffloadService::AttendReactor final
                   static_cast<size_t>(service_.options_.max_segments_per_message));
     absl::Status status = view.status();
     const uint64_t request_id = view.ok() ? view->request_id : wire::LeadingRequestId(received);
+    absl::StatusOr<std::optional<AnswerRegions>> answer_regions = std::nullopt;
+    if (status.ok() && UsesRegions(*view)) answer_regions = ResolveRegions(*view);
+    if (status.ok()) status = answer_regions.status();
     if (status.ok()) {
       if (service_.options_.before_queue_attend) service_.options_.before_queue_attend(sequence);
+      const bool in_regions = answer_regions->has_value();
       status = service_.scheduler_.SubmitAttend(
-          std::make_shared<const ReceivedAttend>(
-              ReceivedAttend{*std::move(view), service_.scheduler_.Now()}),
-          [this, sequence](AttendResult result) {
+          std::make_shared<const ReceivedAttend>(ReceivedAttend{
+              *std::move(view), service_.scheduler_.Now(), *std::move(answer_regions)}),
+          [this, sequence, in_regions](AttendResult result) {
             service_.metrics_.RecordAttend(result);
             service_.refusals_.Note("Attend", result.status);
-            Deliver(sequence, ResultResponse(result));
+            Deliver(sequence, ResultResponse(result, in_regions));
           },
           stream_tag_);
     }
@@ -172,6 +183,7 @@ class MlaOffloadService::AttendReactor final
   void OnDone() override {
     service_.metrics_.StreamClosed();
     service_.open_streams_.fetch_sub(1);
+    if (owner_.ok()) service_.region_owners_.StreamClosed(*owner_);
     stream_tag_->cancelled.store(true);
     std::unique_lock<std::mutex> lock(mutex_);
     done_ = true;
@@ -181,6 +193,13 @@ class MlaOffloadService::AttendReactor final
   }
 
  private:
+  // The message's region references resolved for this stream's client
+  // (who may not own regions: then that is the error).
+  absl::StatusOr<std::optional<AnswerRegions>> ResolveRegions(wire::AttendRequestView& view) {
+    if (!owner_.ok()) return owner_.status();
+    return ResolveRegionReferences(service_.regions_, *owner_, view);
+  }
+
   // The client is gone: nothing more is written, and messages still queued
   // are answered CANCELLED without running. Called with mutex_ held.
   void Break() {
@@ -236,6 +255,7 @@ class MlaOffloadService::AttendReactor final
   }
 
   MlaOffloadService& service_;
+  const absl::StatusOr<std::string> owner_;  // of the regions its messages name
   const std::shared_ptr<AttendStreamTag> stream_tag_ = std::make_shared<AttendStreamTag>();
   grpc::ByteBuffer read_buffer_;
   grpc::ByteBuffer write_buffer_;
@@ -289,7 +309,17 @@ class MlaOffloadService::EchoReactor final
 
 MlaOffloadService::MlaOffloadService(Scheduler& scheduler, ServerMetrics& metrics,
                                      const ServiceOptions& options)
-    : scheduler_(scheduler), metrics_(metrics), options_(options) {}
+    : scheduler_(scheduler), metrics_(metrics), options_(options), regions_(options.regions) {}
+
+void MlaOffloadService::SweepRegions(const Engine& engine) {
+  const std::vector<uint64_t> expired = region_owners_.Sweep(
+      regions_, [&] { return engine.ListSessions(scheduler_.Now()); });
+  if (expired.empty()) return;
+  Log(LogLevel::kInfo,
+      absl::StrCat("unregistered ", expired.size(), " region", expired.size() == 1 ? "" : "s",
+                   " whose client held no stream and no session for the grace period: ",
+                   absl::StrJoin(expired, ", ")));
+}
 
 void MlaOffloadService::StartDraining() {
   draining_.store(true);
@@ -440,6 +470,10 @@ grpc::ServerUnaryReactor* MlaOffloadService::CreateSession(grpc::CallbackServerC
         response.set_session_id(result->session_id);
         response.set_num_heads(result->num_heads);
         response.set_padded_heads(result->padded_heads);
+        // The session keeps its client's regions (if it may have any).
+        if (absl::StatusOr<std::string> owner = RegionOwnerOf(call); owner.ok()) {
+          region_owners_.SessionCreated(*owner, result->session_id);
+        }
         return absl::OkStatus();
       });
 }
@@ -499,13 +533,93 @@ grpc::ServerUnaryReactor* MlaOffloadService::ListSessions(grpc::CallbackServerCo
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* MlaOffloadService::Attend(
-    grpc::CallbackServerContext*) {
-  return new AttendReactor(*this);
+    grpc::CallbackServerContext* context) {
+  return new AttendReactor(*this, *context);
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* MlaOffloadService::Echo(
     grpc::CallbackServerContext*) {
   return new EchoReactor(*this);
+}
+
+template <typename Request, typename Response>
+grpc::ServerUnaryReactor* MlaOffloadService::AnswerNow(
+    grpc::CallbackServerContext* context, const char* method,
+    const grpc::ByteBuffer* request_bytes, grpc::ByteBuffer* response_bytes,
+    absl::FunctionRef<absl::Status(const Request&, Response&)> work) {
+  const int64_t limit = options_.max_message_bytes;
+  if (request_bytes->Length() > static_cast<size_t>(limit)) {
+    return FinishNow(context, method,
+                     TooLarge(absl::StrCat("this ", method, " request"), request_bytes->Length(),
+                              limit));
+  }
+  Request request;
+  Response response;
+  absl::Status status = wire::ParseUnaryMessage(*request_bytes, &request);
+  if (status.ok()) status = work(request, response);
+  if (status.ok()) *response_bytes = wire::SerializeUnaryMessage(response);
+  return FinishNow(context, method, status);
+}
+
+grpc::ServerUnaryReactor* MlaOffloadService::RegisterRegion(grpc::CallbackServerContext* context,
+                                                            const grpc::ByteBuffer* request,
+                                                            grpc::ByteBuffer* response) {
+  if (draining()) {
+    return FinishNow(context, "RegisterRegion",
+                     absl::UnavailableError("the server is draining and takes no new regions"));
+  }
+  return AnswerNow<pb::RegisterRegionRequest, pb::RegisterRegionResponse>(
+      context, "RegisterRegion", request, response,
+      [&](const pb::RegisterRegionRequest& request, pb::RegisterRegionResponse& response) {
+        absl::StatusOr<std::string> owner = RegionOwnerOf(*context);
+        if (!owner.ok()) return owner.status();
+        if (request.kind() == pb::REGION_KIND_CUDA_IPC) {
+          return absl::UnimplementedError(
+              "RegisterRegionRequest.kind: this server does not map CUDA IPC memory yet; share "
+              "host memory (REGION_KIND_SYSTEM_SHM) or send the tensors inline");
+        }
+        if (request.kind() != pb::REGION_KIND_SYSTEM_SHM) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "RegisterRegionRequest.kind: ", static_cast<int>(request.kind()),
+              " is not a region kind; give REGION_KIND_SYSTEM_SHM (1)"));
+        }
+        absl::StatusOr<uint64_t> id =
+            regions_.RegisterSharedMemory(*owner, request.name(), request.byte_size());
+        if (!id.ok()) return id.status();
+        response.set_region_id(*id);
+        return absl::OkStatus();
+      });
+}
+
+grpc::ServerUnaryReactor* MlaOffloadService::UnregisterRegion(grpc::CallbackServerContext* context,
+                                                              const grpc::ByteBuffer* request,
+                                                              grpc::ByteBuffer* response) {
+  return AnswerNow<pb::UnregisterRegionRequest, pb::UnregisterRegionResponse>(
+      context, "UnregisterRegion", request, response,
+      [&](const pb::UnregisterRegionRequest& request, pb::UnregisterRegionResponse&) {
+        absl::StatusOr<std::string> owner = RegionOwnerOf(*context);
+        if (!owner.ok()) return owner.status();
+        return regions_.Unregister(*owner, request.region_id());
+      });
+}
+
+grpc::ServerUnaryReactor* MlaOffloadService::ListRegions(grpc::CallbackServerContext* context,
+                                                         const grpc::ByteBuffer* request,
+                                                         grpc::ByteBuffer* response) {
+  return AnswerNow<pb::ListRegionsRequest, pb::ListRegionsResponse>(
+      context, "ListRegions", request, response,
+      [&](const pb::ListRegionsRequest&, pb::ListRegionsResponse& response) {
+        absl::StatusOr<std::string> owner = RegionOwnerOf(*context);
+        if (!owner.ok()) return owner.status();
+        for (const RegionSummary& summary : regions_.List(*owner)) {
+          pb::RegionInfo* info = response.add_regions();
+          info->set_region_id(summary.id);
+          info->set_kind(pb::REGION_KIND_SYSTEM_SHM);
+          info->set_name(summary.name);
+          info->set_byte_size(summary.bytes);
+        }
+        return absl::OkStatus();
+      });
 }
 
 }  // namespace mla

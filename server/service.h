@@ -31,9 +31,19 @@
 // Refused requests (any method, any code but OK) are logged on stderr,
 // rate-limited per method and code (server/log.h).
 //
-// Draining (StartDraining, on SIGTERM): CreateSession and AppendKV are
-// refused with UNAVAILABLE; Attend and Echo streams go on until the server
-// shuts down.
+// Regions (the same-host data plane, server/region_access.h): the service
+// holds the registry. RegisterRegion, UnregisterRegion and ListRegions are
+// answered on the gRPC thread; an Attend message's region references are
+// resolved on the gRPC thread that read it, before it is queued (a
+// reference that fails is answered in-band and never reaches the engine),
+// and the mapping stays alive with the message until its step is done.
+// SweepRegions keeps the regions of clients holding a stream or a session
+// and expires the others after the grace period; the registry goes with
+// the service.
+//
+// Draining (StartDraining, on SIGTERM): CreateSession, AppendKV and
+// RegisterRegion are refused with UNAVAILABLE; Attend and Echo streams go
+// on until the server shuts down.
 #ifndef MLA_OFFLOAD_SERVER_SERVICE_H_
 #define MLA_OFFLOAD_SERVER_SERVICE_H_
 
@@ -44,8 +54,11 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/functional/function_ref.h"
 #include "proto/mla_offload.grpc.pb.h"
 #include "server/log.h"
+#include "server/region_access.h"
+#include "server/region_registry.h"
 #include "server/scheduler.h"
 #include "server/server_metrics.h"
 
@@ -61,6 +74,8 @@ struct ServiceOptions {
   int64_t max_segments_per_message = 1024;
   std::string version;
   std::string devices;
+  // The same-host data plane's regions: limits per client, grace period.
+  RegionRegistryOptions regions;
   // For tests, to force interleavings: called on the gRPC thread that read
   // message `sequence` (0, 1, ...) of an Attend stream after it was parsed
   // and before it is queued, and on whichever thread starts the read of
@@ -79,8 +94,11 @@ using MlaOffloadApi = mla_offload::v1::MlaOffload;
 using MlaOffloadBase = MlaOffloadApi::WithRawCallbackMethod_GetServerInfo<
     MlaOffloadApi::WithRawCallbackMethod_CreateSession<MlaOffloadApi::WithRawCallbackMethod_AppendKV<
         MlaOffloadApi::WithRawCallbackMethod_Attend<MlaOffloadApi::WithRawCallbackMethod_CloseSession<
-            MlaOffloadApi::WithRawCallbackMethod_ListSessions<
-                MlaOffloadApi::WithRawCallbackMethod_Echo<MlaOffloadApi::Service>>>>>>>;
+            MlaOffloadApi::WithRawCallbackMethod_ListSessions<MlaOffloadApi::WithRawCallbackMethod_Echo<
+                MlaOffloadApi::WithRawCallbackMethod_RegisterRegion<
+                    MlaOffloadApi::WithRawCallbackMethod_UnregisterRegion<
+                        MlaOffloadApi::WithRawCallbackMethod_ListRegions<
+                            MlaOffloadApi::Service>>>>>>>>>>;
 
 class MlaOffloadService final : public MlaOffloadBase {
  public:
@@ -94,6 +112,10 @@ class MlaOffloadService final : public MlaOffloadBase {
   // state GetServerInfo reports; call on the engine thread
   // (Scheduler::SetStateObserver) before the first GetServerInfo.
   void PublishEngineState(const Engine& engine);
+  // Keeps the regions of clients that hold a stream or a session they
+  // created, and unregisters those of clients idle past the grace period;
+  // call on the engine thread now and then (Scheduler::SetSweepObserver).
+  void SweepRegions(const Engine& engine);
 
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
                                           const grpc::ByteBuffer* request,
@@ -114,6 +136,15 @@ class MlaOffloadService final : public MlaOffloadBase {
       grpc::CallbackServerContext* context) override;
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Echo(
       grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* RegisterRegion(grpc::CallbackServerContext* context,
+                                           const grpc::ByteBuffer* request,
+                                           grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* UnregisterRegion(grpc::CallbackServerContext* context,
+                                             const grpc::ByteBuffer* request,
+                                             grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* ListRegions(grpc::CallbackServerContext* context,
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response) override;
 
  private:
   class AttendReactor;
@@ -136,6 +167,13 @@ class MlaOffloadService final : public MlaOffloadBase {
   // Finishes a unary call at once with `status` (counted in the metrics).
   grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context, const char* method,
                                    const absl::Status& status);
+  // Parses the request, runs `work` on this gRPC thread (for calls that
+  // need no engine) and finishes the call with the response or the status.
+  template <typename Request, typename Response>
+  grpc::ServerUnaryReactor* AnswerNow(grpc::CallbackServerContext* context, const char* method,
+                                      const grpc::ByteBuffer* request_bytes,
+                                      grpc::ByteBuffer* response_bytes,
+                                      absl::FunctionRef<absl::Status(const Request&, Response&)> work);
 
   Scheduler& scheduler_;
   ServerMetrics& metrics_;
@@ -145,6 +183,8 @@ class MlaOffloadService final : public MlaOffloadBase {
   std::atomic<int> open_streams_{0};
   std::mutex info_mutex_;
   mla_offload::v1::ServerInfo info_;  // guarded by info_mutex_
+  RegionRegistry regions_;
+  RegionOwners region_owners_;
 };
 
 }  // namespace mla

@@ -11,6 +11,10 @@
 // changed are checked.
 #include "server/service.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -22,6 +26,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -41,6 +46,7 @@
 #include "server/metrics/registry.h"
 #include "server/offload_server.h"
 #include "server/testing/engine_hold.h"
+#include "server/testing/regions.h"
 #include "tests/support/test_rows.h"
 
 namespace mla {
@@ -481,6 +487,254 @@ TEST_F(ServiceTest, ADrainLetsOpenEchoStreamsFinish) {
   echo->WritesDone();
   EXPECT_TRUE(echo->Finish().ok());
   drain.join();
+}
+
+// ---- Regions (the same-host data plane).
+
+// Bytes of a region for a reference.
+void SetRegion(pb::RegionRef* ref, uint64_t id, int64_t offset, int64_t bytes) {
+  ref->set_region_id(id);
+  ref->set_offset(offset);
+  ref->set_byte_size(bytes);
+}
+
+// The Attend message `inline_step` with q and kv at the start of region
+// `id` (copied into `memory` there) and out after them.
+pb::AttendRequest InRegion(const pb::AttendRequest& inline_step, uint64_t id, uint8_t* memory) {
+  pb::AttendRequest request = inline_step;
+  const std::string& q = inline_step.q().data();
+  const std::string& kv = inline_step.kv().data();
+  std::memcpy(memory, q.data(), q.size());
+  std::memcpy(memory + q.size(), kv.data(), kv.size());
+  request.mutable_q()->clear_data();
+  SetRegion(request.mutable_q()->mutable_region(), id, 0, q.size());
+  request.mutable_kv()->clear_data();
+  SetRegion(request.mutable_kv()->mutable_region(), id, q.size(), kv.size());
+  SetRegion(request.mutable_out_region(), id, q.size() + kv.size(), q.size());
+  return request;
+}
+
+class RegionServiceTest : public ServiceTest {
+ protected:
+  // A unary call of `stub` as the client `client_id` ("": none).
+  template <typename Request, typename Response>
+  grpc::Status Call(grpc::Status (pb::MlaOffload::Stub::*method)(grpc::ClientContext*,
+                                                                  const Request&, Response*),
+                    const Request& request, Response* response, const std::string& client_id = "",
+                    pb::MlaOffload::Stub* stub = nullptr) {
+    grpc::ClientContext context;
+    Deadline(context, absl::Seconds(10));
+    if (!client_id.empty()) context.AddMetadata("mla-client-id", client_id);
+    return ((stub != nullptr ? *stub : *stub_).*method)(&context, request, response);
+  }
+
+  absl::StatusOr<uint64_t> Register(const SharedMemory& memory, const std::string& client_id = "",
+                                    pb::MlaOffload::Stub* stub = nullptr) {
+    pb::RegisterRegionRequest request;
+    request.set_kind(pb::REGION_KIND_SYSTEM_SHM);
+    request.set_name(memory.name());
+    request.set_byte_size(memory.bytes());
+    pb::RegisterRegionResponse response;
+    const grpc::Status status =
+        Call(&pb::MlaOffload::Stub::RegisterRegion, request, &response, client_id, stub);
+    if (!status.ok()) {
+      return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                          status.error_message());
+    }
+    return response.region_id();
+  }
+
+  // The inline step at `position` of layer 0 runs: the refused steps
+  // before it changed nothing.
+  void ExpectStepRuns(const std::string& session, int32_t position) {
+    grpc::ClientContext context;
+    Deadline(context, absl::Seconds(30));
+    auto stream = stub_->Attend(&context);
+    pb::AttendResponse answer;
+    ASSERT_TRUE(stream->Write(Step(session, position)));
+    ASSERT_TRUE(stream->Read(&answer));
+    EXPECT_EQ(answer.status().code(), 0) << answer.status().message();
+    stream->WritesDone();
+    EXPECT_TRUE(stream->Finish().ok());
+  }
+
+  std::vector<uint64_t> Regions(const std::string& client_id = "") {
+    pb::ListRegionsResponse response;
+    const grpc::Status status = Call(&pb::MlaOffload::Stub::ListRegions, pb::ListRegionsRequest(),
+                                     &response, client_id);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    std::vector<uint64_t> ids;
+    for (const pb::RegionInfo& info : response.regions()) ids.push_back(info.region_id());
+    return ids;
+  }
+};
+
+// A region unregistered while a step that uses it waits for the engine:
+// the step still reads q and kv from it and writes its answer there (the
+// server keeps it mapped, though the client has unlinked it too), and the
+// answer is bit for bit the inline one; the next reference is NOT_FOUND and
+// changes nothing.
+TEST_F(RegionServiceTest, ARegionUnregisteredWhileAStepUsesItStaysMappedForThatStep) {
+  Start();
+  const std::string twin = CreateSession();
+  const std::string session = CreateSession();
+  SharedMemory memory(1 << 20);
+  absl::StatusOr<uint64_t> id = Register(memory);
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_THAT(Regions(), ::testing::ElementsAre(*id));
+
+  grpc::ClientContext context;
+  Deadline(context, absl::Seconds(30));
+  auto stream = stub_->Attend(&context);
+  pb::AttendResponse inline_answer;
+  ASSERT_TRUE(stream->Write(Step(twin, 0)));
+  ASSERT_TRUE(stream->Read(&inline_answer));
+  ASSERT_EQ(inline_answer.status().code(), 0) << inline_answer.status().message();
+  const pb::AttendRequest step = InRegion(Step(session, 0), *id, memory.data());
+  const int64_t out_at = step.out_region().offset();
+  {
+    EngineHold hold(server_->scheduler());
+    ASSERT_TRUE(stream->Write(step));
+    const absl::Time give_up = absl::Now() + absl::Seconds(10);
+    while (server_->scheduler().queued_messages() == 0 && absl::Now() < give_up) {
+      std::this_thread::yield();
+    }
+    ASSERT_EQ(server_->scheduler().queued_messages(), 1);
+    pb::UnregisterRegionRequest unregister;
+    unregister.set_region_id(*id);
+    pb::UnregisterRegionResponse unregistered;
+    const grpc::Status status =
+        Call(&pb::MlaOffload::Stub::UnregisterRegion, unregister, &unregistered);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    EXPECT_TRUE(Regions().empty());
+    shm_unlink(memory.name().c_str());
+  }
+  pb::AttendResponse answer;
+  ASSERT_TRUE(stream->Read(&answer));
+  EXPECT_EQ(answer.status().code(), 0) << answer.status().message();
+  EXPECT_FALSE(answer.has_out()) << "the answer is in the region";
+  EXPECT_FALSE(answer.has_lse());
+  EXPECT_GT(answer.timing().total_us(), 0);
+  const std::string& expected = inline_answer.out().data();
+  EXPECT_EQ(std::memcmp(memory.data() + out_at, expected.data(), expected.size()), 0);
+
+  ASSERT_TRUE(stream->Write(InRegion(Step(session, 1), *id, memory.data())));
+  ASSERT_TRUE(stream->Read(&answer));
+  EXPECT_EQ(answer.status().code(), static_cast<int>(grpc::StatusCode::NOT_FOUND));
+  EXPECT_THAT(answer.status().message(),
+              HasSubstr("AttendRequest.q.region: region 1 is not registered by this client"));
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  ExpectStepRuns(session, 1);
+}
+
+// Clients that send an mla-client-id are told apart by it (over TCP and
+// over a Unix socket alike): one's region does not exist for another, in
+// its list, for references and to unregister. A malformed id is refused.
+TEST_F(RegionServiceTest, AClientsRegionsDoNotExistForAnother) {
+  Start();
+  SharedMemory memory(1 << 20);
+  const std::string a = "client-a-0123456789", b = "client-b-0123456789";
+  absl::StatusOr<uint64_t> id = Register(memory, a);
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_THAT(Regions(a), ::testing::ElementsAre(*id));
+  EXPECT_TRUE(Regions(b).empty());
+  EXPECT_TRUE(Regions().empty()) << "the connection without an id is another client";
+  pb::UnregisterRegionRequest unregister;
+  unregister.set_region_id(*id);
+  pb::UnregisterRegionResponse unregistered;
+  EXPECT_EQ(Call(&pb::MlaOffload::Stub::UnregisterRegion, unregister, &unregistered, b).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  const std::string session = CreateSession();
+  grpc::ClientContext context;
+  Deadline(context, absl::Seconds(30));
+  context.AddMetadata("mla-client-id", b);
+  auto stream = stub_->Attend(&context);
+  ASSERT_TRUE(stream->Write(InRegion(Step(session, 0), *id, memory.data())));
+  pb::AttendResponse answer;
+  ASSERT_TRUE(stream->Read(&answer));
+  EXPECT_EQ(answer.status().code(), static_cast<int>(grpc::StatusCode::NOT_FOUND));
+  EXPECT_THAT(answer.status().message(), HasSubstr("is not registered by this client"));
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  EXPECT_THAT(Regions(a), ::testing::ElementsAre(*id)) << "the owner's region is untouched";
+
+  const absl::Status bad = Register(memory, "short").status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.message()), HasSubstr("mla-client-id metadata: short is not 16"));
+  ExpectStepRuns(session, 0);
+}
+
+// CUDA IPC is reserved in the contract, not served yet; kinds it does not
+// name are refused; a draining server takes no regions.
+TEST_F(RegionServiceTest, CudaIpcIsUnimplementedAndADrainTakesNoRegions) {
+  Start();
+  SharedMemory memory(4096);
+  pb::RegisterRegionRequest request;
+  request.set_kind(pb::REGION_KIND_CUDA_IPC);
+  request.set_cuda_ipc_handle(std::string(64, '\0'));
+  request.set_device_uuid("GPU-00000000-0000-0000-0000-000000000000");
+  request.set_byte_size(4096);
+  pb::RegisterRegionResponse response;
+  grpc::Status status = Call(&pb::MlaOffload::Stub::RegisterRegion, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("REGION_KIND_SYSTEM_SHM"));
+  request.set_kind(static_cast<pb::RegionKind>(9));
+  status = Call(&pb::MlaOffload::Stub::RegisterRegion, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("RegisterRegionRequest.kind: 9"));
+  server_->service().StartDraining();
+  EXPECT_EQ(Register(memory).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(Regions().empty());
+}
+
+// The host's first IPv4 address that is not a loopback one; empty if none.
+std::string NonLoopbackAddress() {
+  ifaddrs* interfaces = nullptr;
+  if (getifaddrs(&interfaces) != 0) return "";
+  std::string found;
+  for (ifaddrs* i = interfaces; i != nullptr && found.empty(); i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    char text[INET_ADDRSTRLEN];
+    const in_addr& address = reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr;
+    if ((ntohl(address.s_addr) >> 24) == 127) continue;
+    if (inet_ntop(AF_INET, &address, text, sizeof(text)) != nullptr) found = text;
+  }
+  freeifaddrs(interfaces);
+  return found;
+}
+
+// A peer that is not on the server's host (here: this host over its
+// network address, which the server cannot tell from another host's) may
+// neither register nor reference a region: PERMISSION_DENIED saying why,
+// and nothing changes.
+TEST_F(RegionServiceTest, APeerNotOnTheHostMayNotUseRegions) {
+  const std::string address = NonLoopbackAddress();
+  if (address.empty()) GTEST_SKIP() << "this host has no network address besides loopback";
+  Start([](OffloadServerOptions& options) { options.listen = "0.0.0.0:0"; });
+  auto remote = pb::MlaOffload::NewStub(grpc::CreateChannel(
+      absl::StrCat(address, ":", server_->port()), grpc::InsecureChannelCredentials()));
+  SharedMemory memory(1 << 20);
+  const absl::Status refused = Register(memory, "", remote.get()).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied) << refused;
+  EXPECT_THAT(std::string(refused.message()),
+              HasSubstr("regions are for clients on the server's host"));
+  EXPECT_THAT(std::string(refused.message()), HasSubstr(absl::StrCat("ipv4:", address)));
+  absl::StatusOr<uint64_t> id = Register(memory, "local-client-0123456789");
+  ASSERT_TRUE(id.ok()) << id.status();
+  const std::string session = CreateSession();
+  grpc::ClientContext context;
+  Deadline(context, absl::Seconds(30));
+  context.AddMetadata("mla-client-id", "local-client-0123456789");
+  auto stream = remote->Attend(&context);
+  ASSERT_TRUE(stream->Write(InRegion(Step(session, 0), *id, memory.data())));
+  pb::AttendResponse answer;
+  ASSERT_TRUE(stream->Read(&answer));
+  EXPECT_EQ(answer.status().code(), static_cast<int>(grpc::StatusCode::PERMISSION_DENIED))
+      << "another host used a local client's region by its id";
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  ExpectStepRuns(session, 0);
 }
 
 }  // namespace

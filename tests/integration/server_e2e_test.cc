@@ -23,7 +23,9 @@
 //
 // What the server does is checked only through what a client sees: answers,
 // status codes and messages, ServerInfo, ListSessions, the health service,
-// /metrics and the process's exit.
+// /metrics and the process's exit; for the same-host regions also the
+// shared memory itself and what the server process maps (/proc/PID/maps),
+// with region_holder as a client that dies holding a region.
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -31,6 +33,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -41,6 +44,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <map>
@@ -79,6 +83,7 @@
 #include "kernels/rope.h"
 #include "proto/mla_offload.grpc.pb.h"
 #include "tests/integration/health.grpc.pb.h"
+#include "server/testing/regions.h"
 #include "tests/support/test_rows.h"
 
 extern char** environ;
@@ -2128,6 +2133,274 @@ TEST_F(ServerE2eTest, PipelinedMessagesAreAnsweredInOrder) {
   EXPECT_TRUE(stream.Close().ok());
   ExpectListed(a, "session a");
   ExpectListed(b, "session b");
+}
+
+// ---- 8. Same-host regions (shared memory): the server on this host maps a
+// region the test made, as a client would.
+
+uint64_t RegisterRegion(pb::MlaOffload::Stub& stub, const SharedMemory& memory) {
+  pb::RegisterRegionRequest request;
+  request.set_kind(pb::REGION_KIND_SYSTEM_SHM);
+  request.set_name(memory.name());
+  request.set_byte_size(memory.bytes());
+  pb::RegisterRegionResponse response;
+  const grpc::Status status = Call(stub, &pb::MlaOffload::Stub::RegisterRegion, request, &response);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  return response.region_id();
+}
+
+void SetRegion(pb::RegionRef* ref, uint64_t id, int64_t offset, int64_t bytes) {
+  ref->set_region_id(id);
+  ref->set_offset(offset);
+  ref->set_byte_size(bytes);
+}
+
+// A step whose tensors (but the top-k) lie in region `id` from offset `at`,
+// copied there, and whose answer is written after them.
+struct RegionStep {
+  pb::AttendRequest request;
+  int64_t out_at = 0;
+  int64_t lse_at = 0;
+  int64_t out_bytes = 0;
+  int64_t lse_bytes = 0;
+};
+
+RegionStep IntoRegion(const Step& step, uint64_t id, SharedMemory& memory, int64_t at) {
+  RegionStep moved;
+  moved.request = step.request;
+  pb::AttendRequest& request = moved.request;
+  for (pb::Tensor* tensor : {request.mutable_q(), request.mutable_kv(),
+                             request.mutable_compressed_kv()}) {
+    if (tensor->data().empty()) continue;
+    std::memcpy(memory.data() + at, tensor->data().data(), tensor->data().size());
+    SetRegion(tensor->mutable_region(), id, at, tensor->data().size());
+    at += tensor->data().size();
+    tensor->clear_data();
+  }
+  if (!step.request.has_compressed_kv()) request.clear_compressed_kv();
+  const int64_t values = static_cast<int64_t>(step.answers.size()) * step.heads;
+  moved.out_at = at;
+  moved.out_bytes = values * kRowBytes;
+  SetRegion(request.mutable_out_region(), id, moved.out_at, moved.out_bytes);
+  if (request.return_lse()) {
+    moved.lse_at = at + moved.out_bytes;
+    moved.lse_bytes = values * 4;
+    SetRegion(request.mutable_lse_region(), id, moved.lse_at, moved.lse_bytes);
+  }
+  return moved;
+}
+
+// The response to a region step as if the answer had come inline: out and
+// lse read from the region, for ExpectAnswer.
+pb::AttendResponse AsInline(const pb::AttendResponse& response, const RegionStep& moved,
+                            const SharedMemory& memory, const Step& step) {
+  pb::AttendResponse inline_response = response;
+  const int64_t tokens = static_cast<int64_t>(step.answers.size());
+  const auto bytes = [&memory](int64_t at, int64_t size) {
+    return std::string(reinterpret_cast<const char*>(memory.data() + at), size);
+  };
+  SetTensor(inline_response.mutable_out(), pb::DTYPE_BF16, {tokens, step.heads, kHeadDim},
+            bytes(moved.out_at, moved.out_bytes));
+  if (moved.lse_bytes > 0) {
+    SetTensor(inline_response.mutable_lse(), pb::DTYPE_F32, {tokens, step.heads},
+              bytes(moved.lse_at, moved.lse_bytes));
+  }
+  return inline_response;
+}
+
+// Steps of every layer kind with q, kv and compressed rows in a region and
+// the answer written there give, bit for bit, the inline answers of a twin
+// session fed the same rows (and both are the mirror's); the answers carry
+// no tensors.
+TEST_F(ServerE2eTest, SharedMemoryStepsAreBitIdenticalToInlineOnes) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  const ModelProfile& profile = **FindModelProfile(kPro);
+  Seq plain, shared;
+  ASSERT_NO_FATAL_FAILURE(Create(&plain, kPro, 16, 61));
+  ASSERT_NO_FATAL_FAILURE(Create(&shared, kPro, 16, 61));
+  ASSERT_NO_FATAL_FAILURE(Append(&plain, 254));
+  ASSERT_NO_FATAL_FAILURE(Append(&shared, 254));
+  SharedMemory memory(4 << 20);
+  const uint64_t id = RegisterRegion(*stub_, memory);
+  AttendStream stream(*stub_);
+  uint64_t request_id = 1;
+  for (int32_t p = 254; p < 258; ++p) {
+    for (int layer : {0, 2, 60, 61}) {
+      StepSpec spec;
+      spec.layer = layer;
+      spec.head_offset = 16;
+      spec.lse = p % 2 == 0;
+      spec.derotate = (p + layer) % 2 == 1;
+      spec.topk_width = p == 254 ? profile.indexer_topk : 40;
+      spec.request_id = request_id++;
+      spec.segments = {{&plain, p}};
+      const Step inline_step = BuildStep(mirror_, spec);
+      spec.request_id = request_id++;
+      spec.segments = {{&shared, p}};
+      const Step region_step = BuildStep(mirror_, spec);
+      const std::string what = absl::StrCat("layer ", layer, " position ", p);
+      const pb::AttendResponse inline_response = stream.RoundTrip(inline_step.request);
+      ExpectAnswer(inline_response, inline_step, what);
+      const RegionStep moved = IntoRegion(region_step, id, memory, 0);
+      const pb::AttendResponse response = stream.RoundTrip(moved.request);
+      ASSERT_EQ(response.status().code(), 0) << what << ": " << response.status().message();
+      EXPECT_FALSE(response.has_out() || response.has_lse()) << what << ": tensors in the answer";
+      EXPECT_EQ(std::memcmp(memory.data() + moved.out_at, inline_response.out().data().data(),
+                            moved.out_bytes),
+                0)
+          << what << ": out differs from the inline answer";
+      if (spec.lse) {
+        EXPECT_EQ(std::memcmp(memory.data() + moved.lse_at, inline_response.lse().data().data(),
+                              moved.lse_bytes),
+                  0)
+            << what << ": lse differs from the inline answer";
+      }
+      ExpectAnswer(AsInline(response, moved, memory, region_step), region_step, what);
+      Applied(inline_step);
+      Applied(region_step);
+    }
+  }
+  EXPECT_TRUE(stream.Close().ok());
+  ExpectListed(plain, "the inline session");
+  ExpectListed(shared, "the session stepped through the region");
+}
+
+// Each bad region reference is answered with its error naming the field,
+// writes nothing into the answer's region and changes no session; the good
+// step after them runs as if they had not been sent. The unary calls take
+// no references.
+TEST_F(ServerE2eTest, BadRegionReferencesFailAloneAndChangeNothing) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  Seq seq;
+  ASSERT_NO_FATAL_FAILURE(Create(&seq, kFlash, 8, 71));
+  constexpr int32_t kP = 131;  // the step at 131 brings C4A row 32
+  ASSERT_NO_FATAL_FAILURE(Append(&seq, kP));
+  const int64_t blocks = Info().kv_blocks_used();
+  SharedMemory memory(1 << 20), theirs(1 << 20), dropped(1 << 20);
+  const uint64_t id = RegisterRegion(*stub_, memory);
+  // Another client: a connection of its own.
+  std::unique_ptr<pb::MlaOffload::Stub> other = pb::MlaOffload::NewStub(NewChannel(*server_));
+  const uint64_t foreign = RegisterRegion(*other, theirs);
+  const uint64_t gone = RegisterRegion(*stub_, dropped);
+  pb::UnregisterRegionRequest unregister;
+  unregister.set_region_id(gone);
+  pb::UnregisterRegionResponse unregistered;
+  ASSERT_TRUE(Call(*stub_, &pb::MlaOffload::Stub::UnregisterRegion, unregister, &unregistered).ok());
+
+  StepSpec spec;
+  spec.request_id = 1;
+  spec.layer = 2;  // C4A: compressed rows and a top-k
+  spec.segments = {{&seq, kP}};
+  spec.lse = true;
+  const Step step = BuildStep(mirror_, spec);
+  const RegionStep good = IntoRegion(step, id, memory, 0);
+  const int64_t size = memory.bytes();
+  struct Bad {
+    std::string what;
+    grpc::StatusCode code;
+    std::string field;
+    std::function<void(pb::AttendRequest&)> change;
+  };
+  using grpc::StatusCode;
+  const std::vector<Bad> bad = {
+      {"q past the region's end", StatusCode::INVALID_ARGUMENT, "AttendRequest.q.region: bytes",
+       [&](pb::AttendRequest& r) { r.mutable_q()->mutable_region()->set_offset(size - 2); }},
+      {"an unregistered region", StatusCode::NOT_FOUND,
+       absl::StrCat("AttendRequest.q.region: region ", gone, " is not registered"),
+       [&](pb::AttendRequest& r) { r.mutable_q()->mutable_region()->set_region_id(gone); }},
+      {"another client's region", StatusCode::NOT_FOUND,
+       absl::StrCat("AttendRequest.kv.region: region ", foreign, " is not registered"),
+       [&](pb::AttendRequest& r) { r.mutable_kv()->mutable_region()->set_region_id(foreign); }},
+      {"an out region too small for the answer", StatusCode::INVALID_ARGUMENT,
+       "out_region.byte_size: the answer's out [T, H, 512] bf16 is 8192 bytes",
+       [&](pb::AttendRequest& r) { r.mutable_out_region()->set_byte_size(good.out_bytes - 2); }},
+      {"an out region past the region's end", StatusCode::INVALID_ARGUMENT,
+       "AttendRequest.out_region: bytes",
+       [&](pb::AttendRequest& r) { r.mutable_out_region()->set_offset(size - good.out_bytes / 2); }},
+      {"a top-k in a region", StatusCode::INVALID_ARGUMENT, "AttendRequest.topk.region",
+       [&](pb::AttendRequest& r) {
+         SetRegion(r.mutable_topk()->mutable_region(), id, size - 4096, r.topk().data().size());
+         r.mutable_topk()->clear_data();
+       }},
+      {"lse asked for without an lse region", StatusCode::INVALID_ARGUMENT,
+       "return_lse needs an lse_region", [](pb::AttendRequest& r) { r.clear_lse_region(); }},
+      {"q in data and in a region", StatusCode::INVALID_ARGUMENT,
+       "AttendRequest.q: it carries both data and a region",
+       [&](pb::AttendRequest& r) { r.mutable_q()->set_data(step.request.q().data()); }},
+  };
+  const std::vector<uint8_t> before(memory.data(), memory.data() + size);
+  AttendStream stream(*stub_);
+  for (const Bad& b : bad) {
+    pb::AttendRequest request = good.request;
+    b.change(request);
+    ExpectError(stream.RoundTrip(request), request.request_id(), b.code, b.field, b.what);
+    EXPECT_EQ(std::memcmp(memory.data(), before.data(), size), 0) << b.what << " wrote the region";
+  }
+  EXPECT_EQ(Info().kv_blocks_used(), blocks);
+  ExpectListed(seq, "after the bad references");
+
+  const pb::AttendResponse response = stream.RoundTrip(good.request);
+  ASSERT_EQ(response.status().code(), 0) << response.status().message();
+  ExpectAnswer(AsInline(response, good, memory, step), step, "the good step after them");
+  Applied(step);
+  EXPECT_TRUE(stream.Close().ok());
+  ExpectListed(seq, "after the good step");
+
+  Seq fresh;
+  ASSERT_NO_FATAL_FAILURE(Create(&fresh, kFlash, 8, 72));
+  pb::AppendKVRequest append = PromptRequest(fresh, 0, 1);
+  SetRegion(append.mutable_layers(0)->mutable_swa_kv()->mutable_region(), id, 0, kRowBytes);
+  append.mutable_layers(0)->mutable_swa_kv()->clear_data();
+  pb::AppendKVResponse appended;
+  ExpectStatus(Call(*stub_, &pb::MlaOffload::Stub::AppendKV, append, &appended),
+               StatusCode::INVALID_ARGUMENT, "swa_kv.region: this tensor's bytes must travel inline",
+               "AppendKV from a region");
+  ExpectListed(fresh, "after the AppendKV from a region");
+}
+
+// Whether the process `pid` maps the shared-memory object `name`.
+bool Maps(pid_t pid, const std::string& name) {
+  std::ifstream maps(absl::StrCat("/proc/", pid, "/maps"));
+  std::string line;
+  while (std::getline(maps, line)) {
+    if (line.find(absl::StrCat("/dev/shm", name)) != std::string::npos) return true;
+  }
+  return false;
+}
+
+// A client that dies holding a region (SIGKILL: nothing unregistered) leaves
+// none behind: once it has held no stream and no session for the grace
+// period, the server unmaps the region.
+TEST_F(ServerE2eTest, AClientThatDiesLeavesNoRegionBehind) {
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--region_grace_s=1"}));
+  absl::StatusOr<std::string> holder = ::mla::client::RunfilePath("tests/integration/region_holder");
+  ASSERT_TRUE(holder.ok()) << holder.status();
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string name_file = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/region_name");
+  std::vector<std::string> args = {*holder, server_->target(), name_file};
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  ASSERT_EQ(posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ), 0);
+  std::string name;
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (name.empty() && absl::Now() < give_up) {
+    std::getline(std::ifstream(name_file), name);
+    if (name.empty()) absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_FALSE(name.empty()) << "the holder did not register a region; the server said:\n"
+                             << server_->Output();
+  EXPECT_TRUE(Maps(server_->pid(), name)) << "the server does not map " << name;
+  absl::SleepFor(absl::Seconds(2));
+  EXPECT_TRUE(Maps(server_->pid(), name)) << "a client holding a stream lost its region";
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (Maps(server_->pid(), name) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_FALSE(Maps(server_->pid(), name)) << "the dead client's region is still mapped";
+  EXPECT_THAT(server_->Output(), HasSubstr("unregistered 1 region whose client held no stream"));
+  shm_unlink(name.c_str());  // the client's to remove; it died
 }
 
 }  // namespace

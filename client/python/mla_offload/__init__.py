@@ -9,8 +9,10 @@
             out = mo.bf16_to_float32(future.result().out)
 
 Tensors are numpy arrays; bf16 tensors are uint16 arrays of bit patterns
-(float32_to_bf16 / bf16_to_float32 convert). Failures raise MlaOffloadError
-with the gRPC code and the server's message. See README.md beside the package.
+(float32_to_bf16 / bf16_to_float32 convert). On the server's host, tensors
+and answers may lie in shared memory (client.host_region(), regions.py).
+Failures raise MlaOffloadError with the gRPC code and the server's message.
+See README.md beside the package.
 """
 
 from .attend import AttendResult, AttendStream, Segment
@@ -19,11 +21,12 @@ from .client import (READINESS_SERVICE, AppendResult, Client, LayerRows, Session
                      connect)
 from .errors import MlaOffloadError
 from .placement import Cluster, rendezvous_place, rendezvous_weight, statefulset_targets
+from .regions import HostRegion, RegionArray
 from ._stubs import pb
 
 __all__ = [
     "READINESS_SERVICE", "AppendResult", "AttendResult", "AttendStream", "Client", "Cluster",
-    "LayerRows", "MlaOffloadError", "Segment", "Session", "TlsConfig", "bf16_to_float32",
-    "connect", "float32_to_bf16", "pb", "rendezvous_place", "rendezvous_weight", "round_to_bf16",
-    "statefulset_targets",
+    "HostRegion", "LayerRows", "MlaOffloadError", "RegionArray", "Segment", "Session",
+    "TlsConfig", "bf16_to_float32", "connect", "float32_to_bf16", "pb", "rendezvous_place",
+    "rendezvous_weight", "round_to_bf16", "statefulset_targets",
 ]

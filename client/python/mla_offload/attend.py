@@ -37,6 +37,7 @@ import numpy as np
 
 from ._stubs import pb
 from .errors import MlaOffloadError, status_code
+from .regions import RegionArray, fill_region
 from .tensors import fill_tensor, to_array
 
 _METHOD = "Attend"
@@ -68,7 +69,8 @@ class Segment:
 class AttendResult:
     """The answer to one Attend message.
 
-    out: uint16 bf16 patterns [T, H, 512] (a read-only view of the response).
+    out: uint16 bf16 patterns [T, H, 512] (a read-only view of the response,
+      or the region array the message named as `out`, the answer written in it).
     lse: float32 [T, H] when asked for (+inf where nothing was attended), else None.
     timing: the server's pb.Timing (queue_us, plan_us, upload_us, prologue_us,
         decode_us, readback_us, total_us, batch_tokens, serialize_us).
@@ -80,8 +82,8 @@ class AttendResult:
 
 
 def build_request(request_id, layer, segments, q, kv=None, compressed_kv=None, topk=None,
-                  head_offset=0, return_lse=False, derotate_output=False):
-    """A pb.AttendRequest from numpy arrays (see AttendStream.submit)."""
+                  head_offset=0, return_lse=False, derotate_output=False, out=None, lse=None):
+    """A pb.AttendRequest from numpy arrays and RegionArrays (see AttendStream.submit)."""
     request = pb.AttendRequest(request_id=request_id, layer=layer, head_offset=head_offset,
                                return_lse=return_lse, derotate_output=derotate_output)
     for segment in segments:
@@ -96,6 +98,10 @@ def build_request(request_id, layer, segments, q, kv=None, compressed_kv=None, t
         fill_tensor(request.compressed_kv, compressed_kv, pb.DTYPE_BF16, "compressed_kv")
     if topk is not None:
         fill_tensor(request.topk, topk, pb.DTYPE_I32, "topk")
+    if out is not None:
+        fill_region(out, request.out_region)
+    if lse is not None:
+        fill_region(lse, request.lse_region)
     return request
 
 
@@ -108,6 +114,8 @@ class _Pending:
     tokens: int      # T
     heads: int       # H
     return_lse: bool
+    out: Optional[RegionArray] = None  # where the answer is written instead
+    lse: Optional[RegionArray] = None
 
 
 def _tensor_description(tensor):
@@ -125,16 +133,23 @@ def _check_tensor(response, field, dtype, shape):
                          f"{expected} is expected")
 
 
-def parse_response(response, tokens=None, heads=None, return_lse=False):
+def parse_response(response, tokens=None, heads=None, return_lse=False, out=None, lse=None):
     """An AttendResult, or the MlaOffloadError of a refused message.
 
     With tokens and heads (the message's T and H), an OK answer must hold out
     bf16 [T, H, 512] and lse float32 [T, H] when present or return_lse;
-    ValueError otherwise (a server fault, not something to hand on).
+    ValueError otherwise (a server fault, not something to hand on). With
+    `out` (the RegionArray the message named, and `lse`), the answer is in
+    their arrays and the response must carry no tensors.
     """
     if response.HasField("status") and response.status.code != 0:
         return MlaOffloadError(status_code(response.status.code), response.status.message,
                                _METHOD, response.request_id)
+    if out is not None:
+        if response.HasField("out") or response.HasField("lse"):
+            raise ValueError("an answer written into out_region carries tensors too")
+        return AttendResult(response.request_id, out.array,
+                            lse.array if lse is not None else None, response.timing)
     if tokens is not None and heads is not None:
         _check_tensor(response, "out", pb.DTYPE_BF16, (tokens, heads, HEAD_DIM))
         if return_lse or response.HasField("lse"):
@@ -179,7 +194,7 @@ class AttendStream:
         self._watchdog.start()
 
     def submit(self, layer, segments, q, kv=None, compressed_kv=None, topk=None, head_offset=0,
-               return_lse=False, derotate_output=False, request_id=None):
+               return_lse=False, derotate_output=False, request_id=None, out=None, lse=None):
         """Sends one layer step; returns a Future of its AttendResult.
 
         layer: the attention layer. segments: Segment list (T = sum of num_tokens).
@@ -190,6 +205,11 @@ class AttendStream:
         topk: int32 [T, K] of C4A layers, session-relative rows, -1 pads.
         head_offset: this rank's first query head. return_lse, derotate_output:
           see proto/mla_offload.proto. request_id: echoed; default 1, 2, 3, ...
+        Same host (regions.py): q, kv and compressed_kv may be RegionArrays
+          (HostRegion.ref), sent as references; out (and, with return_lse,
+          lse) a RegionArray of out [T, H, 512] uint16 (lse [T, H] float32)
+          the server writes the answer into: the result's out and lse are
+          then those arrays, filled.
         Blocks while max_in_flight messages are unanswered, at most step_timeout
         (then MlaOffloadError DEADLINE_EXCEEDED, nothing sent). Raises
         MlaOffloadError if the stream has failed or was closed.
@@ -197,7 +217,7 @@ class AttendStream:
         if request_id is None:
             request_id = next(self._ids)
         request = build_request(request_id, layer, segments, q, kv, compressed_kv, topk,
-                                head_offset, return_lse, derotate_output)
+                                head_offset, return_lse, derotate_output, out, lse)
         # The answer's T and H, as the server checks q against the segments.
         tokens = sum(int(segment.num_tokens) for segment in segments)
         q_values = int(np.prod(tuple(request.q.shape), dtype=np.int64))
@@ -217,7 +237,7 @@ class AttendStream:
             future.set_running_or_notify_cancel()
             self._pending.append(_Pending(request_id, future,
                                           time.monotonic() + self._step_timeout, tokens, heads,
-                                          bool(return_lse)))
+                                          bool(return_lse), out, lse))
             if len(self._pending) == 1:
                 self._changed.notify_all()  # the watchdog may be waiting for no deadline
             self._requests.put(request)
@@ -285,7 +305,8 @@ class AttendStream:
     def _deliver(response, pending):
         request_id, future = pending.request_id, pending.future
         try:
-            result = parse_response(response, pending.tokens, pending.heads, pending.return_lse)
+            result = parse_response(response, pending.tokens, pending.heads, pending.return_lse,
+                                    pending.out, pending.lse)
         except ValueError as malformed:  # not the answer asked for, or out's bytes do not fit
             result = MlaOffloadError(grpc.StatusCode.INTERNAL, str(malformed), _METHOD, request_id)
         if isinstance(result, MlaOffloadError):

@@ -12,6 +12,7 @@ Thread safety: a Client may be shared by threads; so may an AttendStream
 import dataclasses
 import math
 import numbers
+import secrets
 from typing import Optional
 
 import grpc
@@ -20,6 +21,7 @@ import numpy as np
 from ._stubs import pb, pb_grpc
 from .attend import DEFAULT_STEP_TIMEOUT, AttendStream, session_id_of
 from .errors import MlaOffloadError
+from .regions import HostRegion
 from .tensors import fill_tensor
 
 DEFAULT_MAX_MESSAGE_BYTES = 256 << 20  # the server's --max_message_mb default
@@ -144,7 +146,10 @@ class Client:
             "/grpc.health.v1.Health/Check",
             request_serializer=lambda message: message,
             response_deserializer=lambda message: message)
-        self._metadata = tuple(metadata)
+        # The client's identity for its regions (regions.py): the server keeps
+        # them apart from other clients' by it.
+        self.client_id = secrets.token_hex(16)
+        self._metadata = tuple(metadata) + (("mla-client-id", self.client_id),)
         self.target = target
         self.timeout = timeout
 
@@ -245,6 +250,26 @@ class Client:
             return [reply.payload for reply in replies]
         except grpc.RpcError as error:
             raise MlaOffloadError.from_rpc_error(error, "Echo") from None
+
+    def register_region(self, name, nbytes, timeout=None):
+        """Registers `nbytes` of the POSIX shared-memory object `name` ("/...")
+        with the server (on its host only); the region's id. host_region()
+        does it all."""
+        request = pb.RegisterRegionRequest(kind=pb.REGION_KIND_SYSTEM_SHM, name=name,
+                                           byte_size=nbytes)
+        return self._call("RegisterRegion", request, timeout).region_id
+
+    def unregister_region(self, region_id, timeout=None):
+        """Unregisters a region of this client; unknown: NOT_FOUND."""
+        self._call("UnregisterRegion", pb.UnregisterRegionRequest(region_id=region_id), timeout)
+
+    def list_regions(self, timeout=None):
+        """pb.RegionInfo of every region this client holds."""
+        return list(self._call("ListRegions", pb.ListRegionsRequest(), timeout).regions)
+
+    def host_region(self, nbytes, timeout=None):
+        """A new HostRegion of `nbytes` (regions.py) registered with the server."""
+        return HostRegion(self, nbytes, timeout)
 
     def attend(self, timeout=None, max_in_flight=8, step_timeout=DEFAULT_STEP_TIMEOUT):
         """Opens an AttendStream. timeout: the deadline of the whole stream in

@@ -10,6 +10,7 @@ field when it is wrong.
 import numpy as np
 
 from ._stubs import pb
+from .regions import RegionArray, fill_region
 
 _WIRE = {
     pb.DTYPE_BF16: np.dtype("<u2"),
@@ -20,8 +21,10 @@ _NAMES = {pb.DTYPE_BF16: "bf16 (uint16 bit patterns)", pb.DTYPE_F32: "float32", 
 
 
 def fill_tensor(tensor, array, dtype, field):
-    """Sets the pb.Tensor `tensor` to `array` as `dtype` (a pb.DType value)."""
-    array = np.asarray(array)
+    """Sets the pb.Tensor `tensor` to `array` as `dtype` (a pb.DType value);
+    a RegionArray (regions.py) is sent as a reference to its region."""
+    reference = array if isinstance(array, RegionArray) else None
+    array = np.asarray(array.array if reference is not None else array)
     wire = _WIRE[dtype]
     accepted = {
         pb.DTYPE_BF16: array.dtype == np.uint16,
@@ -36,6 +39,9 @@ def fill_tensor(tensor, array, dtype, field):
         raise ValueError(f"{field}: values do not fit in int32")
     tensor.dtype = dtype
     tensor.shape[:] = array.shape
+    if reference is not None:
+        fill_region(reference, tensor.region)
+        return
     tensor.data = np.ascontiguousarray(array, dtype=wire).tobytes()
 
 

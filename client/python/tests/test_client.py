@@ -238,6 +238,42 @@ class ClientTest(ServerTestCase):
         for sequence in sequences + twins:
             self.client.close_session(sequence.session)
 
+    def test_host_regions_carry_the_tensors_and_the_answer(self):
+        """q, kv and compressed rows in shared memory and the answer written
+        there give, bit for bit, a twin session's inline answer; a top-k in a
+        region is refused; the region goes with close()."""
+        plain = Sequence(self.client, self.flash, 8, 97, 200)
+        shared = Sequence(self.client, self.flash, 8, 97, 200)
+        with self.client.host_region(1 << 20) as region, self.client.attend() as stream:
+            self.assertEqual([info.region_id for info in self.client.list_regions()], [region.id])
+            for layer in (0, 2, 3):  # SWA, C4A, C128A
+                inline = stream.attend(**plain.step(layer, 200))
+                arguments = shared.step(layer, 200)
+                offset = 0
+                for name in ("q", "kv", "compressed_kv"):
+                    if arguments[name] is None:
+                        continue
+                    view = region.array(arguments[name].shape, np.uint16, offset)
+                    view[...] = arguments[name]
+                    arguments[name] = region.ref(view)
+                    offset += view.nbytes
+                out = region.array(inline.out.shape, np.uint16, offset)
+                lse = region.array(inline.lse.shape, np.float32, offset + out.nbytes)
+                result = stream.attend(**arguments, out=region.ref(out), lse=region.ref(lse))
+                self.assertIs(result.out, out)
+                np.testing.assert_array_equal(out, inline.out)
+                np.testing.assert_array_equal(lse, inline.lse)
+            arguments = shared.step(2, 201)
+            topk = region.array(arguments["topk"].shape, np.int32, 1 << 19)
+            topk[...] = arguments["topk"]
+            arguments["topk"] = region.ref(topk)
+            with self.assertRaises(mo.MlaOffloadError) as raised:
+                stream.attend(**arguments)
+            self.assertError(raised, INVALID_ARGUMENT, "topk.region", "must travel inline")
+            with self.assertRaises(ValueError):
+                region.ref(np.zeros(4, np.uint16))  # not in the region
+        self.assertEqual(self.client.list_regions(), [])
+
     def test_closed_stream_refuses_new_messages(self):
         stream = self.client.attend()
         stream.close()
