@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <map>
@@ -22,6 +23,7 @@
 #include "client/loadtest/arrivals.h"
 #include "client/loadtest/progress.h"
 #include "client/loadtest/verifier.h"
+#include "client/host_region.h"
 #include "client/loadtest/workload.h"
 #include "client/mla_client.h"
 #include "kernels/geometry.h"
@@ -58,6 +60,8 @@ Clock::duration FromSeconds(double s) {
 struct Setup {
   const ModelProfile* model = nullptr;
   const Workload* workload = nullptr;
+  bool shm = false;     // --data_plane=shm
+  int concurrency = 1;  // layer steps in flight per node: a region's slots
   int heads = 0;
   int layers = 0;
   int tokens_per_step = 1;
@@ -72,10 +76,32 @@ struct SessionRef {
   std::string id;
 };
 
+// Where one layer step's tensors lie in a slot of a group's region
+// (--data_plane=shm): each part 64-byte aligned, sized for the largest step.
+struct SlotLayout {
+  int64_t q = 0, kv = 0, compressed = 0, out = 0, lse = 0;  // offsets
+  int64_t bytes = 0;                                        // of the slot
+
+  static SlotLayout For(int64_t tokens, int heads, int64_t max_new_rows) {
+    const auto aligned = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
+    SlotLayout slot;
+    slot.kv = aligned(tokens * heads * kRowBytes);
+    slot.compressed = slot.kv + aligned(tokens * kRowBytes);
+    slot.out = slot.compressed + aligned(max_new_rows * kRowBytes);
+    slot.lse = slot.out + aligned(tokens * heads * kRowBytes);
+    slot.bytes = slot.lse + aligned(tokens * heads * 4);
+    return slot;
+  }
+};
+
 // The sessions of one node that live on one server, and the node's streams to it.
 struct Group {
   int server = 0;
   std::vector<SessionRef> sessions;
+  // --data_plane=shm: one slot a layer step in flight (step seq uses slot
+  // seq % slots: the steps in flight are the last ones sent).
+  std::unique_ptr<client::HostRegion> region;
+  SlotLayout slot;
   std::unique_ptr<client::AttendStream> attend;
   std::unique_ptr<client::EchoStream> echo;
   // Layer steps sent and not yet received, in order, with their payload bytes.
@@ -106,6 +132,16 @@ struct Sample {
   int head_offset = 0;
   std::vector<SessionRef> sessions;
   client::AttendResult result;
+  // An answer written into the region: copied out of it on arrival.
+  std::vector<uint16_t> region_out;
+  std::vector<float> region_lse;
+
+  absl::Span<const uint16_t> out() const {
+    return result.in_regions() ? absl::MakeConstSpan(region_out) : result.out();
+  }
+  absl::Span<const float> lse() const {
+    return result.in_regions() ? absl::MakeConstSpan(region_lse) : result.lse();
+  }
 };
 
 // Counters all nodes update, for the progress line.
@@ -185,6 +221,22 @@ class Node {
           !status.ok()) {
         return status;
       }
+    }
+    return absl::OkStatus();
+  }
+
+  // --data_plane=shm: a region on each server the node uses, a slot for
+  // each layer step in flight, each slot sized for the largest message.
+  absl::Status CreateRegions() {
+    const int64_t max_new_rows = setup_.tokens_per_step / 4 + 1;  // a session, at ratio 4
+    for (Group& group : groups_) {
+      const int64_t sessions = static_cast<int64_t>(group.sessions.size());
+      group.slot = SlotLayout::For(sessions * setup_.tokens_per_step, setup_.heads,
+                                   sessions * max_new_rows);
+      absl::StatusOr<std::unique_ptr<client::HostRegion>> region = client::HostRegion::Create(
+          cluster_->client(group.server), group.slot.bytes * setup_.concurrency);
+      if (!region.ok()) return region.status();
+      group.region = *std::move(region);
     }
     return absl::OkStatus();
   }
@@ -309,8 +361,50 @@ class Node {
     std::vector<int32_t> topk;
   };
 
-  // Builds and sends the group's part of a layer step; its payload bytes.
-  absl::StatusOr<int64_t> SendAttend(Group& group, int64_t step, int layer, bool sample) {
+  // The region slot of layer step `seq` of `group` (--data_plane=shm).
+  uint8_t* SlotOf(const Group& group, int64_t seq) const {
+    return group.region->data() + (seq % setup_.concurrency) * group.slot.bytes;
+  }
+
+  // Writes the tensors of `input` into the slot of step `seq` and names them
+  // there instead, with out (and lse) written there too: only the top-k
+  // stays inline.
+  absl::Status MoveIntoRegion(const Group& group, int64_t seq, int64_t tokens,
+                              client::AttendInput& input) {
+    const int64_t base = (seq % setup_.concurrency) * group.slot.bytes;
+    uint8_t* slot = SlotOf(group, seq);
+    const auto place = [&](absl::Span<const uint16_t>& tensor, int64_t at,
+                           std::optional<client::RegionRef>& ref) -> absl::Status {
+      const int64_t bytes = static_cast<int64_t>(tensor.size()) * 2;
+      if (bytes == 0) return absl::OkStatus();
+      std::memcpy(slot + at, tensor.data(), static_cast<size_t>(bytes));
+      absl::StatusOr<client::RegionRef> placed = group.region->Ref(base + at, bytes);
+      if (!placed.ok()) return placed.status();
+      ref = *placed;
+      tensor = {};
+      return absl::OkStatus();
+    };
+    for (absl::Status status : {place(input.q, group.slot.q, input.q_region),
+                                place(input.kv, group.slot.kv, input.kv_region),
+                                place(input.compressed_kv, group.slot.compressed,
+                                      input.compressed_kv_region)}) {
+      if (!status.ok()) return status;
+    }
+    const int64_t rows = tokens * setup_.heads;
+    absl::StatusOr<client::RegionRef> out = group.region->Ref(base + group.slot.out, rows * kRowBytes);
+    if (!out.ok()) return out.status();
+    input.out_region = *out;
+    if (input.return_lse) {
+      absl::StatusOr<client::RegionRef> lse = group.region->Ref(base + group.slot.lse, rows * 4);
+      if (!lse.ok()) return lse.status();
+      input.lse_region = *lse;
+    }
+    return absl::OkStatus();
+  }
+
+  // Builds and sends the group's part of layer step `seq`; its payload bytes.
+  absl::StatusOr<int64_t> SendAttend(Group& group, int64_t seq, int64_t step, int layer,
+                                     bool sample) {
     const Workload& workload = *setup_.workload;
     const int ratio = setup_.model->compress_ratio(layer);
     const int32_t position = setup_.prompt + static_cast<int32_t>(step) * setup_.tokens_per_step;
@@ -350,21 +444,30 @@ class Node {
     const int64_t bytes =
         static_cast<int64_t>(input.q.size() + input.kv.size() + input.compressed_kv.size()) * 2 +
         static_cast<int64_t>(input.topk.size()) * 4;
+    if (setup_.shm) {
+      if (absl::Status status = MoveIntoRegion(group, seq, tokens, input); !status.ok()) {
+        return status;
+      }
+    }
     input.keep_alive = std::move(message);
     absl::StatusOr<uint64_t> sent = group.attend->Send(input);
     if (!sent.ok()) return sent.status();
     return bytes;
   }
 
-  // The bytes of the group's Attend message for this layer step, without building it.
-  int64_t AttendBytes(const Group& group, int64_t step, int layer) const {
+  // The tensor bytes the group's Attend message for this layer step carries
+  // inline, without building it: all of them, or with --data_plane=shm the
+  // top-k alone. Echo sends as many.
+  int64_t EchoBytes(const Group& group, int64_t step, int layer) const {
     const int ratio = setup_.model->compress_ratio(layer);
     const int32_t position = setup_.prompt + static_cast<int32_t>(step) * setup_.tokens_per_step;
     const int64_t tokens = static_cast<int64_t>(group.sessions.size()) * setup_.tokens_per_step;
     const int64_t new_rows =
         ratio > 0 ? (position + setup_.tokens_per_step) / ratio - position / ratio : 0;
-    int64_t bytes = tokens * (setup_.heads + 1) * kRowBytes +
-                    static_cast<int64_t>(group.sessions.size()) * new_rows * kRowBytes;
+    int64_t bytes = setup_.shm ? 0
+                               : tokens * (setup_.heads + 1) * kRowBytes +
+                                     static_cast<int64_t>(group.sessions.size()) * new_rows *
+                                         kRowBytes;
     if (ratio == 4) bytes += tokens * setup_.model->indexer_topk * 4;
     return bytes;
   }
@@ -429,9 +532,9 @@ class Node {
       for (Group& group : groups_) {
         absl::StatusOr<int64_t> bytes;
         if (plan_.kind == PhaseKind::kAttend) {
-          bytes = SendAttend(group, step, layer, sample);
+          bytes = SendAttend(group, seq, step, layer, sample);
         } else {
-          const int64_t size = AttendBytes(group, step, layer);
+          const int64_t size = EchoBytes(group, step, layer);
           const absl::Span<const uint8_t> payload = setup_.workload->Bytes(
               Workload::MessageKey(setup_.seed, index_, step, layer, group.server),
               static_cast<size_t>(size));
@@ -481,8 +584,10 @@ class Node {
         // Receive holds an OK answer to the [T, H, 512] of the message sent.
         absl::StatusOr<client::AttendResult> answer = group.attend->Receive();
         if (answer.ok()) {
-          bytes_out = static_cast<int64_t>(answer->out_view().size_bytes());
-          if (answer->has_lse()) bytes_out += answer->num_tokens() * answer->num_heads() * 4;
+          const int64_t rows = answer->num_tokens() * answer->num_heads();
+          bytes_out = answer->in_regions() ? rows * kRowBytes
+                                           : static_cast<int64_t>(answer->out_view().size_bytes());
+          if (answer->has_lse() || (answer->in_regions() && Sampled(seq))) bytes_out += rows * 4;
           timing = answer->timing();
           result.emplace(*std::move(answer));
         } else {
@@ -507,6 +612,13 @@ class Node {
       CompleteLocked(seq, code, now, bytes_out, timing, result.has_value() ? &*result : nullptr,
                      group);
     }
+  }
+
+  // Whether layer step `seq` was sampled for --verify (it asked for lse).
+  bool Sampled(int64_t seq) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = pending_.find(seq);
+    return it != pending_.end() && it->second.sample;
   }
 
   // This node's share of --verify_max.
@@ -547,8 +659,17 @@ class Node {
     }
     p.bytes_out += bytes_out;
     if (p.sample && result != nullptr) {
-      samples_.push_back(
-          {p.step, p.layer, group.server, head_offset_, group.sessions, std::move(*result)});
+      Sample sample{p.step, p.layer, group.server, head_offset_, group.sessions, std::move(*result)};
+      if (sample.result.in_regions()) {
+        // Copied before the slot takes a later step.
+        const int64_t rows = sample.result.num_tokens() * sample.result.num_heads();
+        const uint8_t* slot = SlotOf(group, seq);
+        const auto* out = reinterpret_cast<const uint16_t*>(slot + group.slot.out);
+        const auto* lse = reinterpret_cast<const float*>(slot + group.slot.lse);
+        sample.region_out.assign(out, out + rows * kHeadDim);
+        sample.region_lse.assign(lse, lse + rows);
+      }
+      samples_.push_back(std::move(sample));
     }
     if (--p.remaining > 0) return;
 
@@ -804,8 +925,8 @@ VerifyStats VerifySamples(std::vector<std::unique_ptr<Node>>& nodes, const LoadO
       const absl::Span<const uint16_t> q = setup.workload->Query(
           Workload::MessageKey(setup.seed, node->index(), sample.step, sample.layer, sample.server),
           tokens, setup.heads);
-      const absl::Span<const uint16_t> out = sample.result.out();
-      const absl::Span<const float> lse = sample.result.lse();
+      const absl::Span<const uint16_t> out = sample.out();
+      const absl::Span<const float> lse = sample.lse();
       const int64_t checked = std::min<int64_t>(tokens, options.verify_tokens);
       for (int64_t i = 0; i < checked; ++i) {
         const int64_t t = i * tokens / checked;  // spread over the message
@@ -885,6 +1006,17 @@ absl::Status ValidateOptions(const LoadOptions& o) {
   if (o.tokens_per_step < 1 || o.tokens_per_step > 129) return bad("--tokens_per_step: 1 to 129");
   if (o.prompt < 0) return bad("--prompt must not be negative");
   if (o.concurrency < 1) return bad("--concurrency must be at least 1");
+  if (o.data_plane == "cuda_ipc") {
+    return bad("--data_plane=cuda_ipc: not in this build (the server answers CUDA IPC regions "
+               "UNIMPLEMENTED); use inline or shm");
+  }
+  if (o.data_plane != "inline" && o.data_plane != "shm") {
+    return bad(absl::StrCat("--data_plane=", o.data_plane, ": give inline or shm"));
+  }
+  if (o.data_plane == "shm" && o.rate > 0) {
+    return bad("--data_plane=shm runs the closed loop only (a node's region holds --concurrency "
+               "layer steps): drop --rate");
+  }
   if (o.connections_per_stream < 1 || o.connections_per_stream > client::kMaxStreamConnections) {
     return bad(absl::StrCat("--connections_per_stream=", o.connections_per_stream, ": give 1 to ",
                             client::kMaxStreamConnections));
@@ -925,6 +1057,8 @@ absl::StatusOr<RunOutput> RunLoadTest(const LoadOptions& options) {
   setup.prompt = options.prompt;
   setup.seed = options.seed;
   setup.derotate = options.derotate;
+  setup.shm = options.data_plane == "shm";
+  setup.concurrency = options.concurrency;
 
   RunOutput output;
   RunReport& report = output.report;
@@ -942,6 +1076,7 @@ absl::StatusOr<RunOutput> RunLoadTest(const LoadOptions& options) {
   config.mode = options.rate > 0 ? "open" : "closed";
   config.concurrency = options.concurrency;
   config.connections_per_stream = options.connections_per_stream;
+  config.data_plane = options.data_plane;
   config.rate = options.rate;
   config.warmup_s = options.warmup_s;
   config.duration_s = options.steps == 0 ? options.duration_s : 0;
@@ -1012,6 +1147,15 @@ absl::StatusOr<RunOutput> RunLoadTest(const LoadOptions& options) {
             nodes, absl::Status(status.code(),
                                 absl::StrCat("creating sessions and prompts: ", status.message())));
       }
+    }
+  }
+  for (auto& node : nodes) {
+    if (!setup.shm || interrupted()) break;
+    if (absl::Status status = node->CreateRegions(); !status.ok()) {
+      return AbandonSetup(
+          nodes, absl::Status(status.code(), absl::StrCat("--data_plane=shm: making a node's "
+                                                          "shared-memory region: ",
+                                                          status.message())));
     }
   }
   if (interrupted()) {

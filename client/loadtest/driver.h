@@ -68,6 +68,12 @@ struct LoadOptions {
   // TCP connections each node's Attend stream (and its Echo baseline) is
   // spread over (client::StreamOptions::connections).
   int connections_per_stream = 1;
+  // "inline": the tensors travel in the gRPC messages; "shm": each node
+  // keeps a shared-memory region on each server it uses (client::HostRegion,
+  // the same-host data plane), its messages name q, kv and the compressed
+  // rows there and have out and lse written there (the top-k stays inline).
+  // shm needs the closed loop: a region holds --concurrency layer steps.
+  std::string data_plane = "inline";
   double step_timeout_s = 30;
   uint64_t seed = 1;
   bool progress = true;

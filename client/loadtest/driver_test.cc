@@ -45,6 +45,15 @@ TEST(DriverTest, EachBadSettingNamesItsFlag) {
               HasSubstr("--connections_per_stream=0: give 1 to 16"));
   EXPECT_THAT(ErrorOf([](LoadOptions& o) { o.connections_per_stream = 17; }),
               HasSubstr("--connections_per_stream=17"));
+  EXPECT_THAT(ErrorOf([](LoadOptions& o) { o.data_plane = "rdma"; }),
+              HasSubstr("--data_plane=rdma: give inline or shm"));
+  EXPECT_THAT(ErrorOf([](LoadOptions& o) { o.data_plane = "cuda_ipc"; }),
+              HasSubstr("--data_plane=cuda_ipc: not in this build"));
+  EXPECT_THAT(ErrorOf([](LoadOptions& o) {
+                o.data_plane = "shm";
+                o.rate = 100;
+              }),
+              HasSubstr("--data_plane=shm runs the closed loop only"));
   EXPECT_THAT(ErrorOf([](LoadOptions& o) { o.rate = -1; }), HasSubstr("--rate"));
   EXPECT_THAT(ErrorOf([](LoadOptions& o) { o.duration_s = 0; }), HasSubstr("--duration_s"));
   EXPECT_THAT(ErrorOf([](LoadOptions& o) {

@@ -257,6 +257,43 @@ TEST(LoadTestEndToEnd, StreamsSpreadOverConnections) {
   EXPECT_EQ(json["echo"]["layer_steps_failed"], 0);
 }
 
+// The same-host data plane: each node's tensors in a shared-memory region
+// on the server, answers written there, three layer steps in flight over
+// two connections. Verified answers, none failed; the report and JSON say
+// which plane, and the Echo baseline echoes only what went inline (the
+// top-k of the C4A layer, none for the others).
+TEST(LoadTestEndToEnd, TensorsInSharedMemory) {
+  std::unique_ptr<client::TestServer> server = StartServer();
+  ASSERT_NE(server, nullptr);
+  const std::string json_path = OutDir() + "/shm.json", csv_path = OutDir() + "/shm.csv";
+  const LoadTestRun run = LoadTest(
+      {"--target=" + server->target(), "--model=deepseek-v4-flash", "--tp=8", "--layers=4",
+       "--streams=2", "--sessions=2", "--prompt=200", "--concurrency=3",
+       "--connections_per_stream=2", "--data_plane=shm", "--warmup_s=0.2", "--duration_s=1",
+       "--baseline", "--verify", "--verify_every=3", "--verify_max=8", "--verify_tokens=2",
+       "--json_out=" + json_path, "--csv_out=" + csv_path});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("tensors in shared memory (--data_plane=shm)"));
+  EXPECT_THAT(run.output, HasSubstr("errors                   none"));
+  EXPECT_THAT(run.output, HasSubstr("verify                   PASSED: 8 layer steps"));
+  const nlohmann::json json = nlohmann::json::parse(ReadFile(json_path));
+  EXPECT_EQ(json["config"]["data_plane"], "shm");
+  EXPECT_EQ(json["attend"]["layer_steps_failed"], 0);
+  EXPECT_GT(json["attend"]["layer_steps_ok"].get<int64_t>(), 10);
+  EXPECT_EQ(json["echo"]["layer_steps_failed"], 0);
+  const int kTopkBytes = 2 * 512 * 4;  // V4-Flash's C4A layer (2): 2 tokens x 512 entries
+  for (const auto& row : ReadCsv(csv_path)) {
+    const int64_t in = std::stoll(row.at("bytes_in")), out = std::stoll(row.at("bytes_out"));
+    if (row.at("phase") == "echo") {
+      EXPECT_EQ(in, row.at("layer") == "2" ? kTopkBytes : 0) << "layer " << row.at("layer");
+    } else {
+      // q and kv in the region, out [2, 8, 512] bf16 (and lse) written there.
+      EXPECT_GE(in, 2 * (8 + 1) * 1024) << "layer " << row.at("layer");
+      EXPECT_TRUE(out == 2 * 8 * 1024 || out == 2 * 8 * 1024 + 2 * 8 * 4) << out;
+    }
+  }
+}
+
 TEST(LoadTestEndToEnd, OpenLoopStepsAndTwoServers) {
   std::unique_ptr<client::TestServer> first = StartServer(), second = StartServer();
   ASSERT_NE(first, nullptr);

@@ -81,6 +81,12 @@ ABSL_FLAG(int, connections_per_stream, 1,
           "writes are serialised, so a node with several layer steps in flight (--concurrency) "
           "may move more over two; messages on one session layer stay on one connection, in "
           "order.");
+ABSL_FLAG(std::string, data_plane, "inline",
+          "How the tensors travel: inline (in the gRPC messages) or shm (the same-host data "
+          "plane: each node keeps a POSIX shared-memory region on each server, writes q, kv and "
+          "the compressed rows there and has out and lse written there; only the top-k and the "
+          "message's fields go through gRPC, and the Echo baseline echoes only those bytes). "
+          "shm needs a server on this host (loopback or a unix: target) and the closed loop.");
 ABSL_FLAG(bool, progress, true,
           "A one-line progress display on stderr (rewritten in place on a terminal, a line every "
           "5 s otherwise).");
@@ -133,6 +139,7 @@ int Main(const std::vector<std::string>& repeated_targets) {
   options.step_timeout_s = absl::GetFlag(FLAGS_step_timeout_s);
   options.connection_per_node = absl::GetFlag(FLAGS_connection_per_node);
   options.connections_per_stream = absl::GetFlag(FLAGS_connections_per_stream);
+  options.data_plane = absl::GetFlag(FLAGS_data_plane);
   options.progress = absl::GetFlag(FLAGS_progress);
   options.progress_tty = isatty(fileno(stderr)) != 0;
   options.interrupted = &g_interrupted;

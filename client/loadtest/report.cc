@@ -177,14 +177,17 @@ std::string FormatReport(const RunReport& report) {
           ? absl::StrFormat("open loop, Poisson arrivals at %.1f layer steps/s (all nodes)", c.rate)
           : absl::StrFormat("closed loop, %d layer step%s in flight per node", c.concurrency,
                             c.concurrency == 1 ? "" : "s");
+  const std::string plane =
+      c.data_plane == "shm" ? "; tensors in shared memory (--data_plane=shm), top-k inline" : "";
   const PhaseStats& a = report.attend;
   const std::string spread =
       c.connections_per_stream > 1
           ? absl::StrFormat("; each node's stream over %d connections", c.connections_per_stream)
           : "";
   absl::StrAppend(
-      &text, Line("load", absl::StrFormat("%s%s; warm-up %.1f s excluded; measured %.2f s (%s)",
-                                          load, spread, c.warmup_s, a.seconds, a.stop_reason)));
+      &text, Line("load", absl::StrFormat("%s%s%s; warm-up %.1f s excluded; measured %.2f s (%s)",
+                                          load, spread, plane, c.warmup_s, a.seconds,
+                                          a.stop_reason)));
   if (a.planned_seconds > 0 && a.seconds > 1.05 * a.planned_seconds) {
     absl::StrAppend(&text, Line("", absl::StrFormat("(the window's last answer came %.2f s after "
                                                     "its end: the server fell behind)",
@@ -304,6 +307,7 @@ nlohmann::json ReportJson(const RunReport& report) {
                     {"mode", c.mode},
                     {"concurrency", c.concurrency},
                     {"connections_per_stream", c.connections_per_stream},
+                    {"data_plane", c.data_plane},
                     {"rate", c.rate},
                     {"warmup_s", c.warmup_s},
                     {"duration_s", c.duration_s},
