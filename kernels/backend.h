@@ -169,6 +169,18 @@ class DeviceBuffer {
   std::function<void(void*)> release_;
 };
 
+// Makes host memory that its caller mapped itself (a client's shared-memory
+// region) as fast to copy to and from the device as AllocateHost's: pinned
+// on a GPU (cudaHostRegister), so that copies from it go by DMA and
+// asynchronously. Thread-safe, callable from any thread, and independent of
+// the backend that made it (it may outlive it). Unpin takes what Pin pinned.
+class HostPinner {
+ public:
+  virtual ~HostPinner() = default;
+  virtual absl::Status Pin(void* data, int64_t bytes) = 0;
+  virtual void Unpin(void* data) = 0;
+};
+
 class ComputeBackend {
  public:
   virtual ~ComputeBackend() = default;
@@ -194,6 +206,13 @@ class ComputeBackend {
   // on a GPU, so copies go by DMA without a staging bounce); contents
   // undefined. The default is ordinary heap memory.
   virtual absl::StatusOr<DeviceBuffer> AllocateHost(int64_t bytes);
+  // What pins host memory for this backend's copies; null for a backend
+  // whose memory is the host's (the default: nothing to pin).
+  virtual std::shared_ptr<HostPinner> MakeHostPinner() const { return nullptr; }
+  // Whether CopyToDevice*'s `host_src` at `data` is memory the device copies
+  // from directly (AllocateHost's, or pinned by a HostPinner), so that a copy
+  // from it may be queued without staging it first. The default: false.
+  virtual bool CopiesDirectlyFrom(const void* data) const { return false; }
   // Returns once `host_src` may be reused; the bytes are in place for every
   // later Prologue/Decode (and copy) of this backend, in call order.
   virtual absl::Status CopyToDevice(void* device_dst, const void* host_src, int64_t bytes) = 0;

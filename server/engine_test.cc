@@ -26,6 +26,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -2041,6 +2042,60 @@ TEST(EngineTest, AnswersIntoRegionsAreTheInlineAnswers) {
       EXPECT_EQ(Snap(*engine), before) << field;
     }
     ExpectListed(*engine, {plain_seq.get(), region_seq.get()});
+  }
+}
+
+// A backend without host access that copies straight from the memory in
+// `direct` (as the CUDA backend does from a pinned region) and records the
+// sources of its queued copies.
+class DirectCopyBackend : public CopyingBackend {
+ public:
+  std::set<const void*> direct;
+  std::vector<const void*> queued_from;
+  bool CopiesDirectlyFrom(const void* data) const override { return direct.count(data) > 0; }
+  absl::Status CopyToDeviceQueued(void* dst, const void* src, int64_t bytes) override {
+    queued_from.push_back(src);
+    return CopyingBackend::CopyToDeviceQueued(dst, src, bytes);
+  }
+};
+
+// Queries in memory the device copies from directly (a pinned region) go
+// to the device from there, one copy a message, not through the staging;
+// when one message of a launch is not in such memory, all are staged. The
+// answers are the reference's either way.
+TEST(EngineTest, QueriesInPinnedMemoryGoToTheDeviceWithoutStaging) {
+  auto direct = std::make_unique<DirectCopyBackend>();
+  DirectCopyBackend* backend = direct.get();
+  std::unique_ptr<Engine> engine =
+      NewEngine(1000, kMaxPosition, 1024, absl::Minutes(10), std::move(direct));
+  ASSERT_NE(engine, nullptr);
+  std::unique_ptr<Seq> a = NewSeq(*engine, kFlash, 16, SinkMode::kNone, 311);
+  std::unique_ptr<Seq> b = NewSeq(*engine, kFlash, 16, SinkMode::kNone, 312);
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(Append(*engine, *a, 0, 255).ok());
+  ASSERT_TRUE(Append(*engine, *b, 0, 255).ok());
+  int32_t p = 255;
+  for (int pinned : {2, 1}) {
+    MessageOptions o;
+    o.seed = 31100 + pinned;
+    auto first = Build(kFlashSwa, {{a.get(), p}}, o);
+    o.seed++;
+    auto second = Build(kFlashSwa, {{b.get(), p}}, o);
+    std::vector<const void*> queries;
+    for (Message* m : {first.get(), second.get()}) {
+      // In one piece, as a region's bytes are.
+      m->input.q = wire::MakeTensorView(wire::DType::kBf16, {1, 16, kHeadDim}, m->q.data(),
+                                        m->q.size() * 2, nullptr);
+      queries.push_back(m->q.data());
+    }
+    backend->direct = {queries.begin(), queries.begin() + pinned};
+    backend->queued_from.clear();
+    RunAndExpect(*engine, {first.get(), second.get()}, absl::StrCat(pinned, " pinned"));
+    for (const void* q : queries) {
+      const bool sent = std::count(backend->queued_from.begin(), backend->queued_from.end(), q);
+      EXPECT_EQ(sent, pinned == 2) << pinned << " of 2 messages' queries pinned";
+    }
+    ++p;
   }
 }
 

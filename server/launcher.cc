@@ -139,6 +139,9 @@ class Launcher::GroupLaunch {
   void StageMessage(const AttendPlan& plan, PlanStart start, bool parallel_copies);
   // Copies `tensor` to `dst`, on the copy threads when `parallel`.
   void Copy(const wire::TensorView& tensor, void* dst, bool parallel);
+  // Whether every plan's q lies in one piece the device copies from
+  // directly (ComputeBackend::CopiesDirectlyFrom: a pinned region).
+  bool QueriesCopyDirectly() const;
   // Token t, the message's token m, at position p of segment s.
   void StageToken(const AttendPlan& plan, size_t s, int64_t t, int64_t m, int32_t p);
   // Points `into` at the arena's `slot`, at least `bytes` of it.
@@ -312,20 +315,42 @@ absl::Status Launcher::GroupLaunch::Stage() {
     q_in_place_ = Bf16InPlace(*input.q);
     if (input.kv.has_value()) kv_in_place_ = Bf16InPlace(*input.kv);
   }
-  if (q_in_place_ == nullptr) {
+  // Queries the device copies from where they are (a pinned region) skip
+  // the staging: each goes to the device in one copy of its own.
+  const bool q_direct = !host_ && QueriesCopyDirectly();
+  if (q_in_place_ == nullptr && !q_direct) {
     each_plan([&](int64_t i, bool parallel) {
       Copy(*group_.plans[i]->input->q,
            q_.data() + shape_.starts[i].token * group_.num_heads * kRowBytes, parallel);
     });
   }
   absl::StatusOr<uint8_t*> arrays =
-      launcher_.UploadStaged(packed_, 0, q_end_, staged_slot_, /*queued=*/true);
+      launcher_.UploadStaged(packed_, 0, q_direct ? 0 : q_end_, staged_slot_, /*queued=*/true);
   if (!arrays.ok()) return arrays.status();
   arrays_ = *arrays;
+  for (int64_t i = 0; q_direct && i < plans; ++i) {
+    const wire::TensorView& q = *group_.plans[i]->input->q;
+    if (absl::Status status = backend_.CopyToDeviceQueued(
+            Device(q_p_) + shape_.starts[i].token * group_.num_heads * kRowBytes,
+            q.contiguous()->data(), static_cast<int64_t>(q.size_bytes()));
+        !status.ok()) {
+      return status;
+    }
+  }
   each_plan([&](int64_t i, bool parallel) {
     StageMessage(*group_.plans[i], shape_.starts[i], parallel);
   });
   return absl::OkStatus();
+}
+
+bool Launcher::GroupLaunch::QueriesCopyDirectly() const {
+  for (const AttendPlan* plan : group_.plans) {
+    const std::optional<wire::Piece> piece = plan->input->q->contiguous();
+    if (!piece.has_value() || piece->empty() || !backend_.CopiesDirectlyFrom(piece->data())) {
+      return false;
+    }
+  }
+  return true;
 }
 
 void Launcher::GroupLaunch::Copy(const wire::TensorView& tensor, void* dst, bool parallel) {

@@ -27,6 +27,8 @@ absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(
     metrics::Registry& registry) {
   std::unique_ptr<OffloadServer> server(new OffloadServer());
   server->backend_text_ = backend->Describe();
+  // Regions are pinned for the device's copies (the pinner outlives the backend).
+  std::shared_ptr<HostPinner> pinner = backend->MakeHostPinner();
   EngineOptions engine_options = options.engine;
   engine_options.max_answer_bytes = options.service.max_message_bytes;
   absl::StatusOr<std::unique_ptr<Engine>> engine =
@@ -40,6 +42,7 @@ absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(
   auto scheduler = std::make_unique<Scheduler>(*std::move(engine), options.scheduler);
   ServiceOptions service_options = options.service;
   service_options.max_segments_per_message = engine_options.max_tokens_per_message;
+  if (service_options.regions.pinner == nullptr) service_options.regions.pinner = std::move(pinner);
   server->service_ =
       std::make_unique<MlaOffloadService>(*scheduler, *server->metrics_, service_options);
   ServerMetrics& metrics_ref = *server->metrics_;

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/log.h"
 #include "server/requests.h"
 
 namespace mla {
@@ -74,7 +75,18 @@ absl::StatusOr<uint64_t> RegionRegistry::RegisterSharedMemory(const std::string&
                                                      " bytes: ", std::strerror(errno)));
   }
   const size_t length = static_cast<size_t>(bytes);
-  std::shared_ptr<const void> mapping(data, [length](const void* p) {
+  std::shared_ptr<HostPinner> pinner = options_.pinner;
+  if (pinner != nullptr) {
+    if (absl::Status pinned = pinner->Pin(data, bytes); !pinned.ok()) {
+      Log(LogLevel::kWarning, absl::StrCat("region ", EchoClientText(name),
+                                           " is used unpinned (copies are slower): ",
+                                           pinned.message()));
+      pinner = nullptr;
+    }
+  }
+  // Unpinned before it is unmapped, on whichever thread lets go last.
+  std::shared_ptr<const void> mapping(data, [length, pinner](const void* p) {
+    if (pinner != nullptr) pinner->Unpin(const_cast<void*>(p));
     munmap(const_cast<void*>(p), length);
   });
   std::lock_guard<std::mutex> lock(mutex_);

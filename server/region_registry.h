@@ -36,6 +36,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "kernels/backend.h"
 #include "server/clock.h"
 #include "server/requests.h"
 
@@ -46,6 +47,11 @@ struct RegionRegistryOptions {
   int64_t max_bytes_per_owner = int64_t{64} << 30;
   absl::Duration grace = absl::Seconds(30);  // an owner idle this long loses its regions
   Clock clock = MonotonicNow;
+  // Pins each mapping for the device's copies (ComputeBackend::MakeHostPinner)
+  // while it is mapped; null: none. A region that cannot be pinned (the
+  // host's locked-memory limit) is registered unpinned, with a log line: its
+  // copies are slower, not wrong.
+  std::shared_ptr<HostPinner> pinner;
 };
 
 struct RegionSummary {

@@ -8,6 +8,10 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -168,6 +172,56 @@ TEST(RegionRegistryTest, AnIdleOwnersRegionsGoAfterTheGracePeriod) {
   EXPECT_EQ(registry.List("busy").size(), 1u);
   clock.now += absl::Seconds(31);
   EXPECT_EQ(registry.Expire(), std::vector<uint64_t>{*busy});
+}
+
+// A pinner records what it pins; it can be made to fail.
+class RecordingPinner : public HostPinner {
+ public:
+  explicit RecordingPinner(bool fails) : fails_(fails) {}
+  absl::Status Pin(void* data, int64_t bytes) override {
+    std::lock_guard<std::mutex> lock(mutex);
+    pinned.push_back({data, bytes});
+    return fails_ ? absl::ResourceExhaustedError("locked-memory limit") : absl::OkStatus();
+  }
+  void Unpin(void* data) override {
+    std::lock_guard<std::mutex> lock(mutex);
+    unpinned.push_back(data);
+  }
+  std::mutex mutex;
+  std::vector<std::pair<void*, int64_t>> pinned;
+  std::vector<void*> unpinned;
+
+ private:
+  const bool fails_;
+};
+
+// With a pinner (a GPU backend's), each mapping is pinned once when it is
+// registered and unpinned when the last slice of it goes, after the region
+// was unregistered. A mapping that cannot be pinned is still served.
+TEST(RegionRegistryTest, MappingsArePinnedWhileMapped) {
+  for (bool fails : {false, true}) {
+    SharedMemory memory(8192);
+    auto pinner = std::make_shared<RecordingPinner>(fails);
+    RegionRegistryOptions options;
+    options.pinner = pinner;
+    RegionRegistry registry(options);
+    absl::StatusOr<uint64_t> id = registry.RegisterSharedMemory("a", memory.name(), 8192);
+    ASSERT_TRUE(id.ok()) << id.status();
+    ASSERT_EQ(pinner->pinned.size(), 1u) << fails;
+    EXPECT_EQ(pinner->pinned[0].second, 8192);
+    absl::StatusOr<RegionSlice> slice = registry.Resolve("a", *id, 0, 100, "AttendRequest.q");
+    ASSERT_TRUE(slice.ok()) << slice.status();
+    EXPECT_EQ(static_cast<void*>(slice->data), pinner->pinned[0].first);
+    EXPECT_EQ(std::memcmp(slice->data, memory.data(), 100), 0) << fails;
+    ASSERT_TRUE(registry.Unregister("a", *id).ok());
+    EXPECT_TRUE(pinner->unpinned.empty()) << "unpinned while a step still reads it";
+    *slice = RegionSlice();
+    if (fails) {
+      EXPECT_TRUE(pinner->unpinned.empty()) << "unpinned what was never pinned";
+    } else {
+      EXPECT_EQ(pinner->unpinned, std::vector<void*>{pinner->pinned[0].first});
+    }
+  }
 }
 
 }  // namespace

@@ -357,6 +357,43 @@ absl::Status CudaBackend::RecordMark(int mark, void* stream) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// cudaHostRegister on the backend's device, from whichever thread asks.
+class CudaHostPinner : public HostPinner {
+ public:
+  explicit CudaHostPinner(int device) : device_(device) {}
+  absl::Status Pin(void* data, int64_t bytes) override {
+    if (absl::Status status = CudaError(cudaSetDevice(device_), "cudaSetDevice"); !status.ok()) {
+      return status;
+    }
+    return CudaError(cudaHostRegister(data, static_cast<size_t>(bytes), cudaHostRegisterPortable),
+                     absl::StrCat("cudaHostRegister of ", bytes, " bytes"));
+  }
+  void Unpin(void* data) override {
+    if (cudaSetDevice(device_) == cudaSuccess) cudaHostUnregister(data);
+  }
+
+ private:
+  const int device_;
+};
+
+}  // namespace
+
+std::shared_ptr<HostPinner> CudaBackend::MakeHostPinner() const {
+  if (!init_status_.ok()) return nullptr;
+  return std::make_shared<CudaHostPinner>(device_);
+}
+
+bool CudaBackend::CopiesDirectlyFrom(const void* data) const {
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, data) != cudaSuccess) {
+    cudaGetLastError();  // an unknown pointer is no error to keep
+    return false;
+  }
+  return attributes.type == cudaMemoryTypeHost;
+}
+
 std::optional<ComputeBackend::MemoryInfo> CudaBackend::Memory() const {
   if (!init_status_.ok() || cudaSetDevice(device_) != cudaSuccess) return std::nullopt;
   size_t free = 0, total = 0;

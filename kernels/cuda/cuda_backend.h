@@ -66,6 +66,8 @@ class CudaBackend : public ComputeBackend {
   double MarkedMicros(int from, int to) const override;
   absl::Status WaitForMark(int mark) override;
   std::optional<MemoryInfo> Memory() const override;
+  std::shared_ptr<HostPinner> MakeHostPinner() const override;
+  bool CopiesDirectlyFrom(const void* data) const override;
   absl::Status CopyToDeviceQueued(void* device_dst, const void* host_src, int64_t bytes) override;
   absl::Status MarkCopies(int mark) override;
   absl::Status JoinCopies() override;
