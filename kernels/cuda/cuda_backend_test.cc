@@ -13,6 +13,8 @@
 // read them on the host. Without a CUDA device every test skips.
 #include "kernels/cuda/cuda_backend.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -462,6 +464,40 @@ TEST(CopyTest, UploadsTakeTheBytesAtOnceAndLandInOrder) {
   ASSERT_TRUE(backend.CopyToDevice(buffers[1].data(), second.data(), 4096).ok());
   ASSERT_TRUE(backend.CopyToHost(back.data(), buffers[1].data(), 4096).ok());
   EXPECT_EQ(back, second);
+}
+
+// Memory the caller mapped itself (a client's shared-memory region, here
+// an anonymous mapping) is copied from directly once a HostPinner pinned
+// it, and no longer after Unpin; a queued copy from it lands by the join.
+// AllocateHost's memory is copied from directly as it is.
+TEST(CopyTest, PinnedHostMemoryIsCopiedFromDirectly) {
+  MAKE_CUDA_BACKEND(backend);
+  constexpr int64_t kBytes = int64_t{4} << 20;
+  void* mapped = mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(mapped, MAP_FAILED);
+  auto* bytes = static_cast<uint8_t*>(mapped);
+  for (int64_t b = 0; b < kBytes; ++b) bytes[b] = static_cast<uint8_t>(b * 11 + 3);
+  std::shared_ptr<HostPinner> pinner = backend.MakeHostPinner();
+  ASSERT_NE(pinner, nullptr);
+  EXPECT_FALSE(backend.CopiesDirectlyFrom(mapped));
+  ASSERT_TRUE(pinner->Pin(mapped, kBytes).ok());
+  EXPECT_TRUE(backend.CopiesDirectlyFrom(mapped));
+  EXPECT_TRUE(backend.CopiesDirectlyFrom(bytes + kBytes / 2)) << "inside the pinned range";
+  absl::StatusOr<DeviceBuffer> device = backend.Allocate(kBytes);
+  ASSERT_TRUE(device.ok());
+  ASSERT_TRUE(backend.CopyToDeviceQueued(device->data(), mapped, kBytes).ok());
+  ASSERT_TRUE(backend.JoinCopies().ok());
+  ASSERT_TRUE(backend.Synchronize().ok());
+  std::vector<uint8_t> back(kBytes, 0);
+  ASSERT_TRUE(backend.CopyToHost(back.data(), device->data(), kBytes).ok());
+  EXPECT_EQ(std::memcmp(back.data(), mapped, kBytes), 0);
+  pinner->Unpin(mapped);
+  EXPECT_FALSE(backend.CopiesDirectlyFrom(mapped));
+  munmap(mapped, kBytes);
+  absl::StatusOr<DeviceBuffer> host = backend.AllocateHost(4096);
+  ASSERT_TRUE(host.ok());
+  EXPECT_TRUE(backend.CopiesDirectlyFrom(host->data()));
+  EXPECT_FALSE(backend.CopiesDirectlyFrom(back.data())) << "ordinary heap memory";
 }
 
 // The Async copies: pinned staging, a round trip without waiting between

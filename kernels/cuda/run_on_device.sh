@@ -16,8 +16,10 @@
 # service: the service path of server/bench/README.md (the load test on
 # V4-Pro TP8 against a CUDA server: 64 and 128 tokens a layer step, one
 # stream, 1 and 2 in flight, and 8 streams x 16 sessions x 4 in flight; the
-# 2-in-flight shapes also with each stream over 2 connections
-# (SERVICE_SHAPES="SESSIONS:STREAMS:IN_FLIGHT:CONNECTIONS ..." picks others);
+# 2-in-flight shapes also with each stream over 2 connections, and 64 and
+# 128 tokens also with the tensors in shared memory (--data_plane=shm)
+# (SERVICE_SHAPES="SESSIONS:STREAMS:IN_FLIGHT:CONNECTIONS[:PLANE] ..." picks
+# others);
 # then host_copy_bench's pinned copy floor of those steps), for every server
 # binary named mla_offload_server* here (a second build, e.g.
 # mla_offload_server_base, is measured in the same run), reports and step
@@ -111,7 +113,8 @@ if [[ $steps == *all* || $steps == *bench* ]]; then
 fi
 if [[ $steps == *all* || $steps == *e2e* ]]; then
   echo "== server_e2e_test, server --backend=cuda"
-  MLA_OFFLOAD_BACKEND=cuda MLA_OFFLOAD_SERVER="$PWD/mla_offload_server" timeout 240 ./server_e2e_test 2>&1 |
+  MLA_OFFLOAD_BACKEND=cuda MLA_OFFLOAD_SERVER="$PWD/mla_offload_server" \
+    MLA_OFFLOAD_REGION_HOLDER="$PWD/region_holder" timeout 240 ./server_e2e_test 2>&1 |
     tee "$OUT/e2e.log" | grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|FAILED|Failure' | head -40
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
@@ -132,13 +135,15 @@ if [[ $steps == *service* ]]; then
       > "$OUT/service/server_$name.log" 2>&1 &
     pid=$!
     for _ in $(seq 100); do (echo > /dev/tcp/127.0.0.1/50051) 2> /dev/null && break; sleep 0.2; done
-    # sessions x 1 token = tokens a layer step; streams; in flight; connections a stream
-    for shape in ${SERVICE_SHAPES:-64:1:1:1 128:1:1:1 64:1:2:1 64:1:2:2 16:8:4:1 16:8:4:2}; do
-      IFS=: read -r sessions streams inflight connections <<< "$shape"
-      run="${name}_s${sessions}_n${streams}_c${inflight}$([ "$connections" = 1 ] || echo "_x$connections")"
+    # sessions x 1 token = tokens a layer step; streams; in flight; connections
+    # a stream; the data plane (inline unless given)
+    for shape in ${SERVICE_SHAPES:-64:1:1:1 128:1:1:1 64:1:2:1 64:1:2:2 16:8:4:1 16:8:4:2 64:1:1:1:shm 128:1:1:1:shm}; do
+      IFS=: read -r sessions streams inflight connections plane <<< "$shape"
+      plane=${plane:-inline}
+      run="${name}_s${sessions}_n${streams}_c${inflight}$([ "$connections" = 1 ] || echo "_x$connections")$([ "$plane" = inline ] || echo "_$plane")"
       timeout 120 ./mla_offload_loadtest --target=127.0.0.1:50051 --model=deepseek-v4-pro --tp=8 \
         --streams="$streams" --sessions="$sessions" --prompt=1024 --concurrency="$inflight" \
-        --connections_per_stream="$connections" \
+        --connections_per_stream="$connections" --data_plane="$plane" \
         --warmup_s=2 --duration_s=6 --baseline --progress=false \
         $([ "$streams" = 1 ] && [ "$inflight" = 1 ] && echo --verify) \
         --json_out="$OUT/service/$run.json" --csv_out="$OUT/service/$run.csv" \
