@@ -52,7 +52,7 @@ class PlotResultsTest(bench_test_support.ScratchTest):
     def test_refuses_a_batch_size_the_results_lack(self):
         self.assertRefused(run("--results", RESULTS, "--b", "7",
                                "--out", os.path.join(self.work, "x.png")),
-                           "no decode shape at b = 7", "it has b = 64, 128, 512")
+                           "no decode shape at b = 7", "it has b = 1, 2, 4, 8, 16, 64, 128, 512")
 
     def test_refuses_a_file_that_is_not_json(self):
         path = self.write_results("{ not json")
