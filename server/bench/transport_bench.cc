@@ -24,6 +24,12 @@
 //   Attend (codec)      the real service stack (--backend, engine,
 //                       scheduler, metrics) and a raw client using
 //                       proto/attend_codec.h, 1, 2 or 4 messages in flight.
+//   Attend (shm)        the same through the same-host data plane
+//                       (--data_plane=shm): each stream registers a POSIX
+//                       shared-memory region (its mla-client-id the owner)
+//                       with q and kv written once in a slot a message in
+//                       flight; messages name them there and have out
+//                       written there (copied out like the inline answer).
 // Each row runs with 1 and with 4 streams (--streams); "x plain" divides a
 // row's GB/s per stream by the plain echo's GB/s per stream at the same
 // stream count.
@@ -53,7 +59,10 @@
 #include <utility>
 #include <vector>
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
@@ -146,6 +155,11 @@ ABSL_FLAG(bool, sweep, false,
           "stream, under variants of the transport settings (each with its own server), and "
           "print a second table.");
 ABSL_FLAG(std::string, json_out, "", "Also write every row as JSON to this file.");
+ABSL_FLAG(std::string, data_plane, "inline",
+          "How the Attend rows' tensors travel, comma separated: each Attend row runs with each. "
+          "inline: in the gRPC messages; shm: the same-host data plane (each stream's q and kv "
+          "in a POSIX shared-memory region it registered, one slot a message in flight, written "
+          "once; out written there by the server and copied out as --client_copy says).");
 
 namespace mla {
 namespace {
@@ -328,6 +342,7 @@ class OffloadServerHandle {
 struct RowResult {
   std::string name;
   std::string transport;
+  std::string data_plane = "inline";  // the Attend rows' (--data_plane)
   int streams = 0;
   int in_flight = 1;
   double request_bytes = 0;   // tensor payload per message
@@ -467,6 +482,9 @@ class Workload {
   virtual absl::Status PrepareChunk() { return absl::OkStatus(); }
   virtual grpc::ByteBuffer Request(int stream, int64_t index) = 0;
   virtual absl::Status Response(int stream, int64_t index, const grpc::ByteBuffer& buffer) = 0;
+  // The mla-client-id its streams send (the owner of its regions); empty:
+  // none.
+  virtual std::string client_id() const { return ""; }
   virtual void ResetStats() = 0;
   virtual void Report(RowResult& row) const = 0;
 };
@@ -476,6 +494,9 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
   RawStream(grpc::GenericStub& stub, Workload& workload, int stream, int in_flight)
       : workload_(workload), stream_(stream), in_flight_(in_flight), send_times_(in_flight) {
     latency_ms_.reserve(1 << 16);
+    if (!workload.client_id().empty()) {
+      context_.AddMetadata(wire::kClientIdMetadata, workload.client_id());
+    }
     stub.PrepareBidiStreamingCall(&context_, workload.method(), grpc::StubOptions(), this);
     AddHold();
     StartRead(&read_buffer_);
@@ -733,14 +754,28 @@ class EchoWorkload final : public Workload {
   const bool client_copy_;
 };
 
+// One stream's shared-memory region for --data_plane=shm: made with
+// shm_open as a client makes one, mapped here, registered by the workload.
+struct StreamRegion {
+  std::string name;
+  uint8_t* data = nullptr;
+  int64_t bytes = 0;
+  uint64_t id = 0;
+};
+
 // Attend: T tokens of T sessions per message on an SWA-only layer; every
-// message inserts the next position of its sessions on its layer.
+// message inserts the next position of its sessions on its layer. With
+// `shm`, each stream's q and kv lie in its region (a slot for each of
+// `in_flight` messages, written once) and out is written there.
 class AttendWorkload final : public Workload {
  public:
   AttendWorkload(std::shared_ptr<grpc::Channel> control, const ModelProfile& model, int streams,
                  int tokens, int heads, int positions, int session_sets, int64_t max_message_bytes,
-                 bool client_copy)
-      : stub_(pb::MlaOffload::NewStub(std::move(control))),
+                 bool client_copy, bool shm, int in_flight)
+      : shm_(shm),
+        in_flight_(in_flight),
+        client_id_(shm ? absl::StrCat("transport-bench-", getpid(), "-", next_client_++) : ""),
+        stub_(pb::MlaOffload::NewStub(std::move(control))),
         model_(model),
         tokens_(tokens),
         heads_(heads),
@@ -770,7 +805,23 @@ class AttendWorkload final : public Workload {
     q_ = fill(size_t(tokens) * heads * kHeadDim, 1);
     kv_ = fill(size_t(tokens) * kHeadDim, 2);
   }
-  ~AttendWorkload() override { CloseAll().IgnoreError(); }
+  ~AttendWorkload() override {
+    CloseAll().IgnoreError();
+    for (const StreamRegion& region : regions_) {
+      if (region.id != 0) {
+        pb::UnregisterRegionRequest request;
+        request.set_region_id(region.id);
+        pb::UnregisterRegionResponse response;
+        grpc::ClientContext context;
+        context.AddMetadata(wire::kClientIdMetadata, client_id_);
+        stub_->UnregisterRegion(&context, request, &response);
+      }
+      munmap(region.data, static_cast<size_t>(region.bytes));
+      shm_unlink(region.name.c_str());
+    }
+  }
+
+  std::string client_id() const override { return client_id_; }
 
   const std::vector<int>& layers() const { return layers_; }
   std::string method() const override { return "/mla_offload.v1.MlaOffload/Attend"; }
@@ -779,6 +830,9 @@ class AttendWorkload final : public Workload {
   }
 
   absl::Status PrepareChunk() override {
+    if (shm_ && regions_.empty()) {
+      if (absl::Status status = MakeRegions(); !status.ok()) return status;
+    }
     if (absl::Status status = CloseAll(); !status.ok()) return status;
     const int per_stream = sets_ * tokens_;
     const int total = per_stream * static_cast<int>(sessions_.size());
@@ -825,6 +879,22 @@ class AttendWorkload final : public Workload {
       segment.position = position;
       segment.num_tokens = 1;
     }
+    if (shm_) {
+      const uint64_t id = regions_[stream].id;
+      const int64_t slot = SlotAt(index);
+      const int64_t q_bytes = static_cast<int64_t>(q_->size()) * 2;
+      const int64_t kv_bytes = static_cast<int64_t>(kv_->size()) * 2;
+      request.q.emplace();
+      request.q->dtype = wire::DType::kBf16;
+      request.q->shape = {tokens_, heads_, kHeadDim};
+      request.q->region = wire::RegionRefView{id, slot, q_bytes};
+      request.kv.emplace();
+      request.kv->dtype = wire::DType::kBf16;
+      request.kv->shape = {tokens_, kHeadDim};
+      request.kv->region = wire::RegionRefView{id, slot + q_bytes, kv_bytes};
+      request.out_region = wire::RegionRefView{id, slot + q_bytes + kv_bytes, OutBytes()};
+      return wire::SerializeAttendRequest(request);
+    }
     request.q = wire::MakeTensorView(wire::DType::kBf16, {tokens_, heads_, kHeadDim}, q_->data(),
                                      q_->size() * 2, q_);
     request.kv = wire::MakeTensorView(wire::DType::kBf16, {tokens_, kHeadDim}, kv_->data(),
@@ -845,14 +915,24 @@ class AttendWorkload final : public Workload {
                                               response->request_id, ": answers out of order"));
     }
     std::vector<uint8_t>& out = out_[stream];
-    if (!response->out.has_value() || response->out->size_bytes() != out.size()) {
-      return absl::DataLossError(absl::StrCat("Attend message ", index, ": out is not ", out.size(),
-                                              " bytes"));
-    }
-    if (client_copy_) response->out->CopyTo(out.data());
     StreamStats& stats = stats_[stream];
+    if (shm_) {
+      if (response->out.has_value()) {
+        return absl::DataLossError(absl::StrCat("Attend message ", index,
+                                                ": answered into its region and inline too"));
+      }
+      const uint8_t* in_region = regions_[stream].data + SlotAt(index) +
+                                 static_cast<int64_t>(q_->size() + kv_->size()) * 2;
+      if (client_copy_) std::memcpy(out.data(), in_region, out.size());
+    } else {
+      if (!response->out.has_value() || response->out->size_bytes() != out.size()) {
+        return absl::DataLossError(absl::StrCat("Attend message ", index, ": out is not ",
+                                                out.size(), " bytes"));
+      }
+      if (client_copy_) response->out->CopyTo(out.data());
+      stats.pieces += static_cast<int64_t>(response->out->pieces.size());
+    }
     stats.responses++;
-    stats.pieces += static_cast<int64_t>(response->out->pieces.size());
     if (response->timing.has_value()) {
       stats.queue_us += response->timing->queue_us;
       stats.plan_us += response->timing->plan_us;
@@ -868,10 +948,62 @@ class AttendWorkload final : public Workload {
   void Report(RowResult& row) const override {
     row.request_bytes = static_cast<double>((q_->size() + kv_->size()) * 2);
     row.response_bytes = static_cast<double>(out_[0].size());
+    row.data_plane = shm_ ? "shm" : "inline";
     ReportStats(stats_, true, row);
   }
 
  private:
+  int64_t OutBytes() const { return int64_t{tokens_} * heads_ * kHeadDim * 2; }
+  int64_t SlotBytes() const {
+    return static_cast<int64_t>(q_->size() + kv_->size()) * 2 + OutBytes();
+  }
+  // Where message `index` of a stream lies in its region: the slot of its
+  // place among the messages in flight (answered in order, so the slot is
+  // free again when its next message goes).
+  int64_t SlotAt(int64_t index) const { return index % in_flight_ * SlotBytes(); }
+
+  // A region a stream, registered under client_id_, with q and kv in every
+  // slot.
+  absl::Status MakeRegions() {
+    for (size_t s = 0; s < sessions_.size(); ++s) {
+      StreamRegion region;
+      region.name = absl::StrCat("/mla-transport-bench-", getpid(), "-", next_region_++);
+      region.bytes = SlotBytes() * in_flight_;
+      const int fd = shm_open(region.name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+      if (fd < 0) return absl::InternalError(absl::StrCat("shm_open ", region.name, " failed"));
+      const bool sized = ftruncate(fd, region.bytes) == 0;
+      void* data = sized ? mmap(nullptr, static_cast<size_t>(region.bytes), PROT_READ | PROT_WRITE,
+                                MAP_SHARED, fd, 0)
+                         : MAP_FAILED;
+      close(fd);
+      if (data == MAP_FAILED) {
+        shm_unlink(region.name.c_str());
+        return absl::InternalError(absl::StrCat("sizing or mapping ", region.name, " failed"));
+      }
+      region.data = static_cast<uint8_t*>(data);
+      for (int slot = 0; slot < in_flight_; ++slot) {
+        uint8_t* at = region.data + slot * SlotBytes();
+        std::memcpy(at, q_->data(), q_->size() * 2);
+        std::memcpy(at + q_->size() * 2, kv_->data(), kv_->size() * 2);
+      }
+      regions_.push_back(region);
+      pb::RegisterRegionRequest request;
+      request.set_kind(pb::REGION_KIND_SYSTEM_SHM);
+      request.set_name(region.name);
+      request.set_byte_size(region.bytes);
+      pb::RegisterRegionResponse response;
+      grpc::ClientContext context;
+      context.AddMetadata(wire::kClientIdMetadata, client_id_);
+      const grpc::Status status = stub_->RegisterRegion(&context, request, &response);
+      if (!status.ok()) {
+        return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                            absl::StrCat("RegisterRegion: ", status.error_message()));
+      }
+      regions_.back().id = response.region_id();
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status CloseAll() {
     std::vector<std::string> ids;
     for (std::vector<std::string>& stream : sessions_) {
@@ -903,6 +1035,12 @@ class AttendWorkload final : public Workload {
     return absl::OkStatus();
   }
 
+  static inline std::atomic<int> next_client_{0};
+  static inline std::atomic<int> next_region_{0};
+  const bool shm_;
+  const int in_flight_;
+  const std::string client_id_;
+  std::vector<StreamRegion> regions_;  // per stream, with --data_plane=shm
   std::unique_ptr<pb::MlaOffload::Stub> stub_;
   const ModelProfile& model_;
   const int tokens_, heads_, positions_, sets_;
@@ -933,13 +1071,13 @@ void PrintTable(const std::vector<RowResult>& rows) {
               "streams; CPUms: process CPU per message, client and server together; cores: "
               "CPU busy during the row)\n");
   bool any_detail = false;
-  for (const RowResult& row : rows) any_detail |= row.pieces_per_response > 0;
+  for (const RowResult& row : rows) any_detail |= row.pieces_per_response > 0 || row.has_timing;
   if (!any_detail) return;
   std::printf("\n%-34s %3s %3s %10s %9s %7s %7s %11s %9s %9s %8s\n",
               "row (server timing, us/msg)", "str", "inf", "slices/rsp", "queue", "plan", "upload",
               "prologue", "decode", "total", "batch T");
   for (const RowResult& row : rows) {
-    if (row.pieces_per_response == 0) continue;
+    if (row.pieces_per_response == 0 && !row.has_timing) continue;
     if (row.has_timing) {
       std::printf("%-34s %3d %3d %10.1f %9.0f %7.0f %7.0f %11.0f %9.0f %9.0f %8.0f\n",
                   row.name.c_str(), row.streams, row.in_flight, row.pieces_per_response,
@@ -968,11 +1106,11 @@ std::string RowJson(const RowResult& row) {
       "\"seconds\": %.4f, \"messages_per_second\": %.2f, \"gb_per_s_each_way\": %.4f, "
       "\"gb_per_s_per_stream\": %.4f, \"p50_ms\": %.4f, \"p99_ms\": %.4f, "
       "\"ratio_to_plain_echo_per_stream\": %.3f, \"cpu_ms_per_message\": %.4f, "
-      "\"cores_busy\": %.3f",
+      "\"cores_busy\": %.3f, \"data_plane\": %s",
       JsonString(row.name), JsonString(row.transport), row.streams, row.in_flight,
       row.request_bytes, row.response_bytes, row.messages, row.seconds, row.MessagesPerSecond(),
       row.GBpsEachWay(), row.GBpsPerStream(), row.Percentile(0.5), row.Percentile(0.99),
-      row.ratio, row.CpuMsPerMessage(), row.CoresBusy());
+      row.ratio, row.CpuMsPerMessage(), row.CoresBusy(), JsonString(row.data_plane));
   absl::StrAppendFormat(&json, ", \"repeats_gb_per_s_min\": %.4f, \"repeats_gb_per_s_max\": %.4f",
                         row.slowest_gbps, row.fastest_gbps);
   if (row.pieces_per_response > 0) {
@@ -999,6 +1137,7 @@ struct Setup {
   double seconds = 0, warmup = 0;
   bool shared_connection = false, client_copy = true;
   std::vector<int> streams, in_flight, echo_in_flight;
+  std::vector<std::string> data_planes;  // of the Attend rows: "inline", "shm"
   int repeats = 1;
 };
 
@@ -1043,10 +1182,11 @@ RowResult RunEchoRow(const std::string& name, const OffloadServerHandle& server,
 
 RowResult RunAttendRow(const std::string& name, const OffloadServerHandle& server,
                        const TransportConfig& transport, const Setup& setup, int streams,
-                       int in_flight) {
+                       int in_flight, bool shm = false) {
   AttendWorkload workload(MakeChannel(server.port(), setup.max_message_bytes, transport, true),
                           *setup.model, streams, setup.tokens, setup.heads, setup.positions,
-                          setup.session_sets, setup.max_message_bytes, setup.client_copy);
+                          setup.session_sets, setup.max_message_bytes, setup.client_copy, shm,
+                          in_flight);
   return RunRaw(name, server.port(), transport, setup.max_message_bytes, workload, streams,
                 in_flight, setup.seconds, setup.warmup, setup.shared_connection);
 }
@@ -1119,6 +1259,23 @@ int Main() {
   setup.in_flight = ParseIntList(absl::GetFlag(FLAGS_in_flight), "in_flight");
   setup.echo_in_flight = ParseIntList(absl::GetFlag(FLAGS_echo_in_flight), "echo_in_flight");
   setup.repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
+  setup.data_planes = absl::StrSplit(absl::GetFlag(FLAGS_data_plane), ',', absl::SkipEmpty());
+  for (const std::string& plane : setup.data_planes) {
+    if (plane == "cuda_ipc") {
+      std::fprintf(stderr, "transport_bench: --data_plane=cuda_ipc: not in this build (the "
+                           "server answers CUDA IPC regions UNIMPLEMENTED); give inline, shm\n");
+      return 2;
+    }
+    if (plane != "inline" && plane != "shm") {
+      std::fprintf(stderr, "transport_bench: --data_plane: '%s' is not inline or shm\n",
+                   plane.c_str());
+      return 2;
+    }
+  }
+  if (setup.data_planes.empty()) {
+    std::fprintf(stderr, "transport_bench: --data_plane: give inline, shm or both\n");
+    return 2;
+  }
   std::vector<std::string> rows_wanted = absl::StrSplit(absl::GetFlag(FLAGS_rows), ',', absl::SkipEmpty());
   auto want = [&rows_wanted](const char* row) {
     return std::find(rows_wanted.begin(), rows_wanted.end(), row) != rows_wanted.end();
@@ -1199,8 +1356,14 @@ int Main() {
       }
     }
     if (want("attend")) {
-      for (int in_flight : setup.in_flight) {
-        add([&] { return RunAttendRow("Attend (codec)", *offload, ours, setup, streams, in_flight); });
+      for (const std::string& plane : setup.data_planes) {
+        const bool shm = plane == "shm";
+        for (int in_flight : setup.in_flight) {
+          add([&] {
+            return RunAttendRow(shm ? "Attend (shm)" : "Attend (codec)", *offload, ours, setup,
+                                streams, in_flight, shm);
+          });
+        }
       }
     }
   }
