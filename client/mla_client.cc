@@ -18,8 +18,13 @@
 #include <grpcpp/support/client_callback.h>
 
 #include "absl/base/call_once.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "proto/mla_offload.grpc.pb.h"
 #include "proto/transport_settings.h"
 #include "proto/wire_reader.h"
@@ -1462,30 +1467,57 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(std::vector<std::strin
 Cluster::Cluster(std::vector<std::string> targets, std::vector<std::unique_ptr<Client>> clients)
     : targets_(std::move(targets)), clients_(std::move(clients)), alive_(targets_.size(), true) {}
 
-absl::StatusOr<int> Cluster::Place(absl::string_view session_key) const {
+bool IsSameHostTarget(absl::string_view target) {
+  if (absl::StartsWith(target, "unix:") || absl::StartsWith(target, "unix-abstract:")) return true;
+  absl::ConsumePrefix(&target, "ipv4:") || absl::ConsumePrefix(&target, "ipv6:");
+  absl::ConsumePrefix(&target, "dns:///");
+  if (absl::StartsWith(target, "[::1]:") || absl::StartsWith(target, "localhost:")) return true;
+  // 127.x.y.z:PORT, each part a number 0..255.
+  const size_t colon = target.rfind(':');
+  if (colon == absl::string_view::npos) return false;
+  const std::vector<absl::string_view> parts = absl::StrSplit(target.substr(0, colon), '.');
+  int part = 0;
+  return parts.size() == 4 && parts[0] == "127" &&
+         std::all_of(parts.begin(), parts.end(), [&part](absl::string_view text) {
+           return !text.empty() && text.size() <= 3 && absl::SimpleAtoi(text, &part) &&
+                  part <= 255 && std::all_of(text.begin(), text.end(), absl::ascii_isdigit);
+         });
+}
+
+absl::StatusOr<int> Cluster::Place(absl::string_view session_key, const PlaceOptions& where) const {
   std::vector<std::string> live;
   std::vector<int> index;
+  int lost = 0;
   {
     absl::MutexLock lock(&mutex_);
     for (size_t i = 0; i < targets_.size(); ++i) {
-      if (!alive_[i]) continue;
+      if (where.same_host && !IsSameHostTarget(targets_[i])) continue;
+      if (!alive_[i]) {
+        ++lost;
+        continue;
+      }
       live.push_back(targets_[i]);
       index.push_back(static_cast<int>(i));
     }
   }
   const int chosen = RendezvousPlace(session_key, live);
-  if (chosen < 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "no live server for session key '", session_key, "': all ", targets_.size(),
-        " are marked lost (MarkAlive one that is back)"));
+  if (chosen >= 0) return index[chosen];
+  if (where.same_host && lost == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no server of this cluster is on this host, and session key '", session_key,
+        "' asks for one (its tensors go through shared memory): connect to a local server "
+        "through a unix: or loopback target"));
   }
-  return index[chosen];
+  return absl::UnavailableError(absl::StrCat(
+      "no live server for session key '", session_key, "': all ", lost,
+      where.same_host ? " of this host" : "", " are marked lost (MarkAlive one that is back)"));
 }
 
 absl::StatusOr<PlacedSession> Cluster::CreateSession(absl::string_view session_key,
                                                      const SessionOptions& options,
-                                                     const CallOptions& call) {
-  absl::StatusOr<int> server = Place(session_key);
+                                                     const CallOptions& call,
+                                                     const PlaceOptions& where) {
+  absl::StatusOr<int> server = Place(session_key, where);
   if (!server.ok()) return server.status();
   absl::StatusOr<pb::CreateSessionResponse> session =
       clients_[*server]->CreateSession(options, call);

@@ -465,6 +465,21 @@ struct StatefulSetPods {
 // Cluster::Connect; INVALID_ARGUMENT naming the field that is wrong.
 absl::StatusOr<std::vector<std::string>> StatefulSetTargets(const StatefulSetPods& pods);
 
+// Whether gRPC target `target` reaches a server on this host the way the
+// server counts same-host peers for regions (server/region_access.h): a
+// Unix socket ("unix:PATH", "unix-abstract:NAME") or a loopback address
+// ("localhost:PORT", "127.x.y.z:PORT", "[::1]:PORT", with or without an
+// "ipv4:"/"ipv6:" scheme). A name that may resolve to this host is not
+// counted: the server would see a non-loopback peer and refuse regions.
+bool IsSameHostTarget(absl::string_view target);
+
+// Where Cluster::Place may put a session.
+struct PlaceOptions {
+  // Only on a server of this host (IsSameHostTarget): for sessions whose
+  // tensors go through shared-memory regions (HostRegion).
+  bool same_host = false;
+};
+
 // A session created through a Cluster: where it lives. Send every later call
 // for it to cluster.client(server), not to Place(key) again: placement
 // changes when servers are marked lost or alive, a session does not move.
@@ -486,13 +501,17 @@ class Cluster {
   const std::string& target(int server) const { return targets_[server]; }
   Client& client(int server) const { return *clients_[server]; }
 
-  // The live server with the highest rendezvous weight for the key;
-  // UNAVAILABLE when every server is marked lost.
-  absl::StatusOr<int> Place(absl::string_view session_key) const;
+  // The live server with the highest rendezvous weight for the key, among
+  // the servers of this host with `where.same_host` (the weights over that
+  // subset: a key keeps its server while the subset does); UNAVAILABLE when
+  // every server is marked lost, FAILED_PRECONDITION when no live server is
+  // on this host.
+  absl::StatusOr<int> Place(absl::string_view session_key, const PlaceOptions& where = {}) const;
   // Places the session and creates it there.
   absl::StatusOr<PlacedSession> CreateSession(absl::string_view session_key,
                                               const SessionOptions& options,
-                                              const CallOptions& call = {});
+                                              const CallOptions& call = {},
+                                              const PlaceOptions& where = {});
 
   // A lost server takes no new sessions; only keys that were placed on it
   // move (each to its next-highest weight). MarkAlive undoes it (new

@@ -167,6 +167,58 @@ TEST(ClusterTest, PlacesLikeRendezvousAndSkipsLostServers) {
   EXPECT_EQ(*c.Place("seq-1"), 1);
 }
 
+// The targets the server would see as same-host peers, and only those.
+TEST(SameHostTest, UnixSocketsAndLoopbackAddressesOnly) {
+  for (const char* target : {"unix:/run/mla.sock", "unix-abstract:mla", "localhost:50051",
+                             "127.0.0.1:50051", "127.255.0.9:1", "ipv4:127.0.0.1:5",
+                             "[::1]:50051", "ipv6:[::1]:50051", "dns:///localhost:50051"}) {
+    EXPECT_TRUE(IsSameHostTarget(target)) << target;
+  }
+  for (const char* target :
+       {"10.0.0.1:50051", "192.168.1.2:1", "mla-offload-0.mla-offload-headless:50051",
+        "128.0.0.1:5", "127.0.0:5", "127.0.0.256:5", "127.0.0.1", "127.0.0.01a:5", "[::2]:5",
+        "xlocalhost:5", "", "unixx:/a", "127.0.0.-1:5"}) {
+    EXPECT_FALSE(IsSameHostTarget(target)) << target;
+  }
+}
+
+// Sessions whose tensors go through shared memory are placed only on the
+// servers of this host, by rendezvous over those; with none of them live the
+// error says what to change.
+TEST(ClusterTest, SameHostSessionsGoOnlyToServersOfThisHost) {
+  const std::vector<std::string> targets = {"10.0.0.1:50051", "127.0.0.1:50052",
+                                            "10.0.0.2:50051", "unix:/tmp/mla-test.sock"};
+  absl::StatusOr<std::unique_ptr<Cluster>> cluster = Cluster::Connect(targets);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  Cluster& c = **cluster;
+  const std::vector<std::string> local = {targets[1], targets[3]};
+  int on_each[4] = {0, 0, 0, 0};
+  for (int i = 0; i < 300; ++i) {
+    absl::StatusOr<int> server = c.Place(Key(i), {.same_host = true});
+    ASSERT_TRUE(server.ok()) << server.status();
+    EXPECT_EQ(c.target(*server), local[RendezvousPlace(Key(i), local)]);
+    ++on_each[*server];
+  }
+  EXPECT_EQ(on_each[0] + on_each[2], 0);
+  EXPECT_GT(on_each[1], 100);
+  EXPECT_GT(on_each[3], 100);
+  c.MarkLost(1);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(*c.Place(Key(i), {.same_host = true}), 3);
+  c.MarkLost(3);
+  absl::StatusOr<int> lost = c.Place("seq-1", {.same_host = true});
+  EXPECT_EQ(lost.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(lost.status().message(), HasSubstr("of this host are marked lost"));
+  EXPECT_TRUE(c.Place("seq-1").ok()) << "any server still takes sessions";
+
+  absl::StatusOr<std::unique_ptr<Cluster>> remote =
+      Cluster::Connect({"10.0.0.1:50051", "10.0.0.2:50051"});
+  ASSERT_TRUE(remote.ok());
+  absl::StatusOr<PlacedSession> none =
+      (*remote)->CreateSession("seq-1", SessionOptions(), {}, {.same_host = true});
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(none.status().message(), HasSubstr("unix: or loopback target"));
+}
+
 TEST(ClusterTest, RefusesEmptyAndRepeatedTargetLists) {
   absl::StatusOr<std::unique_ptr<Cluster>> empty = Cluster::Connect({});
   EXPECT_EQ(empty.status().code(), absl::StatusCode::kInvalidArgument);
