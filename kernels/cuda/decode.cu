@@ -782,13 +782,13 @@ struct Plan {
 };
 
 // Splits each token's keys into at most `wanted` ranges (and kMaxSplits),
-// never below two chunks of `kc` keys a range; boundaries on whole chunks.
+// never below one chunk of `kc` keys a range; boundaries on whole chunks.
 void SplitKeys(const DecodeParams& p, int64_t wanted, int kc, Plan& plan) {
   const int width = p.main.width + p.extra.width;
   int splits = 1;
-  if (wanted > 1 && width > 2 * kc) {
+  if (wanted > 1 && width > kc) {
     splits = static_cast<int>(std::min<int64_t>(wanted, kMaxSplits));
-    splits = max(1, min(splits, (width + 2 * kc - 1) / (2 * kc)));
+    splits = max(1, min(splits, (width + kc - 1) / kc));
   }
   const int chunks = (width + kc - 1) / kc;
   const int chunks_per_split = (chunks + splits - 1) / splits;

@@ -47,16 +47,19 @@ TEST(DecodePlanTest, ASmallBatchSplitsItsKeysIntoOneWave) {
   EXPECT_EQ(Splits(Shape(64, 16, 128, 512), cuda::DecodeKernels::kWgmma), 2);
   // 64 tokens of 128 heads are 128 CTAs already.
   EXPECT_EQ(Splits(Shape(64, 128, 128, 1024), cuda::DecodeKernels::kWgmma), 0);
-  // One token: as many splits as leave two chunks each (640 keys: 5,
-  // 1152 keys: 9).
-  EXPECT_EQ(Splits(Shape(1, 8, 128, 512), cuda::DecodeKernels::kWgmma), 5);
-  EXPECT_EQ(Splits(Shape(1, 8, 128, 1024), cuda::DecodeKernels::kWgmma), 9);
+  // One token: a split a chunk (640 keys: 10, 1152 keys: 18). A CTA's
+  // latency over its keys is the time of a small batch: one chunk each
+  // took V4-Flash H=16 at b <= 8 from 11.9-12.3 to 10.1-10.8 us
+  // (kernels/bench/RESULTS.md).
+  EXPECT_EQ(Splits(Shape(1, 8, 128, 512), cuda::DecodeKernels::kWgmma), 10);
+  EXPECT_EQ(Splits(Shape(1, 8, 128, 1024), cuda::DecodeKernels::kWgmma), 18);
 }
 
 TEST(DecodePlanTest, ShortListsAreNotSplit) {
   EXPECT_EQ(Splits(Shape(1, 16, 0, 0), cuda::DecodeKernels::kWgmma), 0);
-  EXPECT_EQ(Splits(Shape(1, 16, 128, 0), cuda::DecodeKernels::kWgmma), 0);  // two chunks
-  EXPECT_EQ(Splits(Shape(1, 16, 64, 65), cuda::DecodeKernels::kWgmma), 2);  // three chunks
+  EXPECT_EQ(Splits(Shape(1, 16, 64, 0), cuda::DecodeKernels::kWgmma), 0);    // one chunk
+  EXPECT_EQ(Splits(Shape(1, 16, 128, 0), cuda::DecodeKernels::kWgmma), 2);   // two chunks
+  EXPECT_EQ(Splits(Shape(1, 16, 64, 65), cuda::DecodeKernels::kWgmma), 3);   // three chunks
 }
 
 TEST(DecodePlanTest, TheNarrowKernelKeepsThe64RowKernelsPlan) {
@@ -85,7 +88,7 @@ TEST(DecodePlanTest, SplitsStayWithinOneWaveAndTheLimit) {
     EXPECT_GE(splits, 2);
     EXPECT_LE(splits, 32) << "kMaxSplits";
     EXPECT_LE(ctas * splits, kSms) << "a split that fills more than one wave";
-    EXPECT_GE(chunks, 2 * splits - 1) << "about two chunks a split at least";
+    EXPECT_GE(chunks, splits) << "a chunk a split at least";
   }
 }
 
