@@ -502,7 +502,8 @@ TEST_F(ClientTest, SessionLifecycle) {
 }
 
 // A negative idle TTL is refused before anything is sent; one beyond the
-// wire's int32 seconds (InfiniteDuration) asks for the longest there is.
+// wire's int32 seconds (InfiniteDuration) asks for the longest there is,
+// and gets the server's cap.
 TEST_F(ClientTest, IdleTtlIsCheckedAndLongOnesAreTheLongest) {
   ASSERT_NO_FATAL_FAILURE(StartServer());
   // The options view the sequence's sinks: it lives as long as they are used.
@@ -521,6 +522,10 @@ TEST_F(ClientTest, IdleTtlIsCheckedAndLongOnesAreTheLongest) {
     options.idle_ttl = ttl;
     absl::StatusOr<pb::CreateSessionResponse> created = client_->CreateSession(options);
     ASSERT_TRUE(created.ok()) << absl::FormatDuration(ttl) << ": " << created.status();
+    // The server's cap (--max_session_idle_ttl_s, 3600 by default) bounds
+    // what a session gets; 1.5 s is asked as 2.
+    EXPECT_EQ(created->idle_ttl_seconds(), ttl < absl::Seconds(2) ? 2 : 3600)
+        << absl::FormatDuration(ttl);
     EXPECT_TRUE(client_->CloseSession(created->session_id()).ok());
   }
 }

@@ -74,6 +74,9 @@ struct EngineOptions {
   int32_t max_position = 1 << 18;    // positions must be below this (RoPE table rows)
   int32_t max_tokens_per_message = 1024;
   absl::Duration default_idle_ttl = absl::Minutes(10);
+  // The longest idle TTL a session may ask for (more gets this); at least
+  // default_idle_ttl.
+  absl::Duration max_idle_ttl = absl::Hours(1);
   std::vector<const ModelProfile*> models;  // models this server accepts
   // An Attend message whose answer (out, lse and framing) would be larger is
   // refused with RESOURCE_EXHAUSTED before anything changes: the service

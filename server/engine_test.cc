@@ -2850,6 +2850,35 @@ TEST(EngineTest, PoolExhaustionWithinOneBatch) {
 
 // ---- Session lifetime.
 
+// A session that asks for a longer idle TTL than the server's cap gets the
+// cap, says so, and is closed once idle past it; one that asks for less, or
+// for none (the default), gets what it asked.
+TEST(EngineTest, AnIdleTtlAboveTheCapGetsTheCap) {
+  std::unique_ptr<Engine> engine =
+      NewEngine(2000, kMaxPosition, 1024, /*idle_ttl=*/absl::Seconds(60));
+  ASSERT_NE(engine, nullptr);
+  const struct {
+    int asked;
+    int32_t got;
+  } cases[] = {{1000000, 3600}, {100, 100}, {0, 60}, {3600, 3600}};
+  std::vector<std::string> ids;
+  for (const auto& c : cases) {
+    wire::CreateSessionRequestView input;
+    input.model = kFlash;
+    input.num_heads = 4;
+    input.idle_ttl_seconds = c.asked;
+    absl::StatusOr<CreateSessionResult> created = engine->CreateSession(input, kT0);
+    ASSERT_TRUE(created.ok()) << created.status();
+    EXPECT_EQ(created->idle_ttl_seconds, c.got) << "asked " << c.asked;
+    ids.push_back(created->session_id);
+  }
+  // An hour and a second later every one is gone: the first did not keep
+  // its million seconds.
+  EXPECT_EQ(engine->ExpireIdle(kT0 + absl::Seconds(3599)).size(), 2u);
+  EXPECT_EQ(engine->ExpireIdle(kT0 + absl::Seconds(3601)).size(), 2u);
+  EXPECT_EQ(engine->num_sessions(), 0);
+}
+
 TEST(EngineTest, CloseExpireAndList) {
   std::unique_ptr<Engine> engine =
       NewEngine(2000, kMaxPosition, 1024, /*idle_ttl=*/absl::Seconds(60));

@@ -67,6 +67,9 @@ ABSL_FLAG(int, max_messages_in_flight, 8,
           "Attend messages one stream may have read but not yet answered (read-ahead).");
 ABSL_FLAG(int, session_idle_ttl_s, 600,
           "Sessions idle longer than this are closed (a session may ask for its own TTL).");
+ABSL_FLAG(int, max_session_idle_ttl_s, 3600,
+          "The longest idle TTL a session may ask for; one that asks for more gets this (so "
+          "that no client pins KV blocks for longer). At least --session_idle_ttl_s.");
 ABSL_FLAG(int, max_regions_per_client, 64,
           "Same-host data plane: shared-memory regions one client (mla-client-id, else its "
           "connection) may hold registered at once; RegisterRegion past it is RESOURCE_EXHAUSTED.");
@@ -129,6 +132,7 @@ absl::Status CheckFlags() {
       {"max_queued_messages", absl::GetFlag(FLAGS_max_queued_messages), 1, 1 << 24},
       {"max_messages_in_flight", absl::GetFlag(FLAGS_max_messages_in_flight), 1, 1024},
       {"session_idle_ttl_s", absl::GetFlag(FLAGS_session_idle_ttl_s), 1, 365 * 24 * 3600},
+      {"max_session_idle_ttl_s", absl::GetFlag(FLAGS_max_session_idle_ttl_s), 1, 365 * 24 * 3600},
       {"max_regions_per_client", absl::GetFlag(FLAGS_max_regions_per_client), 1, 1 << 16},
       {"max_region_gb_per_client", absl::GetFlag(FLAGS_max_region_gb_per_client), 1, 1 << 20},
       {"region_grace_s", absl::GetFlag(FLAGS_region_grace_s), 1, 7 * 24 * 3600},
@@ -140,6 +144,12 @@ absl::Status CheckFlags() {
       return absl::InvalidArgumentError(absl::StrCat("--", flag.name, "=", flag.value,
                                                      " is outside ", flag.low, "..", flag.high));
     }
+  }
+  if (absl::GetFlag(FLAGS_session_idle_ttl_s) > absl::GetFlag(FLAGS_max_session_idle_ttl_s)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--session_idle_ttl_s=", absl::GetFlag(FLAGS_session_idle_ttl_s),
+        " is above --max_session_idle_ttl_s=", absl::GetFlag(FLAGS_max_session_idle_ttl_s),
+        ": raise the cap or lower the default"));
   }
   const double gb = absl::GetFlag(FLAGS_kv_cache_gb);
   if (!(gb * 1e9 >= kBlockBytes && gb <= 1e6)) {
@@ -197,6 +207,7 @@ int Main() {
   options.engine.max_position = absl::GetFlag(FLAGS_max_position);
   options.engine.max_tokens_per_message = absl::GetFlag(FLAGS_max_tokens_per_message);
   options.engine.default_idle_ttl = absl::Seconds(absl::GetFlag(FLAGS_session_idle_ttl_s));
+  options.engine.max_idle_ttl = absl::Seconds(absl::GetFlag(FLAGS_max_session_idle_ttl_s));
   options.engine.models = models;
   options.engine.batches_in_flight = absl::GetFlag(FLAGS_batches_in_flight);
   options.scheduler.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);

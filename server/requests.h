@@ -29,6 +29,7 @@ struct CreateSessionResult {
   std::string session_id;
   int num_heads = 0;
   int padded_heads = 0;
+  int32_t idle_ttl_seconds = 0;  // the idle TTL the session got
 };
 
 struct AppendResult {

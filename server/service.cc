@@ -470,6 +470,7 @@ grpc::ServerUnaryReactor* MlaOffloadService::CreateSession(grpc::CallbackServerC
         response.set_session_id(result->session_id);
         response.set_num_heads(result->num_heads);
         response.set_padded_heads(result->padded_heads);
+        response.set_idle_ttl_seconds(result->idle_ttl_seconds);
         // The session keeps its client's regions (if it may have any).
         if (absl::StatusOr<std::string> owner = RegionOwnerOf(call); owner.ok()) {
           region_owners_.SessionCreated(*owner, result->session_id);

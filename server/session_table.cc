@@ -62,8 +62,11 @@ absl::Status ReadSinks(const wire::CreateSessionRequestView& input, const ModelP
 }  // namespace
 
 SessionTable::SessionTable(KvBlockPool& pool, std::vector<const ModelProfile*> models,
-                           absl::Duration default_idle_ttl)
-    : pool_(pool), models_(std::move(models)), default_idle_ttl_(default_idle_ttl) {}
+                           absl::Duration default_idle_ttl, absl::Duration max_idle_ttl)
+    : pool_(pool),
+      models_(std::move(models)),
+      default_idle_ttl_(default_idle_ttl),
+      max_idle_ttl_(max_idle_ttl) {}
 
 absl::StatusOr<const ModelProfile*> SessionTable::FindModel(const std::string& name) const {
   std::vector<std::string> served;
@@ -102,15 +105,17 @@ absl::StatusOr<CreateSessionResult> SessionTable::Create(
   session->profile = &profile;
   session->num_heads = input.num_heads;
   session->padded_heads = *padded;
-  session->idle_ttl = input.idle_ttl_seconds > 0 ? absl::Seconds(input.idle_ttl_seconds)
-                                                 : default_idle_ttl_;
+  session->idle_ttl = input.idle_ttl_seconds > 0
+                          ? std::min(absl::Seconds(input.idle_ttl_seconds), max_idle_ttl_)
+                          : default_idle_ttl_;
   session->last_used = now;
   session->layers.resize(layers);
   for (int layer = 0; layer < layers; ++layer) {
     session->layers[layer].swa_blocks.assign(blocks->begin() + layer * kSwaRingBlocks,
                                              blocks->begin() + (layer + 1) * kSwaRingBlocks);
   }
-  CreateSessionResult result{session->id, session->num_heads, session->padded_heads};
+  CreateSessionResult result{session->id, session->num_heads, session->padded_heads,
+                             static_cast<int32_t>(absl::ToInt64Seconds(session->idle_ttl))};
   sessions_[session->id] = std::move(session);
   return result;
 }

@@ -33,9 +33,11 @@ namespace mla {
 class SessionTable {
  public:
   // Sessions of `models`; a session created without an idle TTL of its own
-  // gets `default_idle_ttl`.
+  // gets `default_idle_ttl`, one that asks for more than `max_idle_ttl` gets
+  // `max_idle_ttl` (a client cannot pin its KV blocks for longer). Whole
+  // seconds, default <= max.
   SessionTable(KvBlockPool& pool, std::vector<const ModelProfile*> models,
-               absl::Duration default_idle_ttl);
+               absl::Duration default_idle_ttl, absl::Duration max_idle_ttl);
 
   absl::StatusOr<CreateSessionResult> Create(const wire::CreateSessionRequestView& input,
                                              absl::Time now);
@@ -57,6 +59,7 @@ class SessionTable {
   KvBlockPool& pool_;
   std::vector<const ModelProfile*> models_;
   absl::Duration default_idle_ttl_;
+  absl::Duration max_idle_ttl_;
   absl::flat_hash_map<std::string, std::unique_ptr<Session>> sessions_;
 };
 

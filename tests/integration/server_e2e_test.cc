@@ -1975,6 +1975,8 @@ TEST(ServerFlagsTest, OutOfRangeFlagsAreRefusedByName) {
       {"--batches_in_flight=2", "--batches_in_flight=2 is outside -1..1"},
       {"--max_messages_in_flight=0", "--max_messages_in_flight=0 is outside"},
       {"--session_idle_ttl_s=0", "--session_idle_ttl_s=0 is outside"},
+      {"--session_idle_ttl_s=7200", "--session_idle_ttl_s=7200 is above --max_session_idle_ttl_s=3600"},
+      {"--max_session_idle_ttl_s=0", "--max_session_idle_ttl_s=0 is outside"},
       {"--listen=127.0.0.1:0,127.0.0.1:0", "give exactly one HOST:PORT"},
       {"--listen=unix:/tmp/mla_e2e_only.sock", "give exactly one HOST:PORT"},
   };
