@@ -73,7 +73,8 @@ absl::StatusOr<std::unique_ptr<TestServer>> TestServer::Start(
   }
   std::unique_ptr<TestServer> server(new TestServer(*pid, fds[0]));
   const std::optional<std::string> line = server->WaitForLine("serving on", absl::Seconds(60));
-  static const std::regex kServing(R"(serving on 127\.0\.0\.1:(\d+) )");
+  // On loopback, or on every interface (reached through loopback).
+  static const std::regex kServing(R"(serving on (?:127\.0\.0\.1|0\.0\.0\.0):(\d+) )");
   std::smatch match;
   if (!line.has_value() || !std::regex_search(*line, match, kServing)) {
     return absl::InternalError(

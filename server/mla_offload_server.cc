@@ -1,4 +1,5 @@
 // mla_offload_server: serves DeepSeek-V4 sparse MLA attention over gRPC.
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <iostream>
@@ -13,6 +14,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -28,10 +30,17 @@
 #include "server/metrics/registry.h"
 #include "server/offload_server.h"
 
-ABSL_FLAG(std::vector<std::string>, listen, {"0.0.0.0:50051"},
+ABSL_FLAG(std::vector<std::string>, listen, {"127.0.0.1:50051"},
           "Where to serve gRPC, a comma list: one HOST:PORT (port 0 picks a free port, printed "
           "at start), and any number of unix:PATH, Unix domain sockets for clients on this host "
-          "(a PATH that exists is refused; the server removes its sockets when it stops).");
+          "(a PATH that exists is refused; the server removes its sockets when it stops). A "
+          "HOST other clients can reach (0.0.0.0, [::], a network address) needs "
+          "--allow_insecure: this server has no TLS or tokens yet.");
+ABSL_FLAG(bool, allow_insecure, false,
+          "Serve on an address other hosts can reach although this server has no TLS and no "
+          "authentication yet: any client that reaches the port can list, read, change and "
+          "close every session. Only on a network you control (a Kubernetes NetworkPolicy, as "
+          "deploy/k8s/base has).");
 ABSL_FLAG(std::string, backend, "cpu",
           "Compute backend: cpu (any machine) or cuda (an NVIDIA Hopper GPU).");
 ABSL_FLAG(int, device, 0, "GPU ordinal for --backend=cuda.");
@@ -160,6 +169,22 @@ absl::Status CheckFlags() {
   return absl::OkStatus();
 }
 
+// Whether the HOST of `address` (HOST:PORT) is this host's loopback, which
+// no other host reaches: 127.0.0.0/8, localhost, [::1].
+bool IsLoopbackAddress(absl::string_view address) {
+  const size_t colon = address.rfind(':');
+  const absl::string_view host = address.substr(0, colon == absl::string_view::npos ? 0 : colon);
+  if (host == "localhost" || host == "[::1]") return true;
+  const std::vector<absl::string_view> parts = absl::StrSplit(host, '.');
+  int value = 0;
+  return parts.size() == 4 && parts[0] == "127" &&
+         std::all_of(parts.begin(), parts.end(), [&value](absl::string_view part) {
+           return !part.empty() && part.size() <= 3 &&
+                  std::all_of(part.begin(), part.end(), absl::ascii_isdigit) &&
+                  absl::SimpleAtoi(part, &value) && value <= 255;
+         });
+}
+
 // The TCP address of --listen (exactly one) and its unix:PATH entries,
 // appended to `unix_sockets`.
 absl::StatusOr<std::string> SplitListen(const std::vector<std::string>& listen,
@@ -202,6 +227,12 @@ int Main() {
   OffloadServerOptions options;
   absl::StatusOr<std::string> tcp = SplitListen(absl::GetFlag(FLAGS_listen), options.unix_sockets);
   if (!tcp.ok()) return Fail(tcp.status());
+  if (!IsLoopbackAddress(*tcp) && !absl::GetFlag(FLAGS_allow_insecure)) {
+    return Fail(absl::FailedPreconditionError(absl::StrCat(
+        "--listen=", *tcp, " can be reached from other hosts, and this server has no TLS or "
+        "authentication yet: any client there could read and change every session. Listen on "
+        "127.0.0.1 or a unix: socket, or pass --allow_insecure on a network you control")));
+  }
   options.listen = *tcp;
   options.engine.kv_blocks = kv_blocks;
   options.engine.max_position = absl::GetFlag(FLAGS_max_position);
@@ -287,7 +318,9 @@ int main(int argc, char** argv) {
       "Serving nodes create a session per sequence, append its prompt KV, then stream one\n"
       "Attend message per layer step; the server keeps the FP8 KV cache, runs the fused\n"
       "prologue and the sparse decode, and streams the output back.\n\n"
-      "  mla_offload_server --listen=0.0.0.0:50051 --backend=cpu --kv_cache_gb=4\n\n"
+      "  mla_offload_server --listen=127.0.0.1:50051 --backend=cpu --kv_cache_gb=4\n\n"
+      "It listens on loopback by default: it has no TLS or authentication yet, so an\n"
+      "address other hosts reach needs --allow_insecure (on a network you control).\n\n"
       "Health: grpc.health.v1 for two service names: \"\" (liveness: SERVING until the\n"
       "process exits) and \"mla_offload.v1.MlaOffload\" (readiness: NOT_SERVING from the\n"
       "start of the drain on). Metrics: Prometheus text on http://HOST:--metrics_port/metrics.\n"

@@ -1978,6 +1978,10 @@ TEST(ServerFlagsTest, OutOfRangeFlagsAreRefusedByName) {
       {"--session_idle_ttl_s=7200", "--session_idle_ttl_s=7200 is above --max_session_idle_ttl_s=3600"},
       {"--max_session_idle_ttl_s=0", "--max_session_idle_ttl_s=0 is outside"},
       {"--listen=127.0.0.1:0,127.0.0.1:0", "give exactly one HOST:PORT"},
+      // No TLS or tokens yet: an address other hosts reach needs --allow_insecure.
+      {"--listen=0.0.0.0:0", "--listen=0.0.0.0:0 can be reached from other hosts"},
+      {"--listen=[::]:0", "pass --allow_insecure on a network you control"},
+      {"--listen=127.0.0.1.5:0", "can be reached from other hosts"},
       {"--listen=unix:/tmp/mla_e2e_only.sock", "give exactly one HOST:PORT"},
   };
   for (const auto& [flag, message] : cases) {
@@ -1988,6 +1992,22 @@ TEST(ServerFlagsTest, OutOfRangeFlagsAreRefusedByName) {
     EXPECT_THAT(result->err, HasSubstr(message)) << flag;
     EXPECT_THAT(result->out, ::testing::Not(HasSubstr("serving on"))) << flag;
   }
+}
+
+// With --allow_insecure the server serves on an address other hosts reach
+// (here every interface, reached through loopback).
+TEST(ServerFlagsTest, AllowInsecureServesOnEveryInterface) {
+  absl::StatusOr<std::unique_ptr<client::TestServer>> server =
+      client::TestServer::Start({"--listen=0.0.0.0:0", "--allow_insecure"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::unique_ptr<pb::MlaOffload::Stub> stub = pb::MlaOffload::NewStub(NewChannel(**server));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  pb::GetServerInfoRequest request;
+  pb::ServerInfo info;
+  const grpc::Status status = stub->GetServerInfo(&context, request, &info);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_GT(info.kv_blocks_total(), 0);
 }
 
 // --version prints the version and the commit and exits 0; --help, which
