@@ -18,13 +18,9 @@
 #include <grpcpp/support/client_callback.h>
 
 #include "absl/base/call_once.h"
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
+#include "proto/addresses.h"
 #include "proto/mla_offload.grpc.pb.h"
 #include "proto/transport_settings.h"
 #include "proto/wire_reader.h"
@@ -1467,22 +1463,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Connect(std::vector<std::strin
 Cluster::Cluster(std::vector<std::string> targets, std::vector<std::unique_ptr<Client>> clients)
     : targets_(std::move(targets)), clients_(std::move(clients)), alive_(targets_.size(), true) {}
 
-bool IsSameHostTarget(absl::string_view target) {
-  if (absl::StartsWith(target, "unix:") || absl::StartsWith(target, "unix-abstract:")) return true;
-  absl::ConsumePrefix(&target, "ipv4:") || absl::ConsumePrefix(&target, "ipv6:");
-  absl::ConsumePrefix(&target, "dns:///");
-  if (absl::StartsWith(target, "[::1]:") || absl::StartsWith(target, "localhost:")) return true;
-  // 127.x.y.z:PORT, each part a number 0..255.
-  const size_t colon = target.rfind(':');
-  if (colon == absl::string_view::npos) return false;
-  const std::vector<absl::string_view> parts = absl::StrSplit(target.substr(0, colon), '.');
-  int part = 0;
-  return parts.size() == 4 && parts[0] == "127" &&
-         std::all_of(parts.begin(), parts.end(), [&part](absl::string_view text) {
-           return !text.empty() && text.size() <= 3 && absl::SimpleAtoi(text, &part) &&
-                  part <= 255 && std::all_of(text.begin(), text.end(), absl::ascii_isdigit);
-         });
-}
+bool IsSameHostTarget(absl::string_view target) { return wire::IsLoopbackAddress(target); }
 
 absl::StatusOr<int> Cluster::Place(absl::string_view session_key, const PlaceOptions& where) const {
   std::vector<std::string> live;

@@ -1,5 +1,4 @@
 // mla_offload_server: serves DeepSeek-V4 sparse MLA attention over gRPC.
-#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <iostream>
@@ -14,7 +13,6 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -28,6 +26,7 @@
 #include "server/metrics/http_exporter.h"
 #include "server/metrics/process_metrics.h"
 #include "server/metrics/registry.h"
+#include "proto/addresses.h"
 #include "server/offload_server.h"
 
 ABSL_FLAG(std::vector<std::string>, listen, {"127.0.0.1:50051"},
@@ -169,22 +168,6 @@ absl::Status CheckFlags() {
   return absl::OkStatus();
 }
 
-// Whether the HOST of `address` (HOST:PORT) is this host's loopback, which
-// no other host reaches: 127.0.0.0/8, localhost, [::1].
-bool IsLoopbackAddress(absl::string_view address) {
-  const size_t colon = address.rfind(':');
-  const absl::string_view host = address.substr(0, colon == absl::string_view::npos ? 0 : colon);
-  if (host == "localhost" || host == "[::1]") return true;
-  const std::vector<absl::string_view> parts = absl::StrSplit(host, '.');
-  int value = 0;
-  return parts.size() == 4 && parts[0] == "127" &&
-         std::all_of(parts.begin(), parts.end(), [&value](absl::string_view part) {
-           return !part.empty() && part.size() <= 3 &&
-                  std::all_of(part.begin(), part.end(), absl::ascii_isdigit) &&
-                  absl::SimpleAtoi(part, &value) && value <= 255;
-         });
-}
-
 // The TCP address of --listen (exactly one) and its unix:PATH entries,
 // appended to `unix_sockets`.
 absl::StatusOr<std::string> SplitListen(const std::vector<std::string>& listen,
@@ -227,7 +210,7 @@ int Main() {
   OffloadServerOptions options;
   absl::StatusOr<std::string> tcp = SplitListen(absl::GetFlag(FLAGS_listen), options.unix_sockets);
   if (!tcp.ok()) return Fail(tcp.status());
-  if (!IsLoopbackAddress(*tcp) && !absl::GetFlag(FLAGS_allow_insecure)) {
+  if (!mla::wire::IsLoopbackAddress(*tcp) && !absl::GetFlag(FLAGS_allow_insecure)) {
     return Fail(absl::FailedPreconditionError(absl::StrCat(
         "--listen=", *tcp, " can be reached from other hosts, and this server has no TLS or "
         "authentication yet: any client there could read and change every session. Listen on "

@@ -1,27 +1,15 @@
 #include "server/region_access.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-
 #include <iterator>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_replace.h"
+#include "proto/addresses.h"
 
 namespace mla {
 namespace {
-
-// "ipv4:ADDRESS:PORT" and "ipv6:[ADDRESS]:PORT" (gRPC writes the brackets
-// as %5B and %5D): ADDRESS, or empty when `peer` is not of that form.
-std::string PeerAddress(absl::string_view peer, absl::string_view scheme) {
-  if (!absl::ConsumePrefix(&peer, scheme)) return "";
-  const size_t port = peer.rfind(':');
-  if (port == absl::string_view::npos) return "";
-  return absl::StrReplaceAll(peer.substr(0, port), {{"%5B", ""}, {"%5D", ""}, {"[", ""}, {"]", ""}});
-}
 
 absl::Status CheckClientId(absl::string_view id) {
   bool ok = id.size() >= 16 && id.size() <= 64;
@@ -82,18 +70,7 @@ absl::Status CheckAnswerFields(const wire::AttendRequestView& request) {
 
 }  // namespace
 
-bool IsSameHostPeer(absl::string_view peer) {
-  if (absl::StartsWith(peer, "unix:") || absl::StartsWith(peer, "unix-abstract:")) return true;
-  in_addr v4{};
-  if (inet_pton(AF_INET, PeerAddress(peer, "ipv4:").c_str(), &v4) == 1) {
-    return (ntohl(v4.s_addr) >> 24) == 127;
-  }
-  in6_addr v6{};
-  if (inet_pton(AF_INET6, PeerAddress(peer, "ipv6:").c_str(), &v6) == 1) {
-    return IN6_IS_ADDR_LOOPBACK(&v6) || (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127);
-  }
-  return false;
-}
+bool IsSameHostPeer(absl::string_view peer) { return wire::IsLoopbackAddress(peer); }
 
 absl::StatusOr<std::string> RegionOwnerOf(const grpc::ServerContextBase& context) {
   const std::string peer = context.peer();
