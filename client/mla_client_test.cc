@@ -25,6 +25,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <atomic>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -1140,6 +1141,32 @@ TEST_F(ClientTest, EchoReturnsEveryPayloadInOrder) {
                            [](char a, uint8_t b) { return static_cast<uint8_t>(a) == b; }));
   }
   EXPECT_TRUE((*stream)->Finish().ok());
+}
+
+// --max_streams_per_connection bounds what one connection holds at once: a
+// second stream waits (it is not refused) until the first ends.
+TEST_F(ClientTest, AConnectionHoldsAtMostItsStreams) {
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--max_streams_per_connection=1"}));
+  absl::StatusOr<std::unique_ptr<EchoStream>> first = client_->OpenEchoStream();
+  ASSERT_TRUE(first.ok()) << first.status();
+  const std::vector<uint8_t> payload = {1, 2, 3};
+  ASSERT_TRUE((*first)->Send(payload).ok());
+  ASSERT_TRUE((*first)->Receive().ok());
+  absl::StatusOr<std::unique_ptr<EchoStream>> second = client_->OpenEchoStream();
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_TRUE((*second)->Send(payload).ok());
+  std::atomic<bool> answered{false};
+  absl::Status second_status;
+  std::thread receiver([&] {
+    second_status = (*second)->Receive().status();
+    answered = true;
+  });
+  absl::SleepFor(absl::Milliseconds(700));
+  EXPECT_FALSE(answered) << "the second stream ran beside the first";
+  EXPECT_TRUE((*first)->Finish().ok());
+  receiver.join();
+  EXPECT_TRUE(second_status.ok()) << second_status;
+  EXPECT_TRUE((*second)->Finish().ok());
 }
 
 // Draining: new sessions are UNAVAILABLE with the server's word for it,

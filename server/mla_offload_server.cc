@@ -35,6 +35,19 @@ ABSL_FLAG(std::vector<std::string>, listen, {"127.0.0.1:50051"},
           "(a PATH that exists is refused; the server removes its sockets when it stops). A "
           "HOST other clients can reach (0.0.0.0, [::], a network address) needs "
           "--allow_insecure: this server has no TLS or tokens yet.");
+ABSL_FLAG(int, max_streams_per_connection, 64,
+          "Streams and calls one client connection may have open at once; more wait for one "
+          "to end (HTTP/2 MAX_CONCURRENT_STREAMS).");
+ABSL_FLAG(int, max_connection_idle_s, 600,
+          "A client connection without a call for this long is closed (0: never).");
+ABSL_FLAG(int, max_connection_age_s, 0,
+          "A client connection is asked to go (GOAWAY) after this long, and the client "
+          "reconnects (0: never); calls in flight get --max_connection_age_grace_s more.");
+ABSL_FLAG(int, max_connection_age_grace_s, 30,
+          "How long calls in flight may go on after --max_connection_age_s.");
+ABSL_FLAG(int, min_client_ping_interval_s, 10,
+          "Keepalive pings a client sends more often than this without data are strikes; two "
+          "close its connection.");
 ABSL_FLAG(bool, allow_insecure, false,
           "Serve on an address other hosts can reach although this server has no TLS and no "
           "authentication yet: any client that reaches the port can list, read, change and "
@@ -146,6 +159,11 @@ absl::Status CheckFlags() {
       {"region_grace_s", absl::GetFlag(FLAGS_region_grace_s), 1, 7 * 24 * 3600},
       {"metrics_port", absl::GetFlag(FLAGS_metrics_port), -1, 65535},
       {"drain_seconds", absl::GetFlag(FLAGS_drain_seconds), 0, 24 * 3600},
+      {"max_streams_per_connection", absl::GetFlag(FLAGS_max_streams_per_connection), 1, 1 << 16},
+      {"max_connection_idle_s", absl::GetFlag(FLAGS_max_connection_idle_s), 0, 365 * 24 * 3600},
+      {"max_connection_age_s", absl::GetFlag(FLAGS_max_connection_age_s), 0, 365 * 24 * 3600},
+      {"max_connection_age_grace_s", absl::GetFlag(FLAGS_max_connection_age_grace_s), 0, 24 * 3600},
+      {"min_client_ping_interval_s", absl::GetFlag(FLAGS_min_client_ping_interval_s), 0, 3600},
   };
   for (const IntFlag& flag : int_flags) {
     if (flag.value < flag.low || flag.value > flag.high) {
@@ -218,6 +236,12 @@ int Main() {
   }
   options.listen = *tcp;
   options.engine.kv_blocks = kv_blocks;
+  options.connections.max_streams_per_connection = absl::GetFlag(FLAGS_max_streams_per_connection);
+  options.connections.max_idle = absl::Seconds(absl::GetFlag(FLAGS_max_connection_idle_s));
+  options.connections.max_age = absl::Seconds(absl::GetFlag(FLAGS_max_connection_age_s));
+  options.connections.max_age_grace = absl::Seconds(absl::GetFlag(FLAGS_max_connection_age_grace_s));
+  options.connections.min_ping_interval =
+      absl::Seconds(absl::GetFlag(FLAGS_min_client_ping_interval_s));
   options.engine.max_position = absl::GetFlag(FLAGS_max_position);
   options.engine.max_tokens_per_message = absl::GetFlag(FLAGS_max_tokens_per_message);
   options.engine.default_idle_ttl = absl::Seconds(absl::GetFlag(FLAGS_session_idle_ttl_s));

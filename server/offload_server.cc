@@ -86,6 +86,21 @@ absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(
   // use would start, and the kernel would split new connections between
   // the two. Without it the bind fails and the server refuses to start.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  const ConnectionLimits& limits = options.connections;
+  const auto ms = [](absl::Duration d) {
+    return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(d), INT32_MAX));
+  };
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, limits.max_streams_per_connection);
+  if (limits.max_idle > absl::ZeroDuration()) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, ms(limits.max_idle));
+  }
+  if (limits.max_age > absl::ZeroDuration()) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, ms(limits.max_age));
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, ms(limits.max_age_grace));
+  }
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             ms(limits.min_ping_interval));
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 2);
   builder.RegisterService(server->service_.get());
   const int transport_limit = TransportMessageLimit(options.service.max_message_bytes);
   builder.SetMaxReceiveMessageSize(transport_limit);

@@ -21,8 +21,6 @@
 
 #include <memory>
 #include <string>
-
-#include <string>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
@@ -39,6 +37,18 @@
 
 namespace mla {
 
+// What one client connection may hold and for how long (gRPC's server
+// channel arguments); zero durations switch a bound off.
+struct ConnectionLimits {
+  int max_streams_per_connection = 64;  // streams and calls at once; more wait
+  absl::Duration max_idle = absl::Minutes(10);  // a connection without calls is closed
+  absl::Duration max_age = absl::ZeroDuration();  // then GOAWAY: the client reconnects
+  absl::Duration max_age_grace = absl::Seconds(30);  // for the calls in flight at max_age
+  // Keepalive pings more often than this without data count as strikes; two
+  // strikes close the connection.
+  absl::Duration min_ping_interval = absl::Seconds(10);
+};
+
 struct OffloadServerOptions {
   std::string listen = "127.0.0.1:0";  // HOST:PORT; port 0 picks a free one
   // Paths of Unix domain sockets to serve gRPC on as well (for clients on
@@ -49,6 +59,7 @@ struct OffloadServerOptions {
   SchedulerOptions scheduler;
   ServiceOptions service;
   TransportSettings transport = DefaultTransport();
+  ConnectionLimits connections;
 };
 
 class OffloadServer {
