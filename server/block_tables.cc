@@ -53,14 +53,14 @@ absl::StatusOr<TableWrites> BlockTables::Prepare(int64_t launch,
   if (next_free_ + wanted > num_pages_) {
     // Every range forgotten: the launch's tables all go to fresh ones. They
     // fit: each holds at most twice the blocks of its layer.
-    ++generation_;
-    next_free_ = 0;
-    wanted = 0;
-    for (LayerKv* layer : order) wanted += RangeFor(most[layer]);
-    if (wanted > num_pages_) {
-      return absl::InternalError(absl::StrCat("the page tables of one launch need ", wanted,
+    int64_t all = 0;
+    for (LayerKv* layer : order) all += RangeFor(most[layer]);
+    if (all > num_pages_) {
+      return absl::InternalError(absl::StrCat("the page tables of one launch need ", all,
                                               " entries; the table space holds ", num_pages_));
     }
+    ++generation_;
+    next_free_ = 0;
   }
   TableWrites writes;
   std::vector<Written>& written = unsettled_[launch];
@@ -89,7 +89,9 @@ void BlockTables::Settle(int64_t launch, bool succeeded) {
   for (const Written& w : succeeded ? it->second : std::vector<Written>()) {
     TablePlacement& table = w.layer->table;
     if (table.generation == w.generation && table.at == w.at) {
-      table.confirmed = std::max(table.confirmed, w.entries);
+      const int32_t pages =
+          kSwaRingBlocks + static_cast<int32_t>(w.layer->compressed_blocks.size());
+      table.confirmed = std::min(std::max(table.confirmed, w.entries), pages);
     }
   }
   unsettled_.erase(it);

@@ -20,9 +20,13 @@
 // pages went back, leaves nothing trusted. The device writes run in the
 // backend's order, after the kernels of the launches before.
 //
-// Prepare and Settle are the engine thread's; the layers named must live
-// until their launch is settled (sessions are closed only when no batch
-// runs). Not thread-safe.
+// What the caller guarantees (the engine does): no launch names a layer
+// while a launch that added pages to it runs unsettled (such messages wait
+// for the running batch), and only a failed launch's own pages leave a
+// layer again (PageReservation::ReturnPages); a confirmed entry is never
+// past the layer's pages (Settle clamps it). Prepare and Settle are the
+// engine thread's; the layers named must live until their launch is
+// settled (sessions are closed only when no batch runs). Not thread-safe.
 #ifndef MLA_OFFLOAD_SERVER_BLOCK_TABLES_H_
 #define MLA_OFFLOAD_SERVER_BLOCK_TABLES_H_
 

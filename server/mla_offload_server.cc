@@ -35,7 +35,7 @@ ABSL_FLAG(std::vector<std::string>, listen, {"127.0.0.1:50051"},
           "(a PATH that exists is refused; the server removes its sockets when it stops). A "
           "HOST other clients can reach (0.0.0.0, [::], a network address) needs "
           "--allow_insecure: this server has no TLS or tokens yet.");
-ABSL_FLAG(int, max_streams_per_connection, 64,
+ABSL_FLAG(int, max_streams_per_connection, 256,
           "Streams and calls one client connection may have open at once; more wait for one "
           "to end (HTTP/2 MAX_CONCURRENT_STREAMS).");
 ABSL_FLAG(int, max_connection_idle_s, 600,
@@ -46,8 +46,8 @@ ABSL_FLAG(int, max_connection_age_s, 0,
 ABSL_FLAG(int, max_connection_age_grace_s, 30,
           "How long calls in flight may go on after --max_connection_age_s.");
 ABSL_FLAG(int, min_client_ping_interval_s, 10,
-          "Keepalive pings a client sends more often than this without data are strikes; two "
-          "close its connection.");
+          "Keepalive pings a client sends more often than this without data are strikes; the "
+          "third closes its connection.");
 ABSL_FLAG(bool, allow_insecure, false,
           "Serve on an address other hosts can reach although this server has no TLS and no "
           "authentication yet: any client that reaches the port can list, read, change and "
@@ -202,6 +202,14 @@ absl::StatusOr<std::string> SplitListen(const std::vector<std::string>& listen,
     return absl::InvalidArgumentError(absl::StrCat(
         "--listen: give exactly one HOST:PORT (and any number of unix:PATH); got ", tcp.size(),
         " HOST:PORT addresses"));
+  }
+  // A plain HOST:PORT: a scheme (unix-abstract:, dns:///, ipv4:) would be
+  // taken for a host.
+  if (absl::StrContains(tcp[0], "/") || absl::StartsWith(tcp[0], "unix-abstract:") ||
+      absl::StartsWith(tcp[0], "ipv4:") || absl::StartsWith(tcp[0], "ipv6:")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--listen=", tcp[0], ": give the TCP address as HOST:PORT (e.g. 127.0.0.1:50051, "
+        "[::1]:50051) and Unix sockets as unix:PATH"));
   }
   return tcp[0];
 }

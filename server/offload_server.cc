@@ -101,6 +101,8 @@ absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
                              ms(limits.min_ping_interval));
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 2);
+  // Idle connections may be kept alive too, at that interval.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.RegisterService(server->service_.get());
   const int transport_limit = TransportMessageLimit(options.service.max_message_bytes);
   builder.SetMaxReceiveMessageSize(transport_limit);

@@ -40,12 +40,12 @@ namespace mla {
 // What one client connection may hold and for how long (gRPC's server
 // channel arguments); zero durations switch a bound off.
 struct ConnectionLimits {
-  int max_streams_per_connection = 64;  // streams and calls at once; more wait
+  int max_streams_per_connection = 256;  // streams and calls at once; more wait
   absl::Duration max_idle = absl::Minutes(10);  // a connection without calls is closed
   absl::Duration max_age = absl::ZeroDuration();  // then GOAWAY: the client reconnects
   absl::Duration max_age_grace = absl::Seconds(30);  // for the calls in flight at max_age
-  // Keepalive pings more often than this without data count as strikes; two
-  // strikes close the connection.
+  // Keepalive pings (with or without calls) more often than this without
+  // data count as strikes; the third strike closes the connection.
   absl::Duration min_ping_interval = absl::Seconds(10);
 };
 

@@ -122,11 +122,15 @@ absl::Status RegionRegistry::CheckLimits(const std::string& owner, const std::st
 }
 
 absl::Status RegionRegistry::Unregister(const std::string& owner, uint64_t id) {
+  // Let go of after the lock: unpinning and unmapping a large region takes
+  // time that Resolve on other threads should not wait for.
+  std::shared_ptr<const void> mapping;
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = regions_.find(id);
   if (it == regions_.end() || it->second.owner != owner) {
     return absl::NotFoundError(absl::StrCat("region ", id, " is not registered by this client"));
   }
+  mapping = std::move(it->second.mapping);
   regions_.erase(it);
   return absl::OkStatus();
 }
@@ -166,6 +170,7 @@ void RegionRegistry::Touch(const std::string& owner) {
 }
 
 std::vector<uint64_t> RegionRegistry::Expire() {
+  std::vector<std::shared_ptr<const void>> released;  // let go of after the lock
   std::lock_guard<std::mutex> lock(mutex_);
   const absl::Time now = options_.clock();
   std::vector<uint64_t> expired;
@@ -173,6 +178,7 @@ std::vector<uint64_t> RegionRegistry::Expire() {
     const auto seen = last_seen_.find(it->second.owner);
     if (seen != last_seen_.end() && now - seen->second > options_.grace) {
       expired.push_back(it->first);
+      released.push_back(std::move(it->second.mapping));
       it = regions_.erase(it);
     } else {
       ++it;

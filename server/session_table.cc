@@ -65,7 +65,7 @@ SessionTable::SessionTable(KvBlockPool& pool, std::vector<const ModelProfile*> m
                            absl::Duration default_idle_ttl, absl::Duration max_idle_ttl)
     : pool_(pool),
       models_(std::move(models)),
-      default_idle_ttl_(default_idle_ttl),
+      default_idle_ttl_(std::min(default_idle_ttl, max_idle_ttl)),
       max_idle_ttl_(max_idle_ttl) {}
 
 absl::StatusOr<const ModelProfile*> SessionTable::FindModel(const std::string& name) const {

@@ -34,8 +34,8 @@ class SessionTable {
  public:
   // Sessions of `models`; a session created without an idle TTL of its own
   // gets `default_idle_ttl`, one that asks for more than `max_idle_ttl` gets
-  // `max_idle_ttl` (a client cannot pin its KV blocks for longer). Whole
-  // seconds, default <= max.
+  // `max_idle_ttl` (a client cannot pin its KV blocks for longer), as does
+  // the default. Whole seconds.
   SessionTable(KvBlockPool& pool, std::vector<const ModelProfile*> models,
                absl::Duration default_idle_ttl, absl::Duration max_idle_ttl);
 

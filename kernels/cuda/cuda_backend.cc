@@ -367,11 +367,16 @@ class CudaHostPinner : public HostPinner {
     if (absl::Status status = CudaError(cudaSetDevice(device_), "cudaSetDevice"); !status.ok()) {
       return status;
     }
-    return CudaError(cudaHostRegister(data, static_cast<size_t>(bytes), cudaHostRegisterPortable),
-                     absl::StrCat("cudaHostRegister of ", bytes, " bytes"));
+    const cudaError_t error =
+        cudaHostRegister(data, static_cast<size_t>(bytes), cudaHostRegisterPortable);
+    // Cleared: this thread's next kernel launch must not report it.
+    if (error != cudaSuccess) cudaGetLastError();
+    return CudaError(error, absl::StrCat("cudaHostRegister of ", bytes, " bytes"));
   }
   void Unpin(void* data) override {
-    if (cudaSetDevice(device_) == cudaSuccess) cudaHostUnregister(data);
+    if (cudaSetDevice(device_) == cudaSuccess && cudaHostUnregister(data) != cudaSuccess) {
+      cudaGetLastError();
+    }
   }
 
  private:

@@ -844,6 +844,8 @@ class AttendWorkload final : public Workload {
     std::vector<grpc::Status> statuses(total);
     absl::BlockingCounter pending(total);
     for (int i = 0; i < total; ++i) {
+      // The regions' owner's sessions keep its regions too, between rows.
+      if (shm_) contexts[i].AddMetadata(wire::kClientIdMetadata, client_id_);
       stub_->async()->CreateSession(&contexts[i], &requests[0], &responses[i],
                                     [&statuses, &pending, i](grpc::Status status) {
                                       statuses[i] = std::move(status);

@@ -1982,6 +1982,8 @@ TEST(ServerFlagsTest, OutOfRangeFlagsAreRefusedByName) {
       {"--listen=0.0.0.0:0", "--listen=0.0.0.0:0 can be reached from other hosts"},
       {"--listen=[::]:0", "pass --allow_insecure on a network you control"},
       {"--listen=127.0.0.1.5:0", "can be reached from other hosts"},
+      {"--listen=unix-abstract:mla", "give the TCP address as HOST:PORT"},
+      {"--listen=dns:///localhost:0", "give the TCP address as HOST:PORT"},
       {"--listen=unix:/tmp/mla_e2e_only.sock", "give exactly one HOST:PORT"},
   };
   for (const auto& [flag, message] : cases) {
