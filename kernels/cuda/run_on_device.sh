@@ -137,7 +137,7 @@ if [[ $steps == *service* ]]; then
     for _ in $(seq 100); do (echo > /dev/tcp/127.0.0.1/50051) 2> /dev/null && break; sleep 0.2; done
     # sessions x 1 token = tokens a layer step; streams; in flight; connections
     # a stream; the data plane (inline unless given)
-    for shape in ${SERVICE_SHAPES:-64:1:1:1 128:1:1:1 64:1:2:1 64:1:2:2 16:8:4:1 16:8:4:2 64:1:1:1:shm 128:1:1:1:shm}; do
+    for shape in ${SERVICE_SHAPES:-64:1:1:1 128:1:1:1 64:1:2:1 64:1:2:2 16:8:4:1 16:8:4:2 64:1:1:1:shm 128:1:1:1:shm 64:1:1:1:cuda_ipc 128:1:1:1:cuda_ipc 16:8:4:1:cuda_ipc}; do
       IFS=: read -r sessions streams inflight connections plane <<< "$shape"
       plane=${plane:-inline}
       run="${name}_s${sessions}_n${streams}_c${inflight}$([ "$connections" = 1 ] || echo "_x$connections")$([ "$plane" = inline ] || echo "_$plane")"
