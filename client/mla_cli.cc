@@ -18,20 +18,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/connect_flags.h"
 #include "client/mla_client.h"
 #include "kernels/tool/npy.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "HOST:PORT of the server.");
 ABSL_FLAG(double, timeout_s, 30, "Deadline of each call (and of the Attend answer), seconds.");
-ABSL_FLAG(bool, tls, false, "Connect with TLS (default: plaintext).");
-ABSL_FLAG(std::string, tls_ca, "",
-          "With --tls: PEM file of the root certificates that sign the server's "
-          "certificate (default: the system's roots).");
-ABSL_FLAG(std::string, tls_cert, "", "With --tls: PEM certificate chain of this client (mutual TLS).");
-ABSL_FLAG(std::string, tls_key, "", "With --tls: PEM private key of --tls_cert.");
-ABSL_FLAG(std::string, tls_server_name, "",
-          "With --tls: the name the server's certificate must carry, when it is not the "
-          "--target host.");
 ABSL_FLAG(std::string, service, "", "health: the service to ask about (\"\": the whole server).");
 ABSL_FLAG(std::string, session, "", "attend: the session id (see `mla sessions list`).");
 ABSL_FLAG(int, layer, 0, "attend: the attention layer.");
@@ -115,42 +107,12 @@ int CallError(const absl::Status& status) {
   return kServerError;
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& flag, const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) return absl::NotFoundError(absl::StrCat("--", flag, "=", path, ": cannot read it"));
-  std::ostringstream bytes;
-  bytes << file.rdbuf();
-  return bytes.str();
-}
-
 absl::StatusOr<std::unique_ptr<Client>> ConnectFromFlags() {
-  ConnectOptions options;
-  options.call_timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
-  options.use_tls = absl::GetFlag(FLAGS_tls);
-  options.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
-  if (!options.tls_server_name.empty() && !options.use_tls) {
-    return absl::InvalidArgumentError("--tls_server_name needs --tls");
-  }
-  struct PemFlag {
-    const char* name;
-    std::string path;
-    std::string* into;
-  };
-  for (const PemFlag& pem : {PemFlag{"tls_ca", absl::GetFlag(FLAGS_tls_ca), &options.tls_root_certs_pem},
-                             PemFlag{"tls_cert", absl::GetFlag(FLAGS_tls_cert), &options.tls_client_cert_pem},
-                             PemFlag{"tls_key", absl::GetFlag(FLAGS_tls_key), &options.tls_client_key_pem}}) {
-    if (pem.path.empty()) continue;
-    if (!options.use_tls) {
-      return absl::InvalidArgumentError(absl::StrCat("--", pem.name, " needs --tls"));
-    }
-    absl::StatusOr<std::string> bytes = ReadFile(pem.name, pem.path);
-    if (!bytes.ok()) return bytes.status();
-    *pem.into = *std::move(bytes);
-  }
-  if (options.tls_client_cert_pem.empty() != options.tls_client_key_pem.empty()) {
-    return absl::InvalidArgumentError("mutual TLS needs both --tls_cert and --tls_key");
-  }
-  return Client::Connect(absl::GetFlag(FLAGS_target), options);
+  ConnectOptions base;
+  base.call_timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+  absl::StatusOr<ConnectOptions> options = ConnectOptionsFromFlags(base);
+  if (!options.ok()) return options.status();
+  return Client::Connect(absl::GetFlag(FLAGS_target), *options);
 }
 
 // "1 token", "2 tokens".
@@ -203,12 +165,17 @@ int Health(Client& client) {
 int ListSessions(Client& client) {
   absl::StatusOr<std::vector<pb::SessionInfo>> sessions = client.ListSessions();
   if (!sessions.ok()) return CallError(sessions.status());
-  std::printf("%-32s  %-18s  %5s  %8s  %9s  %8s\n", "SESSION", "MODEL", "HEADS", "NEXT_POS",
-              "KV_BLOCKS", "IDLE_S");
+  // A server with authentication names each session's tenant (an
+  // operator sees several).
+  bool tenants = false;
+  for (const pb::SessionInfo& session : *sessions) tenants |= !session.tenant().empty();
+  std::printf("%-32s  %-18s  %5s  %8s  %9s  %8s%s\n", "SESSION", "MODEL", "HEADS", "NEXT_POS",
+              "KV_BLOCKS", "IDLE_S", tenants ? "  TENANT" : "");
   for (const pb::SessionInfo& session : *sessions) {
-    std::printf("%-32s  %-18s  %5d  %8d  %9lld  %8.1f\n", session.session_id().c_str(),
+    std::printf("%-32s  %-18s  %5d  %8d  %9lld  %8.1f%s\n", session.session_id().c_str(),
                 session.model().c_str(), session.num_heads(), session.next_position(),
-                static_cast<long long>(session.kv_blocks()), session.idle_seconds());
+                static_cast<long long>(session.kv_blocks()), session.idle_seconds(),
+                tenants ? absl::StrCat("  ", session.tenant()).c_str() : "");
   }
   std::printf("%s\n", Count(static_cast<int64_t>(sessions->size()), "session").c_str());
   return 0;

@@ -69,6 +69,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <grpcpp/channel.h>
@@ -105,6 +106,13 @@ struct ConnectOptions {
   // The name the server's certificate must carry, when it differs from the
   // target's host (e.g. connecting by IP address). Only with use_tls.
   std::string tls_server_name;
+  // A bearer token (the server's --auth_tokens_file names its tenant),
+  // sent as "authorization: Bearer TOKEN" with every call and stream; empty:
+  // none. Printable ASCII without spaces. Never logged or put in an error
+  // by this library. Over plaintext only to a loopback or unix: target: a
+  // token that crosses a network in the clear is anybody's
+  // (INVALID_ARGUMENT otherwise).
+  std::string bearer_token;
 
   // Largest message sent or received; the server's default --max_message_mb
   // is 256 MiB.
@@ -297,6 +305,8 @@ inline constexpr int kMaxStreamConnections = 16;
 namespace internal {
 class RawStream;
 class Stripes;
+// The metadata every call and stream of a Client sends.
+using CallMetadata = std::vector<std::pair<std::string, std::string>>;
 }  // namespace internal
 
 // A bidirectional Attend stream: several layer steps in flight, answers in
@@ -424,13 +434,14 @@ class Client {
   absl::StatusOr<std::unique_ptr<internal::Stripes>> OpenStripes(absl::string_view method,
                                                                  const StreamOptions& options);
   // A unary call's deadline (`call`, else the connect options') and this
-  // client's id.
+  // client's metadata.
   void Prepare(grpc::ClientContext& context, const CallOptions& call) const;
 
   const std::string target_;
   const std::shared_ptr<grpc::Channel> channel_;
   const ConnectOptions options_;
   const std::string client_id_;
+  internal::CallMetadata metadata_;  // the client id, and the token if any
 };
 
 // ---- Placement over several servers.
