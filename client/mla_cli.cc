@@ -63,13 +63,17 @@ constexpr char kUsage[] =
     "  info                  what the server runs: version, backend, models, KV cache, limits\n"
     "  health                grpc.health.v1 status (--service); exit 0 only when SERVING\n"
     "  sessions list         the sessions the server holds: id, model, heads, next position,\n"
-    "                        KV blocks, idle time\n"
+    "                        KV blocks, idle time (with tokens: your tenant's; an operator's\n"
+    "                        token lists every tenant's, with the TENANT column)\n"
     "  sessions close ID     closes a session and frees its KV blocks\n"
     "  attend                sends one Attend message built from .npy files and writes the\n"
     "                        answer to .npy files:\n"
     "                          mla attend --session=ID --layer=0 --position=200 --q=q.npy \\\n"
     "                              --kv=kv.npy --out=out.npy --lse_out=lse.npy\n"
     "                        bf16 tensors are uint16 arrays of their bit patterns.\n"
+    "\n"    "A server with TLS and tokens:\n"
+    "  MLA_OFFLOAD_TOKEN=$(cat my.token) mla --target=HOST:PORT --tls --tls_ca=ca.pem info\n"
+    "  (or --token_file=my.token; mutual TLS adds --tls_cert and --tls_key)\n"
     "\n"
     "Exit status: 0 done; 1 the server refused, could not be reached, or is not SERVING;\n"
     "2 a bad command line or input file.";
@@ -94,6 +98,9 @@ int CallError(const absl::Status& status) {
     case absl::StatusCode::kDeadlineExceeded:
       hint = absl::StrCat("no answer within --timeout_s=", absl::GetFlag(FLAGS_timeout_s),
                           "; raise it, or check the server's load");
+      break;
+    case absl::StatusCode::kUnauthenticated:
+      hint = "give the token with --token_file=PATH or $MLA_OFFLOAD_TOKEN (or --token_env)";
       break;
     case absl::StatusCode::kNotFound:
       hint = "`mla sessions list` shows the sessions this server holds";
@@ -365,7 +372,7 @@ int main(int argc, char** argv) {
   absl::FlagsUsageConfig config;
   // --help lists this tool's flags, not those of the libraries it links.
   config.contains_help_flags = [](absl::string_view file) {
-    return absl::EndsWith(file, "client/mla_cli.cc");
+    return absl::EndsWith(file, "client/mla_cli.cc") || absl::EndsWith(file, "client/connect_flags.cc");
   };
   config.contains_helpshort_flags = config.contains_help_flags;
   absl::SetFlagsUsageConfig(config);
