@@ -126,6 +126,7 @@ class MlaOffloadService::AttendReactor final
   AttendReactor(MlaOffloadService& service, const grpc::CallbackServerContext& context,
                 Caller caller)
       : service_(service),
+        context_(context),
         caller_(std::move(caller)),
         owner_(RegionOwnerOf(context, caller_.tenant)) {
     service_.metrics_.StreamOpened();
@@ -165,7 +166,7 @@ class MlaOffloadService::AttendReactor final
                   static_cast<size_t>(service_.options_.max_segments_per_message));
     absl::Status status = view.status();
     const uint64_t request_id = view.ok() ? view->request_id : wire::LeadingRequestId(received);
-    if (status.ok()) status = CheckSessions(*view);
+    if (status.ok()) status = CheckCaller(*view);
     absl::StatusOr<std::optional<AnswerRegions>> answer_regions = std::nullopt;
     if (status.ok() && UsesRegions(*view)) answer_regions = ResolveRegions(*view);
     if (status.ok()) status = answer_regions.status();
@@ -220,8 +221,20 @@ class MlaOffloadService::AttendReactor final
   }
 
  private:
-  // NOT_FOUND when the message names a session of another tenant.
-  absl::Status CheckSessions(const wire::AttendRequestView& view) const {
+  // UNAUTHENTICATED once the stream's token is no longer valid (the
+  // tokens file changed since the stream opened: a revoked token stops a
+  // stream at its next message), NOT_FOUND when the message names a session
+  // of another tenant.
+  absl::Status CheckCaller(const wire::AttendRequestView& view) const {
+    if (service_.options_.auth != nullptr) {
+      absl::StatusOr<Caller> now = service_.CallerOf(context_);
+      if (!now.ok()) return now.status();
+      if (now->tenant != caller_.tenant) {
+        return absl::UnauthenticatedError(
+            "this stream's token names another tenant since the tokens file changed; open a "
+            "new stream");
+      }
+    }
     for (const wire::SegmentView& segment : view.segments) {
       if (absl::Status status =
               service_.tenants_.CheckAccess(caller_, segment.session_id, /*operator_may=*/false);
@@ -294,6 +307,7 @@ class MlaOffloadService::AttendReactor final
   }
 
   MlaOffloadService& service_;
+  const grpc::CallbackServerContext& context_;  // valid until OnDone
   const Caller caller_;
   const absl::StatusOr<std::string> owner_;  // of the regions its messages name
   const std::shared_ptr<AttendStreamTag> stream_tag_ = std::make_shared<AttendStreamTag>();

@@ -49,7 +49,8 @@
 // and ListSessions shows a caller its own sessions only (an operator's
 // every session, each with its tenant; an operator may close them too).
 // An Attend message naming a foreign session is answered NOT_FOUND in-band
-// before it is queued. Per-tenant limits (sessions, KV blocks, open
+// before it is queued, and every message checks the stream's token again
+// (a token revoked since the stream opened: UNAUTHENTICATED in-band). Per-tenant limits (sessions, KV blocks, open
 // streams) refuse with RESOURCE_EXHAUSTED before anything changes.
 //
 // Draining (StartDraining, on SIGTERM): CreateSession, AppendKV and

@@ -329,7 +329,15 @@ TEST_F(AuthTest, MutualTlsNamesTheTenantAndRefusesBadCertificates) {
 
 TEST_F(AuthTest, ARotatedTokensFileTakesEffectAndABadOneKeepsTheOld) {
   ASSERT_NO_FATAL_FAILURE(Start());
-  ASSERT_TRUE(As("alpha-token-1")->GetServerInfo().ok());
+  std::unique_ptr<client::Client> old = As("alpha-token-1");
+  ASSERT_TRUE(old->GetServerInfo().ok());
+  // A stream opened with the old token: its messages are answered until the
+  // token goes, then refused.
+  absl::StatusOr<std::unique_ptr<client::AttendStream>> stream = old->OpenAttendStream();
+  ASSERT_TRUE(stream.ok());
+  OneToken message("00000000000000000000000000000000");
+  ASSERT_TRUE((*stream)->Send(message.input).ok());
+  EXPECT_EQ((*stream)->Receive().status().code(), absl::StatusCode::kNotFound);
   testing::WriteTokensFile(tokens_file_, {{"alpha", "alpha-token-2"}});
   absl::Status fresh;
   for (int i = 0; i < 100; ++i) {
@@ -342,6 +350,8 @@ TEST_F(AuthTest, ARotatedTokensFileTakesEffectAndABadOneKeepsTheOld) {
             absl::StatusCode::kUnauthenticated);
   EXPECT_EQ(As("beta-token-1")->GetServerInfo().status().code(),
             absl::StatusCode::kUnauthenticated);
+  ASSERT_TRUE((*stream)->Send(message.input).ok());
+  EXPECT_EQ((*stream)->Receive().status().code(), absl::StatusCode::kUnauthenticated);
 
   std::ofstream(tokens_file_) << "alpha 12345\n";
   ASSERT_TRUE(server_->WaitForLine("does not parse", absl::Seconds(10)).has_value())
