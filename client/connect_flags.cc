@@ -9,6 +9,25 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 
+namespace mla::client {
+
+// The type of --token: a string that --help never shows (Abseil prints a
+// flag's "currently:" value, so a plain string flag would echo the token).
+struct SecretFlag {
+  std::string value;
+};
+
+bool AbslParseFlag(absl::string_view text, SecretFlag* flag, std::string*) {
+  flag->value = std::string(text);
+  return true;
+}
+
+std::string AbslUnparseFlag(const SecretFlag& flag) {
+  return flag.value.empty() ? "" : "(given, not shown)";
+}
+
+}  // namespace mla::client
+
 ABSL_FLAG(bool, tls, false, "Connect with TLS (default: plaintext).");
 ABSL_FLAG(std::string, tls_ca, "",
           "With --tls: PEM file of the root certificates that sign the server's "
@@ -26,7 +45,7 @@ ABSL_FLAG(std::string, token_file, "",
 ABSL_FLAG(std::string, token_env, "MLA_OFFLOAD_TOKEN",
           "Without --token_file: the environment variable that holds the bearer token (unset "
           "or empty: none).");
-ABSL_FLAG(std::string, token, "",
+ABSL_FLAG(mla::client::SecretFlag, token, {},
           "The bearer token itself. Other users of this host can read it in the process list: "
           "prefer --token_file or the variable of --token_env.");
 
@@ -57,7 +76,7 @@ absl::StatusOr<std::string> TokenFromFlags() {
       return std::string(absl::StripAsciiWhitespace(value));
     }
   }
-  return absl::GetFlag(FLAGS_token);
+  return absl::GetFlag(FLAGS_token).value;
 }
 
 }  // namespace

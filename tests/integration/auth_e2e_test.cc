@@ -383,6 +383,44 @@ TEST_F(AuthTest, ARotatedServerCertificateReachesNewConnections) {
             absl::StatusCode::kUnavailable);
 }
 
+// The mla tool with TLS and a token from each of its sources; the token
+// never in its output, nor in --help.
+TEST_F(AuthTest, TheToolTakesATokenAndNeverPrintsIt) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  absl::StatusOr<std::string> mla = client::RunfilePath("client/mla");
+  ASSERT_TRUE(mla.ok());
+  const std::string token_file = TempPath("tool.token");
+  std::ofstream(token_file) << "alpha-token-1\n";
+  const std::vector<std::string> base = {*mla, "--target=" + server_->target(), "--tls",
+                                         "--tls_ca=" + Cert("ca.pem")};
+  auto run = [&](std::vector<std::string> flags) {
+    std::vector<std::string> argv = base;
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    absl::StatusOr<client::CommandResult> result = client::RunCommand(argv);
+    EXPECT_TRUE(result.ok()) << result.status();
+    return result.ok() ? *result : client::CommandResult{};
+  };
+  client::CommandResult result = run({"--token_file=" + token_file, "sessions", "list"});
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_THAT(result.out, HasSubstr("0 sessions"));
+  setenv("MLA_AUTH_TEST_TOKEN", "beta-token-1", 1);
+  result = run({"--token_env=MLA_AUTH_TEST_TOKEN", "info"});
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  result = run({"--token=wrong-cli-token", "info"});
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_THAT(result.err, HasSubstr("UNAUTHENTICATED"));
+  EXPECT_THAT(result.err, HasSubstr("--token_file=PATH"));
+  EXPECT_THAT(result.out + result.err, Not(HasSubstr("wrong-cli-token")));
+  result = run({"--token_env=", "info"});
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_THAT(result.err, HasSubstr("no token"));
+  result = run({"--token=alpha-token-1", "--help"});
+  EXPECT_THAT(result.out, HasSubstr("--token_file"));
+  EXPECT_THAT(result.out, HasSubstr("(given, not shown)"));
+  EXPECT_THAT(result.out + result.err, Not(HasSubstr("alpha-token-1")));
+  EXPECT_THAT(server_->Output(), Not(HasSubstr("wrong-cli-token")));
+}
+
 TEST(AuthFlagsTest, AnAddressOtherHostsReachNeedsTlsAndAuthentication) {
   absl::StatusOr<std::string> binary = client::ServerBinary();
   ASSERT_TRUE(binary.ok());
