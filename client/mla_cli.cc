@@ -6,8 +6,6 @@
 // Exit status: 0 done (health: SERVING); 1 the server refused, could not be
 // reached, or is not SERVING; 2 a bad command line or input file.
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -71,7 +69,8 @@ constexpr char kUsage[] =
     "                          mla attend --session=ID --layer=0 --position=200 --q=q.npy \\\n"
     "                              --kv=kv.npy --out=out.npy --lse_out=lse.npy\n"
     "                        bf16 tensors are uint16 arrays of their bit patterns.\n"
-    "\n"    "A server with TLS and tokens:\n"
+    "\n"
+    "A server with TLS and tokens:\n"
     "  MLA_OFFLOAD_TOKEN=$(cat my.token) mla --target=HOST:PORT --tls --tls_ca=ca.pem info\n"
     "  (or --token_file=my.token; mutual TLS adds --tls_cert and --tls_key)\n"
     "\n"
