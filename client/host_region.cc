@@ -57,13 +57,7 @@ HostRegion::~HostRegion() {
 }
 
 absl::StatusOr<RegionRef> HostRegion::Ref(int64_t offset, int64_t bytes) const {
-  // offset + bytes <= size with both non-negative: no sum formed.
-  if (offset < 0 || bytes < 0 || offset > bytes_ || bytes > bytes_ - offset) {
-    return absl::InvalidArgumentError(absl::StrCat("HostRegion ", name_, ": bytes [", offset,
-                                                   ", ", offset, " + ", bytes,
-                                                   ") do not lie within its ", bytes_, " bytes"));
-  }
-  return RegionRef{id_, offset, bytes};
+  return RegionRef::Within(id_, bytes_, offset, bytes, absl::StrCat("HostRegion ", name_));
 }
 
 }  // namespace mla::client

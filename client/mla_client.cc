@@ -1352,6 +1352,33 @@ absl::StatusOr<uint64_t> Client::RegisterRegion(const std::string& name, int64_t
   return response.region_id();
 }
 
+absl::StatusOr<uint64_t> Client::RegisterCudaRegion(const std::string& cuda_ipc_handle,
+                                                    const std::string& device_uuid,
+                                                    int64_t bytes, const CallOptions& call) {
+  pb::RegisterRegionRequest request;
+  request.set_kind(pb::REGION_KIND_CUDA_IPC);
+  request.set_cuda_ipc_handle(cuda_ipc_handle);
+  request.set_device_uuid(device_uuid);
+  request.set_byte_size(bytes);
+  pb::RegisterRegionResponse response;
+  if (absl::Status status = Unary("RegisterRegion", request, &response, call); !status.ok()) {
+    return status;
+  }
+  return response.region_id();
+}
+
+absl::StatusOr<RegionRef> RegionRef::Within(uint64_t region_id, int64_t region_bytes,
+                                            int64_t offset, int64_t bytes,
+                                            absl::string_view region) {
+  // offset + bytes <= region_bytes with both non-negative: no sum formed.
+  if (offset < 0 || bytes < 0 || offset > region_bytes || bytes > region_bytes - offset) {
+    return absl::InvalidArgumentError(absl::StrCat(region, ": bytes [", offset, ", ", offset,
+                                                   " + ", bytes, ") do not lie within its ",
+                                                   region_bytes, " bytes"));
+  }
+  return RegionRef{region_id, offset, bytes};
+}
+
 absl::Status Client::UnregisterRegion(uint64_t region_id, const CallOptions& call) {
   pb::UnregisterRegionRequest request;
   request.set_region_id(region_id);

@@ -182,6 +182,14 @@ struct RegionRef {
   uint64_t region_id = 0;
   int64_t offset = 0;
   int64_t bytes = 0;
+
+  // The reference to bytes [offset, offset + bytes) of region `region_id`,
+  // which holds `region_bytes`; INVALID_ARGUMENT naming `region` (e.g.
+  // "HostRegion /mla-1-2") when they do not lie within it (checked without
+  // overflow).
+  static absl::StatusOr<RegionRef> Within(uint64_t region_id, int64_t region_bytes,
+                                          int64_t offset, int64_t bytes,
+                                          absl::string_view region);
 };
 
 // One Attend message: a layer step of one rank for the sessions in
@@ -404,6 +412,13 @@ class Client {
   // all of it.
   absl::StatusOr<uint64_t> RegisterRegion(const std::string& name, int64_t bytes,
                                           const CallOptions& call = {});
+  // Registers the first `bytes` of the device memory that `cuda_ipc_handle`
+  // (a cudaIpcMemHandle_t's bytes) exports, on the GPU `device_uuid`; the
+  // region's id. UNIMPLEMENTED from a server without a GPU. CudaRegion
+  // (client/cuda_region.h) does all of it.
+  absl::StatusOr<uint64_t> RegisterCudaRegion(const std::string& cuda_ipc_handle,
+                                              const std::string& device_uuid, int64_t bytes,
+                                              const CallOptions& call = {});
   // NOT_FOUND for a region this client does not hold.
   absl::Status UnregisterRegion(uint64_t region_id, const CallOptions& call = {});
   absl::StatusOr<std::vector<pb::RegionInfo>> ListRegions(const CallOptions& call = {});

@@ -29,6 +29,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "kernels/cache_format.h"
 
 namespace mla {
@@ -181,6 +182,34 @@ class HostPinner {
   virtual void Unpin(void* data) = 0;
 };
 
+// Device memory of this host that another process exported (a CUDA IPC
+// memory handle), opened for a backend's kernels and copies: `data` is
+// device memory the backend reaches (its own GPU's, or a peer GPU's), never
+// host memory; `bytes` is the whole allocation as it was exported, from
+// `data` on. `mapping` closes it when its last copy goes, on whichever
+// thread that is.
+struct ImportedMemory {
+  std::shared_ptr<const void> mapping;
+  uint8_t* data = nullptr;
+  int64_t bytes = 0;
+};
+
+// Opens device memory that another process of this host exported, for one
+// backend. Thread-safe, callable from any thread, and independent of the
+// backend that made it (it may outlive it).
+class DeviceImporter {
+ public:
+  virtual ~DeviceImporter() = default;
+  // `handle` is a cudaIpcMemHandle_t's bytes, `device_uuid` the UUID of the
+  // GPU the memory is on as nvidia-smi -L prints it ("GPU-" and 36
+  // characters). INVALID_ARGUMENT for a malformed handle or UUID, or one
+  // the driver refuses to open; NOT_FOUND for a UUID of no GPU of this host;
+  // FAILED_PRECONDITION for a GPU the backend's cannot reach (no peer
+  // access).
+  virtual absl::StatusOr<ImportedMemory> Import(absl::string_view handle,
+                                                absl::string_view device_uuid) = 0;
+};
+
 class ComputeBackend {
  public:
   virtual ~ComputeBackend() = default;
@@ -209,9 +238,13 @@ class ComputeBackend {
   // What pins host memory for this backend's copies; null for a backend
   // whose memory is the host's (the default: nothing to pin).
   virtual std::shared_ptr<HostPinner> MakeHostPinner() const { return nullptr; }
+  // What opens other processes' device memory for this backend (CUDA IPC);
+  // null for a backend without device memory (the default).
+  virtual std::shared_ptr<DeviceImporter> MakeDeviceImporter() const { return nullptr; }
   // Whether CopyToDevice*'s `host_src` at `data` is memory the device copies
-  // from directly (AllocateHost's, or pinned by a HostPinner), so that a copy
-  // from it may be queued without staging it first. The default: false.
+  // from directly (AllocateHost's, pinned by a HostPinner, or device memory
+  // a DeviceImporter opened), so that a copy from it may be queued without
+  // staging it first. The default: false.
   virtual bool CopiesDirectlyFrom(const void* data) const { return false; }
   // Returns once `host_src` may be reused; the bytes are in place for every
   // later Prologue/Decode (and copy) of this backend, in call order.
@@ -222,7 +255,9 @@ class ComputeBackend {
   // return: `host_src` must stay unchanged, and `host_dst` holds the bytes,
   // only once the next Synchronize(), or a WaitForMark() of a mark set after
   // the copy, has returned OK. Fastest from and into
-  // AllocateHost memory. The defaults copy at once.
+  // AllocateHost memory. The host side of these two and of
+  // CopyToDeviceQueued may also be device memory a DeviceImporter opened
+  // (the copy then runs on the device). The defaults copy at once.
   virtual absl::Status CopyToDeviceAsync(void* device_dst, const void* host_src, int64_t bytes);
   virtual absl::Status CopyToHostAsync(void* host_dst, const void* device_src, int64_t bytes);
   // The copy queue: copies to the device that run beside the other work (on

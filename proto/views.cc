@@ -1,6 +1,8 @@
 #include "proto/views.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <utility>
@@ -52,7 +54,20 @@ size_t TensorView::size_bytes() const {
   return size;
 }
 
+namespace {
+
+// A host read of device memory would fault or read another mapping: a bug
+// of the caller, stopped before it touches anything.
+void CheckHostMemory(const TensorView& tensor) {
+  if (!tensor.device) return;
+  std::fprintf(stderr, "mla-offload: a tensor in device memory was read on the host\n");
+  std::abort();
+}
+
+}  // namespace
+
 void TensorView::CopyTo(void* dst) const {
+  CheckHostMemory(*this);
   auto* out = static_cast<uint8_t*>(dst);
   for (const Piece& piece : pieces) {
     std::memcpy(out, piece.data(), piece.size());
@@ -61,6 +76,7 @@ void TensorView::CopyTo(void* dst) const {
 }
 
 void TensorView::CopyRange(size_t offset, size_t length, void* dst) const {
+  CheckHostMemory(*this);
   auto* out = static_cast<uint8_t*>(dst);
   for (const Piece& piece : pieces) {
     if (length == 0) return;

@@ -66,12 +66,17 @@ struct TensorView {
   // region (Tensor.region) instead of carrying them; pieces are then empty
   // until the server resolves the reference into the region's memory.
   std::optional<RegionRefView> region;
+  // The pieces are device memory (a CUDA IPC region the server opened),
+  // which the host cannot read: only the compute backend's copies and
+  // kernels may touch them, and CopyTo and CopyRange end the process.
+  bool device = false;
 
   size_t size_bytes() const;
-  // Copies the data to dst (size_bytes() bytes), one memcpy per piece.
+  // Copies the data to dst (size_bytes() bytes), one memcpy per piece. Host
+  // memory only (not `device`).
   void CopyTo(void* dst) const;
   // Copies bytes [offset, offset + length) of the data, which must lie
-  // within size_bytes().
+  // within size_bytes(). Host memory only.
   void CopyRange(size_t offset, size_t length, void* dst) const;
   // The data as one span when it lies in at most one piece (the usual case
   // for a message that arrived in one slice); nullopt when it is split.

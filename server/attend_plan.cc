@@ -378,10 +378,8 @@ std::vector<LaunchGroup> GroupForLaunch(absl::Span<const AttendPlan> plans) {
   for (const AttendPlan& plan : plans) {
     const RopeKind rope = plan.profile->rope_kind(plan.input->layer);
     const bool derotate = plan.input->derotate_output;
-    const int alone = plan.answer_regions != nullptr ? plan.index : -1;
     LaunchGroup& group =
-        groups[{plan.profile->name, plan.padded_heads, plan.num_heads, rope, derotate, alone}];
-    group.answer_regions = plan.answer_regions;
+        groups[{plan.profile->name, plan.padded_heads, plan.num_heads, rope, derotate}];
     group.num_heads = plan.num_heads;
     group.padded_heads = plan.padded_heads;
     group.rope = rope;

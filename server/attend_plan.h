@@ -116,8 +116,8 @@ class AttendPlanner {
 };
 
 // Plans that run in one prologue and one decode launch: the same model
-// (eps and softmax scale), head counts, RoPE kind and output flags. A plan
-// answered into regions launches alone: the decode writes its output there.
+// (eps and softmax scale), head counts, RoPE kind and output flags. Plans
+// answered into regions and plans answered inline share launches.
 struct LaunchGroup {
   std::vector<const AttendPlan*> plans;  // in batch order; tokens in this order
   int num_heads = 0;
@@ -125,7 +125,6 @@ struct LaunchGroup {
   RopeKind rope = RopeKind::kPlain;
   bool derotate = false;
   int64_t num_tokens = 0;  // of every plan
-  const AnswerRegions* answer_regions = nullptr;  // the one plan's, if it has them
 };
 
 // What the plans of one launch share.
@@ -135,11 +134,10 @@ struct LaunchGroupKey {
   int num_heads = 0;
   RopeKind rope = RopeKind::kPlain;
   bool derotate = false;
-  int alone = -1;  // the plan's batch index when it is answered into regions
 
   friend bool operator<(const LaunchGroupKey& a, const LaunchGroupKey& b) {
-    return std::tie(a.model, a.padded_heads, a.num_heads, a.rope, a.derotate, a.alone) <
-           std::tie(b.model, b.padded_heads, b.num_heads, b.rope, b.derotate, b.alone);
+    return std::tie(a.model, a.padded_heads, a.num_heads, a.rope, a.derotate) <
+           std::tie(b.model, b.padded_heads, b.num_heads, b.rope, b.derotate);
   }
 };
 

@@ -289,9 +289,14 @@ void Engine::FinishLaunches(RunningBatch& run) {
       } else {
         result.num_tokens = plan->num_tokens;
         result.num_heads = heads;
-        result.out = answer->out + offset * heads * kRowBytes;
-        if (plan->input->return_lse) result.lse = answer->lse + offset * heads * 4;
-        result.keep_alive = answer->memory;
+        if (const AnswerRegions* regions = plan->answer_regions; regions != nullptr) {
+          result.out = regions->out.data;
+          result.lse = regions->lse.data;
+        } else {
+          result.out = answer->out + offset * heads * kRowBytes;
+          if (plan->input->return_lse) result.lse = answer->lse + offset * heads * 4;
+          result.keep_alive = answer->memory;
+        }
         run.ran[plan - run.plans.data()] = true;
       }
       offset += plan->num_tokens;

@@ -22,6 +22,8 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -2061,8 +2063,8 @@ class DirectCopyBackend : public CopyingBackend {
 
 // Queries in memory the device copies from directly (a pinned region) go
 // to the device from there, one copy a message, not through the staging;
-// when one message of a launch is not in such memory, all are staged. The
-// answers are the reference's either way.
+// in a launch where another message's are not in such memory, those alone
+// are staged. The answers are the reference's either way.
 TEST(EngineTest, QueriesInPinnedMemoryGoToTheDeviceWithoutStaging) {
   auto direct = std::make_unique<DirectCopyBackend>();
   DirectCopyBackend* backend = direct.get();
@@ -2091,12 +2093,184 @@ TEST(EngineTest, QueriesInPinnedMemoryGoToTheDeviceWithoutStaging) {
     backend->direct = {queries.begin(), queries.begin() + pinned};
     backend->queued_from.clear();
     RunAndExpect(*engine, {first.get(), second.get()}, absl::StrCat(pinned, " pinned"));
-    for (const void* q : queries) {
-      const bool sent = std::count(backend->queued_from.begin(), backend->queued_from.end(), q);
-      EXPECT_EQ(sent, pinned == 2) << pinned << " of 2 messages' queries pinned";
+    for (int i = 0; i < 2; ++i) {
+      const bool sent =
+          std::count(backend->queued_from.begin(), backend->queued_from.end(), queries[i]);
+      EXPECT_EQ(sent, i < pinned) << "message " << i << ", " << pinned
+                                  << " of 2 messages' queries pinned";
     }
     ++p;
   }
+}
+
+// Memory standing in for a GPU's: the host may touch it only while the
+// backend is inside one of its calls (it is PROT_NONE otherwise), so that a
+// host read or write of a device region by the server faults the test.
+class FakeDeviceMemory {
+ public:
+  explicit FakeDeviceMemory(size_t bytes)
+      : bytes_((bytes + getpagesize() - 1) / getpagesize() * getpagesize()),
+        data_(static_cast<uint8_t*>(
+            mmap(nullptr, bytes_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0))) {}
+  ~FakeDeviceMemory() { munmap(data_, bytes_); }
+  bool Contains(const void* p) const {
+    return p >= data_ && p < data_ + bytes_;
+  }
+  // Opened by each backend call (nested calls count).
+  void Open() {
+    if (open_++ == 0) mprotect(data_, bytes_, PROT_READ | PROT_WRITE);
+  }
+  void Close() {
+    if (--open_ == 0) mprotect(data_, bytes_, PROT_NONE);
+  }
+  // The next `bytes` (16-byte aligned), filled with `src`.
+  uint8_t* Put(const void* src, size_t bytes) {
+    uint8_t* at = data_ + used_;
+    used_ = (used_ + bytes + 15) & ~size_t{15};
+    Open();
+    std::memcpy(at, src, bytes);
+    Close();
+    return at;
+  }
+  std::vector<uint8_t> Read(const uint8_t* at, size_t bytes) {
+    std::vector<uint8_t> copy(bytes);
+    Open();
+    std::memcpy(copy.data(), at, bytes);
+    Close();
+    return copy;
+  }
+
+ private:
+  const size_t bytes_;
+  uint8_t* const data_;
+  int open_ = 0;
+  size_t used_ = 0;
+};
+
+// A backend without host access whose device memory includes `memory`:
+// the device copies from it directly and its kernels read and write it.
+class DeviceRegionBackend : public DirectCopyBackend {
+ public:
+  explicit DeviceRegionBackend(FakeDeviceMemory& memory) : memory_(memory) {}
+  bool CopiesDirectlyFrom(const void* data) const override {
+    return memory_.Contains(data) || DirectCopyBackend::CopiesDirectlyFrom(data);
+  }
+  absl::Status CopyToDevice(void* dst, const void* src, int64_t bytes) override {
+    return Opened([&] { return DirectCopyBackend::CopyToDevice(dst, src, bytes); });
+  }
+  absl::Status CopyToHost(void* dst, const void* src, int64_t bytes) override {
+    return Opened([&] { return DirectCopyBackend::CopyToHost(dst, src, bytes); });
+  }
+  absl::Status Prologue(const PrologueParams& params) override {
+    return Opened([&] { return DirectCopyBackend::Prologue(params); });
+  }
+  absl::Status Decode(const DecodeParams& params) override {
+    return Opened([&] { return DirectCopyBackend::Decode(params); });
+  }
+
+ private:
+  absl::Status Opened(const std::function<absl::Status()>& call) {
+    memory_.Open();
+    absl::Status status = call();
+    memory_.Close();
+    return status;
+  }
+  FakeDeviceMemory& memory_;
+};
+
+// Moves the message's q, kv and compressed rows into device memory, as the
+// service resolves references into a CUDA IPC region.
+void MoveInputsToDevice(FakeDeviceMemory& memory, Message& m) {
+  for (std::optional<wire::TensorView>* tensor :
+       {&m.input.q, &m.input.kv, &m.input.compressed_kv}) {
+    if (!tensor->has_value() || (*tensor)->size_bytes() == 0) continue;
+    std::vector<uint8_t> bytes((*tensor)->size_bytes());
+    (*tensor)->CopyTo(bytes.data());
+    wire::TensorView& view = **tensor;
+    view = wire::MakeTensorView(view.dtype, view.shape, memory.Put(bytes.data(), bytes.size()),
+                                bytes.size(), nullptr);
+    view.device = true;
+  }
+}
+
+// Device regions (CUDA IPC memory, here a stand-in the host cannot touch
+// outside the backend's calls): inputs read from them and answers written
+// into them are bit for bit those of the same messages inline, in a launch
+// that batches them with an inline message and a host-region one (the
+// device copies them in and out) and in launches of one message (the
+// kernels read and write them directly; lse only where asked).
+TEST(EngineTest, DeviceRegionsAreReadAndWrittenByTheDeviceAlone) {
+  FakeDeviceMemory memory(int64_t{16} << 20);
+  std::unique_ptr<Engine> engine = NewEngine(1000, kMaxPosition, 1024, absl::Minutes(10),
+                                             std::make_unique<DeviceRegionBackend>(memory));
+  ASSERT_NE(engine, nullptr);
+  // The same salt: the same rows and sinks in each.
+  std::unique_ptr<Seq> inline_seq = NewSeq(*engine, kFlash, 16, SinkMode::kWhole, 97);
+  std::unique_ptr<Seq> device_seq = NewSeq(*engine, kFlash, 16, SinkMode::kWhole, 97);
+  std::unique_ptr<Seq> host_seq = NewSeq(*engine, kFlash, 16, SinkMode::kWhole, 97);
+  ASSERT_TRUE(inline_seq && device_seq && host_seq);
+  for (Seq* seq : {inline_seq.get(), device_seq.get(), host_seq.get()}) {
+    ASSERT_TRUE(Append(*engine, *seq, 0, 253).ok());
+  }
+  int32_t p = 253;
+  for (bool batched : {true, false}) {
+    for (int layer : {kFlashSwa, kFlashC4a, kFlashC128a}) {
+      const std::string what = absl::StrCat(batched ? "batched" : "alone", ", layer ", layer);
+      MessageOptions o;
+      o.seed = 9800 + layer;
+      o.lse = layer != kFlashC4a;
+      // Three tokens from 253: a compressed row at 256 on C4A.
+      const auto reference = Build(layer, {{inline_seq.get(), p, 3}}, o);
+      const auto on_device = Build(layer, {{device_seq.get(), p, 3}}, o);
+      const auto on_host = Build(layer, {{host_seq.get(), p, 3}}, o);
+      MoveInputsToDevice(memory, *on_device);
+      const int64_t values = reference->tokens() * reference->heads;
+      const std::vector<uint16_t> out_poison(values * kHeadDim, 0xffff);
+      const std::vector<float> lse_poison(values, -1.0f);
+      AnswerRegions device_regions;
+      device_regions.out = {nullptr, memory.Put(out_poison.data(), values * kRowBytes),
+                            values * kRowBytes, true};
+      uint8_t* device_lse = memory.Put(lse_poison.data(), values * 4);
+      if (o.lse) device_regions.lse = {nullptr, device_lse, values * 4, true};
+      std::vector<uint16_t> host_out = out_poison;
+      std::vector<float> host_lse = lse_poison;
+      AnswerRegions host_regions;
+      host_regions.out = {nullptr, reinterpret_cast<uint8_t*>(host_out.data()), values * kRowBytes};
+      if (o.lse) host_regions.lse = {nullptr, reinterpret_cast<uint8_t*>(host_lse.data()), values * 4};
+      std::vector<AttendResult> results;
+      if (batched) {
+        results = AttendBatch(*engine, {reference.get(), on_device.get(), on_host.get()}, kT0,
+                              {std::nullopt, device_regions, host_regions});
+      } else {
+        results = AttendBatch(*engine, {reference.get()});
+        results.push_back(AttendBatch(*engine, {on_device.get()}, kT0, {device_regions})[0]);
+        results.push_back(AttendBatch(*engine, {on_host.get()}, kT0, {host_regions})[0]);
+      }
+      ASSERT_EQ(results.size(), 3u);
+      ExpectMatches(*reference, results[0], what);
+      for (int i : {1, 2}) ASSERT_TRUE(results[i].status.ok()) << what << ": " << results[i].status;
+      const std::vector<uint8_t> out = memory.Read(device_regions.out.data, values * kRowBytes);
+      EXPECT_EQ(std::memcmp(out.data(), results[0].out, out.size()), 0) << what << ", device";
+      EXPECT_EQ(std::memcmp(host_out.data(), results[0].out, out.size()), 0) << what << ", host";
+      const std::vector<uint8_t> lse = memory.Read(device_lse, values * 4);
+      if (o.lse) {
+        EXPECT_EQ(std::memcmp(lse.data(), results[0].lse, lse.size()), 0) << what << ", device";
+        EXPECT_EQ(std::memcmp(host_lse.data(), results[0].lse, lse.size()), 0) << what << ", host";
+      } else {
+        EXPECT_EQ(std::memcmp(lse.data(), lse_poison.data(), lse.size()), 0)
+            << what << ": lse written unasked";
+        EXPECT_EQ(host_lse, lse_poison) << what << ": lse written unasked";
+      }
+      for (const auto* m : {reference.get(), on_device.get(), on_host.get()}) Advance(*m);
+    }
+    p += 3;
+  }
+  // The sessions' caches are alike too: the next step of each matches.
+  MessageOptions o;
+  o.seed = 9900;
+  const auto a = Build(kFlashC4a, {{inline_seq.get(), p}}, o);
+  const auto b = Build(kFlashC4a, {{device_seq.get(), p}}, o);
+  RunAndExpect(*engine, {a.get(), b.get()}, "after the device steps");
 }
 
 // An engine on a FlakyBackend; `backend` is set to it.

@@ -13,6 +13,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
+#include "server/device_copies.h"
 #include "kernels/geometry.h"
 #include "kernels/model_profile.h"
 
@@ -137,11 +138,21 @@ class Launcher::GroupLaunch {
   // Copies a message's tensors but q (large ones on the copy threads when
   // `parallel_copies`) and fills its tokens' arrays, from `start` on.
   void StageMessage(const AttendPlan& plan, PlanStart start, bool parallel_copies);
-  // Copies `tensor` to `dst`, on the copy threads when `parallel`.
-  void Copy(const wire::TensorView& tensor, void* dst, bool parallel);
-  // Whether every plan's q lies in one piece the device copies from
-  // directly (ComputeBackend::CopiesDirectlyFrom: a pinned region).
-  bool QueriesCopyDirectly() const;
+  // Copies `tensor` to `dst`, `at` bytes into the staging: on the copy
+  // threads when `parallel`; noted for the device to copy when it lies in
+  // device memory.
+  void Copy(const wire::TensorView& tensor, size_t at, bool parallel);
+  // The q of plan `i` when it lies in one piece that the device copies from
+  // directly (ComputeBackend::CopiesDirectlyFrom: a pinned or a device
+  // region), else null: staged on the host.
+  const uint8_t* DirectQuery(int64_t i) const;
+  // Enqueues the queries' copy to the device: the staged ones in runs of
+  // neighbouring plans, the others each from where it lies.
+  absl::Status UploadQueries();
+  // The answers' copies out of the decode's output (out_device_,
+  // lse_device_) when they do not all go into one response buffer: plan by
+  // plan, into its regions or its part of the answer memory.
+  absl::Status ReadBackByPlan();
   // Token t, the message's token m, at position p of segment s.
   void StageToken(const AttendPlan& plan, size_t s, int64_t t, int64_t m, int32_t p);
   // Points `into` at the arena's `slot`, at least `bytes` of it.
@@ -176,6 +187,14 @@ class Launcher::GroupLaunch {
   const bool host_;  // the backend's memory is host memory
   const int64_t q_bytes_;
   const int64_t out_bytes_;  // out, then lse
+  // Some plan is answered into its regions; every plan is.
+  const bool any_regions_;
+  const bool all_regions_;
+  // One plan, answered into regions the decode writes directly (host
+  // memory on a host backend, device memory on a device).
+  const bool direct_answer_;
+  // Inputs in device memory, copied into the staging's device copy.
+  DeviceCopies device_copies_;
 
   PackedArrays packed_;
   // Sent to the device: the messages' tensors, then the arrays.
@@ -202,26 +221,48 @@ class Launcher::GroupLaunch {
   const PackedArrays::Place<int32_t> main_lengths_p_;
   const PackedArrays::Place<int32_t> extra_lengths_p_;
 
-  absl::Span<uint8_t> q_, kv_;
   absl::Span<int32_t> positions_, swa_slots_, swa_table_, compressed_table_, extra_rule_,
       extra_indices_;
   absl::Span<float> sinks_;
   uint8_t* arrays_ = nullptr;  // the backend's view of packed_
   uint8_t* q_out_ = nullptr;   // the prologue's [N, Hp, 512]
-  // The output lives in host memory shared by the answers of this group; a
-  // host-accessible backend writes it in place. Uninitialised: the decode
-  // (or the read back) writes every byte of out and lse.
+  // The inline answers live in host memory shared by the answers of this
+  // group (none when every plan is answered into regions and the host need
+  // not hold the decode's output); a host-accessible backend's decode writes
+  // it in place. Uninitialised: the decode (or the read back) writes every
+  // byte of out and lse that an answer reads.
   std::shared_ptr<uint8_t> output_;
-  uint8_t* out_host_ = nullptr;  // or the group's answer regions
+  uint8_t* out_host_ = nullptr;
   uint8_t* lse_host_ = nullptr;
+  // Where the decode writes out and lse.
   uint8_t* out_device_ = nullptr;
-  // One message's q and kv as it arrived, read there by a host-accessible
-  // backend (nothing staged); null: staged.
+  uint8_t* lse_device_ = nullptr;
+  // One message's q and kv as it arrived (nothing staged), read there by a
+  // host-accessible backend, or by the device from a device region; null:
+  // staged.
   const uint16_t* q_in_place_ = nullptr;
   const uint16_t* kv_in_place_ = nullptr;
 };
 
 namespace {
+
+// Whether every plan is answered into regions (`all`), or some (`!all`).
+bool RegionsAnswer(const LaunchGroup& group, bool all) {
+  for (const AttendPlan* plan : group.plans) {
+    if ((plan->answer_regions != nullptr) != all) return !all;
+  }
+  return all;
+}
+
+// Whether the decode of `group` can write its one plan's answer into its
+// regions itself: host memory on a host backend, device memory (out, and lse
+// if asked) on a device.
+bool DecodeWritesRegions(const LaunchGroup& group, bool host) {
+  if (group.plans.size() != 1 || group.plans[0]->answer_regions == nullptr) return false;
+  const AnswerRegions& regions = *group.plans[0]->answer_regions;
+  if (host) return !regions.out.device;
+  return regions.out.device && (regions.lse.data == nullptr || regions.lse.device);
+}
 
 // The tensor's bytes when they lie in one piece aligned for bf16, else null.
 const uint16_t* Bf16InPlace(const wire::TensorView& tensor) {
@@ -253,9 +294,12 @@ Launcher::GroupLaunch::GroupLaunch(Launcher& launcher, const LaunchGroup& group,
       host_(backend_.host_accessible()),
       q_bytes_(shape_.tokens * group.num_heads * kRowBytes),
       out_bytes_(shape_.tokens * group.num_heads * (kRowBytes + 4)),
+      any_regions_(RegionsAnswer(group, false)),
+      all_regions_(RegionsAnswer(group, true)),
+      direct_answer_(DecodeWritesRegions(group, host_)),
       q_p_(packed_.Reserve<uint8_t>(q_bytes_, 0)),
       kv_p_(packed_.Reserve<uint8_t>(shape_.tokens * kRowBytes, 0)),
-      compressed_(packed_, shape_.compressed_rows),
+      compressed_(packed_, shape_.compressed_rows, &device_copies_),
       positions_p_(packed_.Reserve<int32_t>(shape_.tokens, 0)),
       swa_slots_p_(packed_.Reserve<int32_t>(shape_.tokens, -1)),
       swa_table_p_(packed_.Reserve<int32_t>(shape_.tokens, 0)),
@@ -277,17 +321,15 @@ Launcher::GroupLaunch::GroupLaunch(Launcher& launcher, const LaunchGroup& group,
 
 absl::Status Launcher::GroupLaunch::Stage() {
   if (absl::Status status = launcher_.Stage(packed_, staging_slot_); !status.ok()) return status;
-  absl::StatusOr<std::shared_ptr<uint8_t>> output = launcher_.answers_.Take(out_bytes_);
-  if (!output.ok()) return output.status();
-  output_ = *std::move(output);
-  out_host_ = output_.get();
-  lse_host_ = out_host_ + q_bytes_;
-  if (const AnswerRegions* regions = group_.answer_regions; regions != nullptr) {
-    out_host_ = regions->out.data;
-    if (regions->lse.data != nullptr) lse_host_ = regions->lse.data;
+  // Answer memory for the inline answers, and for the decode's output on a
+  // host backend that does not write it into the regions itself.
+  if (!all_regions_ || (host_ && !direct_answer_)) {
+    absl::StatusOr<std::shared_ptr<uint8_t>> output = launcher_.answers_.Take(out_bytes_);
+    if (!output.ok()) return output.status();
+    output_ = *std::move(output);
+    out_host_ = output_.get();
+    lse_host_ = out_host_ + q_bytes_;
   }
-  q_ = packed_.Raw(q_p_);
-  kv_ = packed_.Raw(kv_p_);
   compressed_.Open(packed_);
   positions_ = packed_.Raw(positions_p_);
   swa_slots_ = packed_.Array(swa_slots_p_);
@@ -310,54 +352,79 @@ absl::Status Launcher::GroupLaunch::Stage() {
       launcher_.copiers_.ParallelFor(plans, [&](int64_t i) { stage(i, false); });
     }
   };
-  if (host_ && plans == 1) {
+  // One message's q and kv are read where they lie: in host memory by a
+  // host backend, in a device region by the device.
+  if (plans == 1) {
     const wire::AttendRequestView& input = *group_.plans[0]->input;
-    q_in_place_ = Bf16InPlace(*input.q);
-    if (input.kv.has_value()) kv_in_place_ = Bf16InPlace(*input.kv);
+    const auto in_place = [&](const wire::TensorView& tensor) -> const uint16_t* {
+      return tensor.device == !host_ ? Bf16InPlace(tensor) : nullptr;
+    };
+    q_in_place_ = in_place(*input.q);
+    if (input.kv.has_value()) kv_in_place_ = in_place(*input.kv);
   }
-  // Queries the device copies from where they are (a pinned region) skip
-  // the staging: each goes to the device in one copy of its own.
-  const bool q_direct = !host_ && QueriesCopyDirectly();
-  if (q_in_place_ == nullptr && !q_direct) {
+  if (q_in_place_ == nullptr) {
     each_plan([&](int64_t i, bool parallel) {
-      Copy(*group_.plans[i]->input->q,
-           q_.data() + shape_.starts[i].token * group_.num_heads * kRowBytes, parallel);
+      if (DirectQuery(i) != nullptr) return;
+      Copy(*group_.plans[i]->input->q, shape_.starts[i].token * group_.num_heads * kRowBytes,
+           parallel);
     });
   }
-  absl::StatusOr<uint8_t*> arrays =
-      launcher_.UploadStaged(packed_, 0, q_direct ? 0 : q_end_, staged_slot_, /*queued=*/true);
-  if (!arrays.ok()) return arrays.status();
-  arrays_ = *arrays;
-  for (int64_t i = 0; q_direct && i < plans; ++i) {
-    const wire::TensorView& q = *group_.plans[i]->input->q;
-    if (absl::Status status = backend_.CopyToDeviceQueued(
-            Device(q_p_) + shape_.starts[i].token * group_.num_heads * kRowBytes,
-            q.contiguous()->data(), static_cast<int64_t>(q.size_bytes()));
-        !status.ok()) {
-      return status;
-    }
-  }
+  if (absl::Status status = UploadQueries(); !status.ok()) return status;
   each_plan([&](int64_t i, bool parallel) {
     StageMessage(*group_.plans[i], shape_.starts[i], parallel);
   });
   return absl::OkStatus();
 }
 
-bool Launcher::GroupLaunch::QueriesCopyDirectly() const {
-  for (const AttendPlan* plan : group_.plans) {
-    const std::optional<wire::Piece> piece = plan->input->q->contiguous();
-    if (!piece.has_value() || piece->empty() || !backend_.CopiesDirectlyFrom(piece->data())) {
-      return false;
-    }
-  }
-  return true;
+const uint8_t* Launcher::GroupLaunch::DirectQuery(int64_t i) const {
+  if (host_) return nullptr;
+  const wire::TensorView& q = *group_.plans[i]->input->q;
+  const std::optional<wire::Piece> piece = q.contiguous();
+  if (!piece.has_value() || piece->empty()) return nullptr;
+  return q.device || backend_.CopiesDirectlyFrom(piece->data()) ? piece->data() : nullptr;
 }
 
-void Launcher::GroupLaunch::Copy(const wire::TensorView& tensor, void* dst, bool parallel) {
-  if (parallel) {
-    launcher_.CopyOut(tensor, static_cast<uint8_t*>(dst));
+absl::Status Launcher::GroupLaunch::UploadQueries() {
+  absl::StatusOr<uint8_t*> arrays =
+      launcher_.UploadStaged(packed_, 0, 0, staged_slot_, /*queued=*/true);
+  if (!arrays.ok()) return arrays.status();
+  arrays_ = *arrays;
+  if (host_ || q_in_place_ != nullptr) return absl::OkStatus();
+  const int64_t plans = static_cast<int64_t>(group_.plans.size());
+  const int64_t row_bytes = int64_t{group_.num_heads} * kRowBytes;
+  int64_t run_from = -1;  // the first token of the staged run being gathered
+  for (int64_t i = 0; i <= plans; ++i) {
+    const uint8_t* direct = i < plans ? DirectQuery(i) : nullptr;
+    const int64_t token = i < plans ? shape_.starts[i].token : shape_.tokens;
+    const bool staged = i < plans && direct == nullptr;
+    if (!staged && run_from >= 0) {
+      if (absl::Status status = backend_.CopyToDeviceQueued(
+              Device(q_p_) + run_from * row_bytes, packed_.data() + q_p_.at + run_from * row_bytes,
+              (token - run_from) * row_bytes);
+          !status.ok()) {
+        return status;
+      }
+      run_from = -1;
+    }
+    if (staged && run_from < 0) run_from = token;
+    if (direct != nullptr) {
+      if (absl::Status status = backend_.CopyToDeviceQueued(
+              Device(q_p_) + token * row_bytes, direct, group_.plans[i]->num_tokens * row_bytes);
+          !status.ok()) {
+        return status;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Launcher::GroupLaunch::Copy(const wire::TensorView& tensor, size_t at, bool parallel) {
+  if (tensor.device) {
+    device_copies_.Add(at, tensor.pieces.front().data(), static_cast<int64_t>(tensor.size_bytes()));
+  } else if (parallel) {
+    launcher_.CopyOut(tensor, packed_.data() + at);
   } else {
-    tensor.CopyTo(dst);
+    tensor.CopyTo(packed_.data() + at);
   }
 }
 
@@ -368,11 +435,11 @@ void Launcher::GroupLaunch::StageMessage(const AttendPlan& plan, PlanStart start
   // Without kv no segment inserts: its tokens' SWA slots stay -1 and the
   // prologue reads none of their rows.
   if (input.kv.has_value() && kv_in_place_ == nullptr) {
-    Copy(*input.kv, kv_.data() + t0 * kRowBytes, parallel_copies);
+    Copy(*input.kv, kv_p_.at + t0 * kRowBytes, parallel_copies);
   }
   // A message's top-k rows as wide as the launch's lists are one copy.
   if (plan.topk_width > 0 && plan.topk_width == shape_.extra_width) {
-    Copy(*input.topk, extra_indices_.data() + t0 * shape_.extra_width, parallel_copies);
+    Copy(*input.topk, extra_p().at + t0 * shape_.extra_width * sizeof(int32_t), parallel_copies);
   }
   const int ratio = plan.profile->compress_ratio(input.layer);
   int64_t compressed_row = 0;  // of the message's compressed_kv
@@ -456,6 +523,9 @@ absl::Status Launcher::GroupLaunch::Upload() {
       launcher_.UploadStaged(packed_, q_end_, upload_bytes_, staged_slot_, /*queued=*/true);
   if (!arrays.ok()) return arrays.status();
   arrays_ = *arrays;
+  // After the staging's upload, on the same queue: the inputs in device
+  // regions overwrite their places in it.
+  if (absl::Status status = device_copies_.Queue(backend_, arrays_); !status.ok()) return status;
   return Reserve(DeviceArena::kQOut, shape_.tokens * group_.padded_heads * kRowBytes, q_out_);
 }
 
@@ -502,14 +572,19 @@ absl::Status Launcher::GroupLaunch::Prologue() {
 absl::Status Launcher::GroupLaunch::Decode() {
   const int64_t tokens = shape_.tokens;
   const int heads = group_.num_heads;
-  out_device_ = out_host_;
-  uint8_t* lse_device = lse_host_;
-  if (!host_) {
+  if (direct_answer_) {
+    const AnswerRegions& regions = *group_.plans[0]->answer_regions;
+    out_device_ = regions.out.data;
+    lse_device_ = regions.lse.data;  // null: not asked
+  } else if (host_) {
+    out_device_ = out_host_;
+    lse_device_ = lse_host_;
+  } else {
     if (absl::Status status = Reserve(DeviceArena::kOutput, out_bytes_, out_device_);
         !status.ok()) {
       return status;
     }
-    lse_device = out_device_ + q_bytes_;
+    lse_device_ = out_device_ + q_bytes_;
   }
   const CachePoolView pool = launcher_.pool_;
   DecodeParams params;
@@ -526,21 +601,50 @@ absl::Status Launcher::GroupLaunch::Decode() {
   params.positions = Device(positions_p_);
   params.rope = launcher_.rope_view(group_.rope);
   params.out = reinterpret_cast<uint16_t*>(out_device_);
-  params.lse = reinterpret_cast<float*>(lse_device);
+  params.lse = reinterpret_cast<float*>(lse_device_);
   return backend_.Decode(params);
 }
 
 absl::Status Launcher::GroupLaunch::ReadBack() {
-  if (host_) return absl::OkStatus();
-  if (lse_host_ == out_host_ + q_bytes_) {
-    return backend_.CopyToHostAsync(out_host_, out_device_, out_bytes_);
+  if (direct_answer_) return absl::OkStatus();
+  if (!any_regions_) {
+    return host_ ? absl::OkStatus() : backend_.CopyToHostAsync(out_host_, out_device_, out_bytes_);
   }
-  // Into the answer regions: out and lse each where the client asked.
-  if (absl::Status status = backend_.CopyToHostAsync(out_host_, out_device_, q_bytes_);
-      !status.ok()) {
-    return status;
+  return ReadBackByPlan();
+}
+
+absl::Status Launcher::GroupLaunch::ReadBackByPlan() {
+  const int64_t row_bytes = int64_t{group_.num_heads} * kRowBytes;
+  const int64_t lse_bytes = int64_t{group_.num_heads} * 4;
+  for (size_t i = 0; i < group_.plans.size(); ++i) {
+    const AttendPlan& plan = *group_.plans[i];
+    const int64_t t = shape_.starts[i].token;
+    uint8_t* out = nullptr;
+    uint8_t* lse = nullptr;
+    if (plan.answer_regions != nullptr) {
+      out = plan.answer_regions->out.data;
+      lse = plan.answer_regions->lse.data;
+    } else if (!host_) {
+      out = out_host_ + t * row_bytes;
+      if (plan.input->return_lse) lse = lse_host_ + t * lse_bytes;
+    }
+    // The copies run on the device when a region is device memory.
+    if (out != nullptr) {
+      if (absl::Status status = backend_.CopyToHostAsync(out, out_device_ + t * row_bytes,
+                                                         plan.num_tokens * row_bytes);
+          !status.ok()) {
+        return status;
+      }
+    }
+    if (lse != nullptr) {
+      if (absl::Status status = backend_.CopyToHostAsync(lse, lse_device_ + t * lse_bytes,
+                                                         plan.num_tokens * lse_bytes);
+          !status.ok()) {
+        return status;
+      }
+    }
   }
-  return backend_.CopyToHostAsync(lse_host_, out_device_ + q_bytes_, out_bytes_ - q_bytes_);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<Launcher>> Launcher::Create(ComputeBackend& backend,

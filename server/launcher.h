@@ -20,11 +20,18 @@
 // host-accessible backend the staging is the backend's memory and nothing
 // is copied to a device, and a launch of one message reads its q and kv
 // where they arrived (a received slice, or the client's region) when each
-// lies in one piece. A group answered into regions (LaunchGroup::
-// answer_regions, one message) has its out and lse written there: by the
-// decode itself on a host-accessible backend, else by the read back. Each step returns its failure at once and Start answers the
-// first; the time of each step is reported (LaunchTimes: the backend's
-// marks between the steps). Append() writes an AppendKV's rows with the same
+// lies in one piece. Queries the device copies from directly (a pinned
+// region, or a CUDA IPC region's device memory) skip the staging; inputs in
+// device memory (wire::TensorView::device) are never touched by the host: a
+// launch of one message has its kernels read q and kv there, a larger one
+// copies them on the device into its staging's device copy (DeviceCopies).
+// A plan answered into regions (AttendPlan::answer_regions) has its out and
+// lse written there: by the decode itself when it is its launch's only plan
+// and the regions are the backend's kind of memory (host memory on a
+// host-accessible backend, device memory on a device), else copied out of
+// the decode's output plan by plan, beside the inline answers. Each step
+// returns its failure at once and Start answers the first; the time of each
+// step is reported (LaunchTimes: the backend's marks between the steps). Append() writes an AppendKV's rows with the same
 // row staging (RowInsert) and one prologue without queries per RoPE kind.
 //
 // Launches are pipelined: Start() stages a group and enqueues its steps,

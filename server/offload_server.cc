@@ -42,8 +42,10 @@ absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(
   absl::StatusOr<std::unique_ptr<Authenticator>> auth = Authenticator::Create(auth_options);
   if (!auth.ok()) return auth.status();
   server->auth_ = *std::move(auth);
-  // Regions are pinned for the device's copies (the pinner outlives the backend).
+  // Regions are pinned for the device's copies, and CUDA IPC regions opened
+  // for its kernels (both outlive the backend).
   std::shared_ptr<HostPinner> pinner = backend->MakeHostPinner();
+  std::shared_ptr<DeviceImporter> importer = backend->MakeDeviceImporter();
   EngineOptions engine_options = options.engine;
   engine_options.max_answer_bytes = options.service.max_message_bytes;
   absl::StatusOr<std::unique_ptr<Engine>> engine =
@@ -58,6 +60,9 @@ absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(
   ServiceOptions service_options = options.service;
   service_options.max_segments_per_message = engine_options.max_tokens_per_message;
   if (service_options.regions.pinner == nullptr) service_options.regions.pinner = std::move(pinner);
+  if (service_options.regions.importer == nullptr) {
+    service_options.regions.importer = std::move(importer);
+  }
   if (server->auth_->enabled()) service_options.auth = server->auth_.get();
   server->service_ =
       std::make_unique<MlaOffloadService>(*scheduler, *server->metrics_, service_options);

@@ -24,6 +24,21 @@ absl::Status CheckClientId(absl::string_view id) {
       "same in every call of this client"));
 }
 
+// The kernels read and write device memory 16 bytes at a time: a
+// reference into a CUDA IPC region must start on such a boundary.
+constexpr int64_t kDeviceAlignment = 16;
+
+absl::Status CheckDeviceAlignment(const RegionSlice& slice, const std::string& field,
+                                  const wire::RegionRefView& ref) {
+  if (!slice.device || reinterpret_cast<uintptr_t>(slice.data) % kDeviceAlignment == 0) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ".offset: ", ref.offset, " is not a multiple of ", kDeviceAlignment,
+      "; references into a CUDA IPC region start on a ", kDeviceAlignment,
+      "-byte boundary (the GPU reads and writes them in 16-byte pieces)"));
+}
+
 // The region of `tensor`, resolved for `owner` in place; `field` names it.
 absl::Status ResolveTensor(const RegionRegistry& registry, const std::string& owner,
                            const std::string& field, wire::TensorView& tensor) {
@@ -35,8 +50,13 @@ absl::Status ResolveTensor(const RegionRegistry& registry, const std::string& ow
   absl::StatusOr<RegionSlice> slice = registry.Resolve(
       owner, ref.region_id, ref.offset, ref.byte_size, absl::StrCat(field, ".region").c_str());
   if (!slice.ok()) return slice.status();
+  if (absl::Status status = CheckDeviceAlignment(*slice, absl::StrCat(field, ".region"), ref);
+      !status.ok()) {
+    return status;
+  }
   if (slice->bytes > 0) tensor.pieces.emplace_back(slice->data, static_cast<size_t>(slice->bytes));
   tensor.keep_alive = std::move(slice->mapping);
+  tensor.device = slice->device;
   tensor.region.reset();
   return absl::OkStatus();
 }
@@ -52,7 +72,11 @@ absl::StatusOr<RegionSlice> ResolveAnswer(const RegionRegistry& registry, const 
         field, ".offset: ", ref.offset, " is not a multiple of ", alignment,
         "; the answer's values are written there and must be aligned"));
   }
-  return registry.Resolve(owner, ref.region_id, ref.offset, ref.byte_size, field);
+  absl::StatusOr<RegionSlice> slice =
+      registry.Resolve(owner, ref.region_id, ref.offset, ref.byte_size, field);
+  if (!slice.ok()) return slice.status();
+  if (absl::Status status = CheckDeviceAlignment(*slice, field, ref); !status.ok()) return status;
+  return slice;
 }
 
 absl::Status CheckAnswerFields(const wire::AttendRequestView& request) {

@@ -89,13 +89,45 @@ absl::StatusOr<uint64_t> RegionRegistry::RegisterSharedMemory(const std::string&
     if (pinner != nullptr) pinner->Unpin(const_cast<void*>(p));
     munmap(const_cast<void*>(p), length);
   });
+  return Add(Region{owner, name, bytes, std::move(mapping), static_cast<uint8_t*>(data), false});
+}
+
+absl::StatusOr<uint64_t> RegionRegistry::RegisterCudaIpc(const std::string& owner,
+                                                         absl::string_view handle,
+                                                         const std::string& device_uuid,
+                                                         int64_t bytes) {
+  if (options_.importer == nullptr) {
+    return absl::UnimplementedError(
+        "REGION_KIND_CUDA_IPC: this server's compute backend has no device memory (it runs "
+        "on the CPU); register host memory (REGION_KIND_SYSTEM_SHM) instead");
+  }
+  if (bytes < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CUDA IPC region: byte_size is ", bytes, "; give the size of the part to share, at least 1"));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (absl::Status status = CheckLimits(owner, device_uuid, bytes); !status.ok()) return status;
+  }
+  absl::StatusOr<ImportedMemory> memory = options_.importer->Import(handle, device_uuid);
+  if (!memory.ok()) return memory.status();
+  if (bytes > memory->bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CUDA IPC region: byte_size ", bytes, " is more than the ", memory->bytes,
+        " bytes of the allocation the handle exports; give at most that"));
+  }
+  return Add(Region{owner, device_uuid, bytes, std::move(memory->mapping), memory->data, true});
+}
+
+absl::StatusOr<uint64_t> RegionRegistry::Add(Region region) {
   std::lock_guard<std::mutex> lock(mutex_);
-  // Again: another registration of this owner may have come in meanwhile
-  // (the mapping goes with this scope then).
-  if (absl::Status status = CheckLimits(owner, name, bytes); !status.ok()) return status;
+  // The mapping goes with `region` when the limits refuse it now.
+  if (absl::Status status = CheckLimits(region.owner, region.name, region.bytes); !status.ok()) {
+    return status;
+  }
   const uint64_t id = next_id_++;
-  regions_[id] = Region{owner, name, bytes, std::move(mapping), static_cast<uint8_t*>(data)};
-  last_seen_[owner] = options_.clock();
+  last_seen_[region.owner] = options_.clock();
+  regions_[id] = std::move(region);
   return id;
 }
 
@@ -139,7 +171,7 @@ std::vector<RegionSummary> RegionRegistry::List(const std::string& owner) const 
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<RegionSummary> list;
   for (const auto& [id, region] : regions_) {
-    if (region.owner == owner) list.push_back({id, region.name, region.bytes});
+    if (region.owner == owner) list.push_back({id, region.device, region.name, region.bytes});
   }
   return list;
 }
@@ -160,7 +192,7 @@ absl::StatusOr<RegionSlice> RegionRegistry::Resolve(const std::string& owner, ui
         what, ": bytes [", offset, ", ", offset, " + ", bytes, ") of region ", id,
         " do not lie within its ", region.bytes, " bytes"));
   }
-  return RegionSlice{region.mapping, region.data + offset, bytes};
+  return RegionSlice{region.mapping, region.data + offset, bytes, region.device};
 }
 
 void RegionRegistry::Touch(const std::string& owner) {

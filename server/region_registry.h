@@ -7,7 +7,9 @@
 // tenant once authentication exists); every call
 // names the owner, and another owner's region is NOT_FOUND, so existence
 // never leaks. Kinds: POSIX shared memory by name (shm_open), mapped
-// read-write once at registration; CUDA IPC handles come later.
+// read-write once at registration; device memory another process exported
+// (a CUDA IPC handle), opened once at registration by the compute backend's
+// DeviceImporter, whose slices are device memory (RegionSlice::device).
 //
 // Resolve() bounds-checks a reference with arithmetic that cannot overflow
 // and returns a RegionSlice (server/requests.h) that keeps the mapping
@@ -35,6 +37,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "kernels/backend.h"
 #include "server/clock.h"
@@ -52,11 +55,15 @@ struct RegionRegistryOptions {
   // host's locked-memory limit) is registered unpinned, with a log line: its
   // copies are slower, not wrong.
   std::shared_ptr<HostPinner> pinner;
+  // Opens CUDA IPC handles (ComputeBackend::MakeDeviceImporter); null: a
+  // backend without device memory, which refuses them (UNIMPLEMENTED).
+  std::shared_ptr<DeviceImporter> importer;
 };
 
 struct RegionSummary {
   uint64_t id = 0;
-  std::string name;
+  bool device = false;      // a CUDA IPC region
+  std::string name;         // shared memory: its name; CUDA IPC: the GPU's UUID
   int64_t bytes = 0;
 };
 
@@ -74,6 +81,13 @@ class RegionRegistry {
   // PERMISSION_DENIED where the server may not open it read-write.
   absl::StatusOr<uint64_t> RegisterSharedMemory(const std::string& owner, const std::string& name,
                                                 int64_t bytes);
+  // Opens the first `bytes` (1 or more) of the device memory that `handle`
+  // (a cudaIpcMemHandle_t's bytes) exports, on the GPU `device_uuid`; its
+  // id. UNIMPLEMENTED without an importer; the importer's errors;
+  // INVALID_ARGUMENT for a size past the allocation's end; the limits as
+  // for shared memory.
+  absl::StatusOr<uint64_t> RegisterCudaIpc(const std::string& owner, absl::string_view handle,
+                                           const std::string& device_uuid, int64_t bytes);
   // NOT_FOUND unless `owner` registered `id` and has not unregistered it.
   absl::Status Unregister(const std::string& owner, uint64_t id);
   std::vector<RegionSummary> List(const std::string& owner) const;
@@ -93,15 +107,20 @@ class RegionRegistry {
  private:
   struct Region {
     std::string owner;
-    std::string name;
+    std::string name;  // or the GPU's UUID
     int64_t bytes = 0;
-    std::shared_ptr<const void> mapping;  // munmap when the last slice goes
+    // Unmapped (or closed) when the last slice goes.
+    std::shared_ptr<const void> mapping;
     uint8_t* data = nullptr;
+    bool device = false;
   };
 
   // RESOURCE_EXHAUSTED when `owner` may not register `bytes` more; with
   // mutex_.
   absl::Status CheckLimits(const std::string& owner, const std::string& name, int64_t bytes) const;
+  // Checks the limits again (another registration may have come in since
+  // the first check) and adds `region`; its id.
+  absl::StatusOr<uint64_t> Add(Region region);
 
   RegionRegistryOptions options_;
   mutable std::mutex mutex_;

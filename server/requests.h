@@ -50,11 +50,13 @@ struct SessionSummary {
 
 // Bytes of a same-host region (server/region_registry.h) that a reference
 // named, mapped while this lives: what a tensor reference resolves to, and
-// where an answer can be written.
+// where an answer can be written. `device`: the bytes are device memory of
+// the compute backend (a CUDA IPC region), which the host cannot touch.
 struct RegionSlice {
   std::shared_ptr<const void> mapping;
   uint8_t* data = nullptr;
   int64_t bytes = 0;
+  bool device = false;
 };
 
 // Where an Attend message's answer goes instead of into its response: `out`

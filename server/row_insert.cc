@@ -4,10 +4,11 @@
 
 namespace mla {
 
-RowInsert::RowInsert(PackedArrays& packed, int64_t rows)
+RowInsert::RowInsert(PackedArrays& packed, int64_t rows, DeviceCopies* device_copies)
     : positions_place_(packed.Reserve<int32_t>(rows, 0)),
       slots_place_(packed.Reserve<int32_t>(rows, -1)),
-      rows_place_(packed.Reserve<uint8_t>(rows * kRowBytes, 0)) {}
+      rows_place_(packed.Reserve<uint8_t>(rows * kRowBytes, 0)),
+      device_copies_(device_copies) {}
 
 void RowInsert::Open(PackedArrays& packed) {
   positions_ = packed.Array(positions_place_);
@@ -18,7 +19,14 @@ void RowInsert::Open(PackedArrays& packed) {
 void RowInsert::CopyRows(int64_t at, const std::optional<wire::TensorView>& src, int64_t src_row,
                          int32_t count) {
   if (count == 0) return;
-  src->CopyRange(src_row * kRowBytes, int64_t{count} * kRowBytes, rows_.data() + at * kRowBytes);
+  const int64_t bytes = int64_t{count} * kRowBytes;
+  if (src->device) {
+    // One piece: a region's bytes.
+    device_copies_->Add(rows_place_.at + at * kRowBytes,
+                        src->pieces.front().data() + src_row * kRowBytes, bytes);
+    return;
+  }
+  src->CopyRange(src_row * kRowBytes, bytes, rows_.data() + at * kRowBytes);
 }
 
 void RowInsert::AddSwa(int64_t at, const std::optional<wire::TensorView>& src, int64_t src_row,

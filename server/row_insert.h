@@ -9,7 +9,9 @@
 // arrays), Open() after, then add the rows at the indices the caller
 // assigns, each of 0..rows()-1 once. The RowInsert points into the
 // PackedArrays, which must outlive it; the rows are copied out of the
-// request's tensors when added (a tensor the request lacks may add no rows).
+// request's tensors when added (a tensor the request lacks may add no rows),
+// or, from a tensor in device memory, noted in `device_copies` (which must
+// outlive the RowInsert) for the device to copy after the upload.
 // Adds to disjoint indices may run on several threads at once.
 #ifndef MLA_OFFLOAD_SERVER_ROW_INSERT_H_
 #define MLA_OFFLOAD_SERVER_ROW_INSERT_H_
@@ -21,6 +23,7 @@
 #include "kernels/backend.h"
 #include "kernels/cache_format.h"
 #include "proto/views.h"
+#include "server/device_copies.h"
 #include "server/packed_arrays.h"
 #include "server/requests.h"
 #include "server/session.h"
@@ -29,8 +32,9 @@ namespace mla {
 
 class RowInsert {
  public:
-  // Reserves room for `rows` rows in `packed`.
-  RowInsert(PackedArrays& packed, int64_t rows);
+  // Reserves room for `rows` rows in `packed`; rows from device memory go
+  // to `device_copies` (null: none may come from there).
+  RowInsert(PackedArrays& packed, int64_t rows, DeviceCopies* device_copies = nullptr);
   // Takes the arrays from `packed`, once it is allocated.
   void Open(PackedArrays& packed);
 
@@ -55,6 +59,7 @@ class RowInsert {
   PackedArrays::Place<int32_t> positions_place_;
   PackedArrays::Place<int32_t> slots_place_;
   PackedArrays::Place<uint8_t> rows_place_;
+  DeviceCopies* device_copies_;
   absl::Span<int32_t> positions_;
   absl::Span<int32_t> slots_;
   absl::Span<uint8_t> rows_;

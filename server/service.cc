@@ -699,18 +699,17 @@ grpc::ServerUnaryReactor* MlaOffloadService::RegisterRegion(grpc::CallbackServer
           pb::RegisterRegionResponse& response) {
         absl::StatusOr<std::string> owner = RegionOwnerOf(*context, caller.tenant);
         if (!owner.ok()) return owner.status();
-        if (request.kind() == pb::REGION_KIND_CUDA_IPC) {
-          return absl::UnimplementedError(
-              "RegisterRegionRequest.kind: this server does not map CUDA IPC memory yet; share "
-              "host memory (REGION_KIND_SYSTEM_SHM) or send the tensors inline");
-        }
-        if (request.kind() != pb::REGION_KIND_SYSTEM_SHM) {
+        absl::StatusOr<uint64_t> id;
+        if (request.kind() == pb::REGION_KIND_SYSTEM_SHM) {
+          id = regions_.RegisterSharedMemory(*owner, request.name(), request.byte_size());
+        } else if (request.kind() == pb::REGION_KIND_CUDA_IPC) {
+          id = regions_.RegisterCudaIpc(*owner, request.cuda_ipc_handle(), request.device_uuid(),
+                                        request.byte_size());
+        } else {
           return absl::InvalidArgumentError(absl::StrCat(
               "RegisterRegionRequest.kind: ", static_cast<int>(request.kind()),
-              " is not a region kind; give REGION_KIND_SYSTEM_SHM (1)"));
+              " is not a region kind; give REGION_KIND_SYSTEM_SHM (1) or REGION_KIND_CUDA_IPC (2)"));
         }
-        absl::StatusOr<uint64_t> id =
-            regions_.RegisterSharedMemory(*owner, request.name(), request.byte_size());
         if (!id.ok()) return id.status();
         response.set_region_id(*id);
         return absl::OkStatus();
@@ -741,8 +740,13 @@ grpc::ServerUnaryReactor* MlaOffloadService::ListRegions(grpc::CallbackServerCon
         for (const RegionSummary& summary : regions_.List(*owner)) {
           pb::RegionInfo* info = response.add_regions();
           info->set_region_id(summary.id);
-          info->set_kind(pb::REGION_KIND_SYSTEM_SHM);
-          info->set_name(summary.name);
+          if (summary.device) {
+            info->set_kind(pb::REGION_KIND_CUDA_IPC);
+            info->set_device_uuid(summary.name);
+          } else {
+            info->set_kind(pb::REGION_KIND_SYSTEM_SHM);
+            info->set_name(summary.name);
+          }
           info->set_byte_size(summary.bytes);
         }
         return absl::OkStatus();

@@ -1,15 +1,22 @@
 #include "kernels/cuda/cuda_backend.h"
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <initializer_list>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "kernels/cuda/kernels.h"
+#include "kernels/gpu_uuid.h"
 
 namespace mla {
 namespace {
@@ -303,20 +310,21 @@ absl::Status CudaBackend::EnqueueCopy(void* dst, const void* src, int64_t bytes,
                    what);
 }
 
+// The asynchronous copies let the runtime tell host from device memory
+// (cudaMemcpyDefault): their host side may be an imported region's device
+// memory.
 absl::Status CudaBackend::CopyToDeviceAsync(void* device_dst, const void* host_src,
                                             int64_t bytes) {
-  return EnqueueCopy(device_dst, host_src, bytes, cudaMemcpyHostToDevice, "copy to device",
-                     stream_);
+  return EnqueueCopy(device_dst, host_src, bytes, cudaMemcpyDefault, "copy to device", stream_);
 }
 
 absl::Status CudaBackend::CopyToHostAsync(void* host_dst, const void* device_src, int64_t bytes) {
-  return EnqueueCopy(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, "copy to host",
-                     stream_);
+  return EnqueueCopy(host_dst, device_src, bytes, cudaMemcpyDefault, "copy to host", stream_);
 }
 
 absl::Status CudaBackend::CopyToDeviceQueued(void* device_dst, const void* host_src,
                                              int64_t bytes) {
-  return EnqueueCopy(device_dst, host_src, bytes, cudaMemcpyHostToDevice,
+  return EnqueueCopy(device_dst, host_src, bytes, cudaMemcpyDefault,
                      "copy to device (copy queue)", copy_stream_);
 }
 
@@ -383,7 +391,123 @@ class CudaHostPinner : public HostPinner {
   const int device_;
 };
 
+// The driver's cuMemGetAddressRange, through the runtime (the executable
+// links the runtime alone); null when the driver lacks it.
+using AddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+AddressRangeFn AddressRange() {
+  static const AddressRangeFn fn = [] {
+    void* entry = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &entry, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return AddressRangeFn{nullptr};
+    }
+    return reinterpret_cast<AddressRangeFn>(entry);
+  }();
+  return fn;
+}
+
+// cudaIpcOpenMemHandle on the backend's device, from whichever thread asks;
+// the memory may lie on a peer GPU of the host that the device reaches.
+class CudaDeviceImporter : public DeviceImporter {
+ public:
+  explicit CudaDeviceImporter(int device) : device_(device) {}
+
+  absl::StatusOr<ImportedMemory> Import(absl::string_view handle,
+                                        absl::string_view device_uuid) override {
+    cudaIpcMemHandle_t ipc{};
+    if (handle.size() != sizeof(ipc)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cuda_ipc_handle: ", handle.size(), " bytes; a cudaIpcMemHandle_t is ", sizeof(ipc),
+          " (send the bytes cudaIpcGetMemHandle wrote, unchanged)"));
+    }
+    std::memcpy(&ipc, handle.data(), sizeof(ipc));
+    absl::StatusOr<int> owner = DeviceOf(device_uuid);
+    if (!owner.ok()) return owner.status();
+    if (*owner != device_) {
+      int reaches = 0;
+      if (cudaDeviceCanAccessPeer(&reaches, device_, *owner) != cudaSuccess || !reaches) {
+        cudaGetLastError();
+        return absl::FailedPreconditionError(absl::StrCat(
+            "device_uuid: ", device_uuid, " is GPU ", *owner, " of this host, which this server's GPU ",
+            device_, " cannot reach (no peer access); register memory of GPU ", device_,
+            " or of a GPU it reaches"));
+      }
+    }
+    if (absl::Status status = CudaError(cudaSetDevice(device_), "cudaSetDevice"); !status.ok()) {
+      return status;
+    }
+    void* data = nullptr;
+    const cudaError_t error = cudaIpcOpenMemHandle(&data, ipc, cudaIpcMemLazyEnablePeerAccess);
+    if (error != cudaSuccess) {
+      cudaGetLastError();
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cuda_ipc_handle: the driver cannot open it (", cudaGetErrorName(error), ": ",
+          cudaGetErrorString(error),
+          "); export it with cudaIpcGetMemHandle in a live process of this host, from memory "
+          "cudaMalloc gave, and register each allocation once"));
+    }
+    const int device = device_;
+    std::shared_ptr<const void> mapping(data, [device](const void* p) {
+      if (cudaSetDevice(device) != cudaSuccess || cudaIpcCloseMemHandle(const_cast<void*>(p)) !=
+                                                      cudaSuccess) {
+        cudaGetLastError();
+      }
+    });
+    // The allocation's size, which bounds every reference into it: the
+    // kernels must never read or write past it (a fault would end the
+    // server's CUDA context).
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    const AddressRangeFn range = AddressRange();
+    if (range == nullptr ||
+        range(&base, &size, reinterpret_cast<CUdeviceptr>(data)) != CUDA_SUCCESS ||
+        base != reinterpret_cast<CUdeviceptr>(data)) {
+      return absl::InternalError(
+          "the driver does not say how large the opened CUDA IPC allocation is "
+          "(cuMemGetAddressRange); it cannot be used safely");
+    }
+    return ImportedMemory{std::move(mapping), static_cast<uint8_t*>(data),
+                          static_cast<int64_t>(size)};
+  }
+
+ private:
+  // The device whose UUID is `uuid`.
+  static absl::StatusOr<int> DeviceOf(absl::string_view uuid) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+      cudaGetLastError();
+      count = 0;
+    }
+    std::vector<std::string> known;
+    for (int d = 0; d < count; ++d) {
+      cudaDeviceProp prop;
+      if (cudaGetDeviceProperties(&prop, d) != cudaSuccess) {
+        cudaGetLastError();
+        continue;
+      }
+      std::array<uint8_t, kGpuUuidBytes> bytes;
+      std::memcpy(bytes.data(), prop.uuid.bytes, bytes.size());
+      known.push_back(FormatGpuUuid(bytes));
+      if (known.back() == uuid) return d;
+    }
+    return absl::NotFoundError(absl::StrCat(
+        "device_uuid: ", uuid.substr(0, 64), " is no GPU of this host (",
+        known.empty() ? std::string("none found") : absl::StrJoin(known, ", "),
+        "); give the UUID of the GPU the memory is on, as nvidia-smi -L prints it"));
+  }
+
+  const int device_;
+};
+
 }  // namespace
+
+std::shared_ptr<DeviceImporter> CudaBackend::MakeDeviceImporter() const {
+  if (!init_status_.ok()) return nullptr;
+  return std::make_shared<CudaDeviceImporter>(device_);
+}
 
 std::shared_ptr<HostPinner> CudaBackend::MakeHostPinner() const {
   if (!init_status_.ok()) return nullptr;
@@ -396,7 +520,9 @@ bool CudaBackend::CopiesDirectlyFrom(const void* data) const {
     cudaGetLastError();  // an unknown pointer is no error to keep
     return false;
   }
-  return attributes.type == cudaMemoryTypeHost;
+  // Pinned host memory, or device memory (this GPU's, or an imported
+  // region's).
+  return attributes.type == cudaMemoryTypeHost || attributes.type == cudaMemoryTypeDevice;
 }
 
 std::optional<ComputeBackend::MemoryInfo> CudaBackend::Memory() const {

@@ -67,6 +67,10 @@ class CudaBackend : public ComputeBackend {
   absl::Status WaitForMark(int mark) override;
   std::optional<MemoryInfo> Memory() const override;
   std::shared_ptr<HostPinner> MakeHostPinner() const override;
+  // Opens CUDA IPC memory on this GPU or a peer GPU it reaches (peer access
+  // is enabled when first needed); the size is the allocation's as the
+  // driver reports it.
+  std::shared_ptr<DeviceImporter> MakeDeviceImporter() const override;
   bool CopiesDirectlyFrom(const void* data) const override;
   absl::Status CopyToDeviceQueued(void* device_dst, const void* host_src, int64_t bytes) override;
   absl::Status MarkCopies(int mark) override;

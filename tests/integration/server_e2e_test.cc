@@ -83,6 +83,11 @@
 #include "kernels/rope.h"
 #include "proto/mla_offload.grpc.pb.h"
 #include "tests/integration/health.grpc.pb.h"
+#ifdef MLA_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "client/cuda_region.h"
+#endif
 #include "server/testing/regions.h"
 #include "tests/support/test_rows.h"
 
@@ -2190,14 +2195,31 @@ struct RegionStep {
   int64_t lse_bytes = 0;
 };
 
-RegionStep IntoRegion(const Step& step, uint64_t id, SharedMemory& memory, int64_t at) {
+// Writes `bytes` at `at` into a region's memory.
+using RegionWriter = std::function<void(int64_t at, const std::string& bytes)>;
+// Reads `size` bytes at `at` of a region's memory.
+using RegionReader = std::function<std::string(int64_t at, int64_t size)>;
+
+RegionWriter WriterOf(SharedMemory& memory) {
+  return [&memory](int64_t at, const std::string& bytes) {
+    std::memcpy(memory.data() + at, bytes.data(), bytes.size());
+  };
+}
+
+RegionReader ReaderOf(const SharedMemory& memory) {
+  return [&memory](int64_t at, int64_t size) {
+    return std::string(reinterpret_cast<const char*>(memory.data() + at), size);
+  };
+}
+
+RegionStep IntoRegion(const Step& step, uint64_t id, const RegionWriter& write, int64_t at) {
   RegionStep moved;
   moved.request = step.request;
   pb::AttendRequest& request = moved.request;
   for (pb::Tensor* tensor : {request.mutable_q(), request.mutable_kv(),
                              request.mutable_compressed_kv()}) {
     if (tensor->data().empty()) continue;
-    std::memcpy(memory.data() + at, tensor->data().data(), tensor->data().size());
+    write(at, tensor->data());
     SetRegion(tensor->mutable_region(), id, at, tensor->data().size());
     at += tensor->data().size();
     tensor->clear_data();
@@ -2218,12 +2240,9 @@ RegionStep IntoRegion(const Step& step, uint64_t id, SharedMemory& memory, int64
 // The response to a region step as if the answer had come inline: out and
 // lse read from the region, for ExpectAnswer.
 pb::AttendResponse AsInline(const pb::AttendResponse& response, const RegionStep& moved,
-                            const SharedMemory& memory, const Step& step) {
+                            const RegionReader& bytes, const Step& step) {
   pb::AttendResponse inline_response = response;
   const int64_t tokens = static_cast<int64_t>(step.answers.size());
-  const auto bytes = [&memory](int64_t at, int64_t size) {
-    return std::string(reinterpret_cast<const char*>(memory.data() + at), size);
-  };
   SetTensor(inline_response.mutable_out(), pb::DTYPE_BF16, {tokens, step.heads, kHeadDim},
             bytes(moved.out_at, moved.out_bytes));
   if (moved.lse_bytes > 0) {
@@ -2266,7 +2285,7 @@ TEST_F(ServerE2eTest, SharedMemoryStepsAreBitIdenticalToInlineOnes) {
       const std::string what = absl::StrCat("layer ", layer, " position ", p);
       const pb::AttendResponse inline_response = stream.RoundTrip(inline_step.request);
       ExpectAnswer(inline_response, inline_step, what);
-      const RegionStep moved = IntoRegion(region_step, id, memory, 0);
+      const RegionStep moved = IntoRegion(region_step, id, WriterOf(memory), 0);
       const pb::AttendResponse response = stream.RoundTrip(moved.request);
       ASSERT_EQ(response.status().code(), 0) << what << ": " << response.status().message();
       EXPECT_FALSE(response.has_out() || response.has_lse()) << what << ": tensors in the answer";
@@ -2280,7 +2299,7 @@ TEST_F(ServerE2eTest, SharedMemoryStepsAreBitIdenticalToInlineOnes) {
                   0)
             << what << ": lse differs from the inline answer";
       }
-      ExpectAnswer(AsInline(response, moved, memory, region_step), region_step, what);
+      ExpectAnswer(AsInline(response, moved, ReaderOf(memory), region_step), region_step, what);
       Applied(inline_step);
       Applied(region_step);
     }
@@ -2318,7 +2337,7 @@ TEST_F(ServerE2eTest, BadRegionReferencesFailAloneAndChangeNothing) {
   spec.segments = {{&seq, kP}};
   spec.lse = true;
   const Step step = BuildStep(mirror_, spec);
-  const RegionStep good = IntoRegion(step, id, memory, 0);
+  const RegionStep good = IntoRegion(step, id, WriterOf(memory), 0);
   const int64_t size = memory.bytes();
   struct Bad {
     std::string what;
@@ -2366,7 +2385,7 @@ TEST_F(ServerE2eTest, BadRegionReferencesFailAloneAndChangeNothing) {
 
   const pb::AttendResponse response = stream.RoundTrip(good.request);
   ASSERT_EQ(response.status().code(), 0) << response.status().message();
-  ExpectAnswer(AsInline(response, good, memory, step), step, "the good step after them");
+  ExpectAnswer(AsInline(response, good, ReaderOf(memory), step), step, "the good step after them");
   Applied(step);
   EXPECT_TRUE(stream.Close().ok());
   ExpectListed(seq, "after the good step");
@@ -2432,6 +2451,288 @@ TEST_F(ServerE2eTest, AClientThatDiesLeavesNoRegionBehind) {
   EXPECT_THAT(server_->Output(), HasSubstr("unregistered 1 region whose client held no stream"));
   shm_unlink(name.c_str());  // the client's to remove; it died
 }
+
+// A server without a GPU refuses CUDA IPC regions, saying what to use
+// instead, and registers nothing.
+TEST_F(ServerE2eTest, CudaIpcRegionsNeedAGpuServer) {
+  if (ServerBackend() != "cpu") GTEST_SKIP() << "the server runs --backend=" << ServerBackend();
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  pb::RegisterRegionRequest request;
+  request.set_kind(pb::REGION_KIND_CUDA_IPC);
+  request.set_cuda_ipc_handle(std::string(64, '\1'));
+  request.set_device_uuid("GPU-00000000-0000-0000-0000-000000000000");
+  request.set_byte_size(1 << 20);
+  pb::RegisterRegionResponse response;
+  ExpectStatus(Call(*stub_, &pb::MlaOffload::Stub::RegisterRegion, request, &response),
+               grpc::StatusCode::UNIMPLEMENTED, "register host memory (REGION_KIND_SYSTEM_SHM)",
+               "a CUDA IPC region on the CPU backend");
+  pb::ListRegionsResponse listed;
+  ASSERT_TRUE(Call(*stub_, &pb::MlaOffload::Stub::ListRegions, pb::ListRegionsRequest(), &listed).ok());
+  EXPECT_EQ(listed.regions_size(), 0);
+}
+
+#ifdef MLA_HAVE_CUDA
+// ---- 9. CUDA IPC regions (a GPU host, --backend=cuda): device memory of
+// this test process, exported as a client would, that the server process
+// opens; its kernels read the inputs there and write the answers there.
+
+bool CudaIpcRun() {
+  int devices = 0;
+  return ServerBackend() == "cuda" && cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
+}
+
+// Device memory of this process on GPU 0, zero-filled.
+class DeviceMemory {
+ public:
+  explicit DeviceMemory(int64_t bytes) : bytes_(bytes) {
+    EXPECT_EQ(cudaMalloc(&data_, bytes), cudaSuccess);
+    EXPECT_EQ(cudaMemset(data_, 0, bytes), cudaSuccess);
+  }
+  ~DeviceMemory() { cudaFree(data_); }
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+
+  int64_t bytes() const { return bytes_; }
+  uint8_t* data() const { return static_cast<uint8_t*>(data_); }
+  RegionWriter Writer() {
+    return [this](int64_t at, const std::string& bytes) {
+      EXPECT_EQ(cudaMemcpy(data() + at, bytes.data(), bytes.size(), cudaMemcpyHostToDevice),
+                cudaSuccess);
+    };
+  }
+  RegionReader Reader() const {
+    return [this](int64_t at, int64_t size) {
+      std::string bytes(size, '\0');
+      EXPECT_EQ(cudaMemcpy(bytes.data(), data() + at, size, cudaMemcpyDeviceToHost), cudaSuccess);
+      return bytes;
+    };
+  }
+
+ private:
+  void* data_ = nullptr;
+  int64_t bytes_ = 0;
+};
+
+pb::RegisterRegionRequest CudaRegionRequest(const DeviceMemory& memory, int64_t bytes) {
+  absl::StatusOr<client::CudaExport> exported = client::ExportCudaAllocation(memory.data());
+  EXPECT_TRUE(exported.ok()) << exported.status();
+  pb::RegisterRegionRequest request;
+  request.set_kind(pb::REGION_KIND_CUDA_IPC);
+  if (exported.ok()) {
+    request.set_cuda_ipc_handle(exported->handle);
+    request.set_device_uuid(exported->device_uuid);
+  }
+  request.set_byte_size(bytes);
+  return request;
+}
+
+uint64_t RegisterDeviceRegion(pb::MlaOffload::Stub& stub, const DeviceMemory& memory,
+                              int64_t bytes) {
+  pb::RegisterRegionResponse response;
+  const grpc::Status status = Call(stub, &pb::MlaOffload::Stub::RegisterRegion,
+                                   CudaRegionRequest(memory, bytes), &response);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  return response.region_id();
+}
+
+// Steps of every layer kind with q, kv and compressed rows in device memory
+// of another process and the answer written there give, bit for bit, the
+// inline answers of a twin session fed the same rows: one message at a
+// time (the kernels read and write the region) and many in flight on
+// several sessions (launches that batch them copy on the device), where some
+// launch must have batched more than one message.
+TEST_F(ServerE2eTest, CudaIpcStepsAreBitIdenticalToInlineOnes) {
+  if (!CudaIpcRun()) GTEST_SKIP() << "needs --backend=cuda and a GPU in this process";
+  // Room for the twelve sessions' KV.
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--kv_cache_gb=12"}));
+  const ModelProfile& profile = **FindModelProfile(kPro);
+  constexpr int kPairs = 6;
+  std::vector<Seq> plain(kPairs), device(kPairs);
+  for (int i = 0; i < kPairs; ++i) {
+    ASSERT_NO_FATAL_FAILURE(Create(&plain[i], kPro, 16, 81 + i));
+    ASSERT_NO_FATAL_FAILURE(Create(&device[i], kPro, 16, 81 + i));
+    ASSERT_NO_FATAL_FAILURE(Append(&plain[i], 254));
+    ASSERT_NO_FATAL_FAILURE(Append(&device[i], 254));
+  }
+  constexpr int64_t kSlot = 1 << 20;  // one message's tensors and answer
+  DeviceMemory memory(kPairs * kSlot);
+  const uint64_t id = RegisterDeviceRegion(*stub_, memory, memory.bytes());
+  pb::ListRegionsResponse listed;
+  ASSERT_TRUE(Call(*stub_, &pb::MlaOffload::Stub::ListRegions, pb::ListRegionsRequest(), &listed).ok());
+  ASSERT_EQ(listed.regions_size(), 1);
+  EXPECT_EQ(listed.regions(0).kind(), pb::REGION_KIND_CUDA_IPC);
+  EXPECT_THAT(listed.regions(0).device_uuid(), ::testing::StartsWith("GPU-"));
+  AttendStream stream(*stub_);
+  uint64_t request_id = 1;
+  bool batched = false;
+  for (int32_t p = 254; p < 258; ++p) {
+    for (int layer : {0, 2, 60, 61}) {
+      // At 254 and 256 one message at a time, at 255 and 257 all at once.
+      const bool at_once = p % 2 == 1;
+      const int pairs = kPairs;
+      std::vector<Step> inline_steps, region_steps;
+      std::vector<RegionStep> moved;
+      for (int i = 0; i < pairs; ++i) {
+        StepSpec spec;
+        spec.layer = layer;
+        spec.head_offset = 16;
+        spec.lse = (p + i) % 2 == 0;
+        spec.derotate = (p + layer) % 2 == 1;
+        spec.topk_width = p == 254 ? profile.indexer_topk : 40;
+        spec.request_id = request_id++;
+        spec.segments = {{&plain[i], p}};
+        inline_steps.push_back(BuildStep(mirror_, spec));
+        spec.request_id = request_id++;
+        spec.segments = {{&device[i], p}};
+        region_steps.push_back(BuildStep(mirror_, spec));
+        moved.push_back(IntoRegion(region_steps.back(), id, memory.Writer(), i * kSlot));
+      }
+      std::vector<pb::AttendResponse> inline_responses(pairs), responses(pairs);
+      if (at_once) {
+        for (int i = 0; i < pairs; ++i) ASSERT_TRUE(stream.Write(inline_steps[i].request));
+        for (int i = 0; i < pairs; ++i) ASSERT_TRUE(stream.Write(moved[i].request));
+        for (int i = 0; i < pairs; ++i) ASSERT_TRUE(stream.Read(&inline_responses[i]));
+        for (int i = 0; i < pairs; ++i) ASSERT_TRUE(stream.Read(&responses[i]));
+      } else {
+        for (int i = 0; i < pairs; ++i) {
+          inline_responses[i] = stream.RoundTrip(inline_steps[i].request);
+          responses[i] = stream.RoundTrip(moved[i].request);
+        }
+      }
+      for (int i = 0; i < pairs; ++i) {
+        const std::string what = absl::StrCat("layer ", layer, " position ", p, " pair ", i);
+        ExpectAnswer(inline_responses[i], inline_steps[i], what);
+        const pb::AttendResponse& response = responses[i];
+        ASSERT_EQ(response.status().code(), 0) << what << ": " << response.status().message();
+        EXPECT_FALSE(response.has_out() || response.has_lse()) << what << ": tensors in the answer";
+        batched |= at_once && response.timing().batch_tokens() > 1;
+        const RegionReader read = memory.Reader();
+        EXPECT_EQ(read(moved[i].out_at, moved[i].out_bytes), inline_responses[i].out().data())
+            << what << ": out differs from the inline answer";
+        if (moved[i].lse_bytes > 0) {
+          EXPECT_EQ(read(moved[i].lse_at, moved[i].lse_bytes), inline_responses[i].lse().data())
+              << what << ": lse differs from the inline answer";
+        }
+        ExpectAnswer(AsInline(response, moved[i], read, region_steps[i]), region_steps[i], what);
+        Applied(inline_steps[i]);
+        Applied(region_steps[i]);
+      }
+    }
+  }
+  EXPECT_TRUE(batched) << "no launch batched two messages from the region: the copies on the "
+                          "device went untested";
+  EXPECT_TRUE(stream.Close().ok());
+  for (int i = 0; i < kPairs; ++i) {
+    ExpectListed(plain[i], "an inline session");
+    ExpectListed(device[i], "a session stepped through the CUDA IPC region");
+  }
+}
+
+// Each bad registration and reference of a CUDA IPC region gets its error
+// naming the field and changes nothing: no region, nothing written, no
+// session moved; a region unregistered while its step runs still serves
+// that step, and later references to it are NOT_FOUND.
+TEST_F(ServerE2eTest, BadCudaIpcRegionsFailAndChangeNothing) {
+  if (!CudaIpcRun()) GTEST_SKIP() << "needs --backend=cuda and a GPU in this process";
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  DeviceMemory memory(1 << 20);
+  using grpc::StatusCode;
+  struct BadRegistration {
+    std::string what;
+    StatusCode code;
+    std::string field;
+    std::function<void(pb::RegisterRegionRequest&)> change;
+  };
+  const std::vector<BadRegistration> bad_registrations = {
+      {"a size past the allocation", StatusCode::INVALID_ARGUMENT,
+       "bytes of the allocation the handle exports",
+       [&](pb::RegisterRegionRequest& r) { r.set_byte_size(memory.bytes() + 1); }},
+      {"a short handle", StatusCode::INVALID_ARGUMENT, "cuda_ipc_handle: 63 bytes",
+       [](pb::RegisterRegionRequest& r) { r.mutable_cuda_ipc_handle()->resize(63); }},
+      {"a handle of nothing", StatusCode::INVALID_ARGUMENT, "cuda_ipc_handle: the driver cannot open",
+       [](pb::RegisterRegionRequest& r) { r.set_cuda_ipc_handle(std::string(64, '\x5a')); }},
+      {"a GPU of no host", StatusCode::NOT_FOUND, "is no GPU of this host",
+       [](pb::RegisterRegionRequest& r) {
+         r.set_device_uuid("GPU-00000000-0000-0000-0000-000000000000");
+       }},
+      {"no size", StatusCode::INVALID_ARGUMENT, "byte_size is 0",
+       [](pb::RegisterRegionRequest& r) { r.set_byte_size(0); }},
+  };
+  for (const BadRegistration& b : bad_registrations) {
+    pb::RegisterRegionRequest request = CudaRegionRequest(memory, memory.bytes());
+    b.change(request);
+    pb::RegisterRegionResponse response;
+    ExpectStatus(Call(*stub_, &pb::MlaOffload::Stub::RegisterRegion, request, &response), b.code,
+                 b.field, b.what);
+  }
+  pb::ListRegionsResponse listed;
+  ASSERT_TRUE(Call(*stub_, &pb::MlaOffload::Stub::ListRegions, pb::ListRegionsRequest(), &listed).ok());
+  EXPECT_EQ(listed.regions_size(), 0) << "a refused registration left a region";
+
+  Seq seq;
+  ASSERT_NO_FATAL_FAILURE(Create(&seq, kFlash, 8, 91));
+  constexpr int32_t kP = 131;
+  ASSERT_NO_FATAL_FAILURE(Append(&seq, kP));
+  const int64_t blocks = Info().kv_blocks_used();
+  // Registered shorter than the allocation: a reference past byte_size is
+  // refused although the memory exists.
+  const int64_t size = memory.bytes() / 2;
+  const uint64_t id = RegisterDeviceRegion(*stub_, memory, size);
+  StepSpec spec;
+  spec.request_id = 1;
+  spec.layer = 2;
+  spec.segments = {{&seq, kP}};
+  spec.lse = true;
+  const Step step = BuildStep(mirror_, spec);
+  const RegionStep good = IntoRegion(step, id, memory.Writer(), 0);
+  struct Bad {
+    std::string what;
+    std::string field;
+    std::function<void(pb::AttendRequest&)> change;
+  };
+  const std::vector<Bad> bad = {
+      {"q past the registered size", "AttendRequest.q.region: bytes",
+       [&](pb::AttendRequest& r) { r.mutable_q()->mutable_region()->set_offset(size - 1024); }},
+      {"kv at an offset not a multiple of 16", "AttendRequest.kv.region.offset",
+       [&](pb::AttendRequest& r) {
+         r.mutable_kv()->mutable_region()->set_offset(r.kv().region().offset() + 8);
+       }},
+      {"out at an offset not a multiple of 16", "AttendRequest.out_region.offset",
+       [&](pb::AttendRequest& r) { r.mutable_out_region()->set_offset(good.out_at + 2); }},
+      {"an out region too small for the answer", "out_region.byte_size",
+       [&](pb::AttendRequest& r) { r.mutable_out_region()->set_byte_size(good.out_bytes - 16); }},
+  };
+  const std::string before = memory.Reader()(0, memory.bytes());
+  AttendStream stream(*stub_);
+  for (const Bad& b : bad) {
+    pb::AttendRequest request = good.request;
+    b.change(request);
+    ExpectError(stream.RoundTrip(request), request.request_id(), StatusCode::INVALID_ARGUMENT,
+                b.field, b.what);
+    EXPECT_EQ(memory.Reader()(0, memory.bytes()), before) << b.what << " wrote the region";
+  }
+  EXPECT_EQ(Info().kv_blocks_used(), blocks);
+  ExpectListed(seq, "after the bad references");
+
+  // Unregistered right after the step is sent: the step still runs there.
+  ASSERT_TRUE(stream.Write(good.request));
+  pb::UnregisterRegionRequest unregister;
+  unregister.set_region_id(id);
+  pb::UnregisterRegionResponse unregistered;
+  ASSERT_TRUE(Call(*stub_, &pb::MlaOffload::Stub::UnregisterRegion, unregister, &unregistered).ok());
+  pb::AttendResponse response;
+  ASSERT_TRUE(stream.Read(&response));
+  ASSERT_EQ(response.status().code(), 0) << response.status().message();
+  ExpectAnswer(AsInline(response, good, memory.Reader(), step), step, "the step whose region went");
+  Applied(step);
+  pb::AttendRequest later = good.request;
+  later.set_request_id(2);
+  ExpectError(stream.RoundTrip(later), 2, StatusCode::NOT_FOUND,
+              absl::StrCat("region ", id, " is not registered"), "a reference after the unregister");
+  EXPECT_TRUE(stream.Close().ok());
+  ExpectListed(seq, "after the step");
+}
+#endif  // MLA_HAVE_CUDA
 
 }  // namespace
 }  // namespace mla
