@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/host_region.h"
 #include "client/mla_client.h"
 #include "client/test_processes.h"
 #include "gmock/gmock.h"
@@ -221,6 +222,32 @@ TEST_F(AuthTest, ATenantCannotSeeAttendAppendToOrCloseAnotherTenantsSession) {
   EXPECT_TRUE(ops->CloseSession(theirs->session_id()).ok());
   EXPECT_THAT(Ids(*beta), ::testing::IsEmpty());
   EXPECT_TRUE(alpha->CloseSession(id).ok());
+}
+
+// With authentication a region belongs to the tenant: its clients (each
+// with its own mla-client-id) share it, another tenant cannot see or
+// unregister it.
+TEST_F(AuthTest, RegionsBelongToTheTenant) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  std::unique_ptr<client::Client> alpha = As("alpha-token-1");
+  std::unique_ptr<client::Client> alpha_too = As("alpha-token-1");
+  std::unique_ptr<client::Client> beta = As("beta-token-1");
+  absl::StatusOr<std::unique_ptr<client::HostRegion>> region =
+      client::HostRegion::Create(*alpha, 4096);
+  ASSERT_TRUE(region.ok()) << region.status();
+  const auto ids = [](client::Client& client) {
+    std::vector<uint64_t> ids;
+    absl::StatusOr<std::vector<pb::RegionInfo>> regions = client.ListRegions();
+    EXPECT_TRUE(regions.ok()) << regions.status();
+    if (regions.ok()) {
+      for (const pb::RegionInfo& info : *regions) ids.push_back(info.region_id());
+    }
+    return ids;
+  };
+  EXPECT_THAT(ids(*alpha_too), ::testing::ElementsAre((*region)->id()));
+  EXPECT_THAT(ids(*beta), ::testing::IsEmpty());
+  EXPECT_EQ(beta->UnregisterRegion((*region)->id()).code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(ids(*alpha), ::testing::ElementsAre((*region)->id()));
 }
 
 TEST_F(AuthTest, SessionLimitPerTenant) {
