@@ -21,7 +21,9 @@
 #include "client/test_processes.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/model_profile.h"
 #include "tests/support/test_certs.h"
+#include "tests/support/test_rows.h"
 
 namespace mla {
 namespace {
@@ -281,6 +283,57 @@ TEST_F(AuthTest, KvBlockLimitPerTenant) {
   absl::StatusOr<pb::ServerInfo> after = alpha->GetServerInfo();
   ASSERT_TRUE(after.ok());
   EXPECT_EQ(after->kv_blocks_used(), before->kv_blocks_used());
+}
+
+// AppendKV's compressed pages count against the tenant's block limit: a
+// prompt that would pass it is refused and writes nothing; one that needs
+// no new page goes in.
+TEST_F(AuthTest, KvBlockLimitRefusesAnAppendThatWouldPassIt) {
+  absl::StatusOr<const ModelProfile*> profile = FindModelProfile("deepseek-v4-flash");
+  ASSERT_TRUE(profile.ok());
+  const int layers = (*profile)->num_attention_layers();
+  const int64_t ring_blocks = int64_t{layers} * 4;  // a new session's SWA rings
+  ASSERT_NO_FATAL_FAILURE(
+      Start({absl::StrCat("--max_kv_blocks_per_tenant=", ring_blocks + 1)}));
+  std::unique_ptr<client::Client> alpha = As("alpha-token-1");
+  absl::StatusOr<pb::CreateSessionResponse> session = alpha->CreateSession(Flash());
+  ASSERT_TRUE(session.ok()) << session.status();
+
+  // Rows of `count` positions from 0 for every layer, with the compressed
+  // rows they complete.
+  const auto prompt = [&](int32_t count, std::vector<std::vector<uint16_t>>& storage) {
+    std::vector<client::LayerRowsInput> rows(layers);
+    storage.assign(2 * layers, {});
+    for (int layer = 0; layer < layers; ++layer) {
+      const int ratio = (*profile)->compress_ratio(layer);
+      storage[2 * layer] = TestRows(layer, count);
+      rows[layer].layer = layer;
+      rows[layer].swa_kv = storage[2 * layer];
+      if (ratio != 0) {
+        storage[2 * layer + 1] = TestRows(1000 + layer, count / ratio);
+        rows[layer].compressed_kv = storage[2 * layer + 1];
+      }
+    }
+    return rows;
+  };
+  std::vector<std::vector<uint16_t>> storage;
+  const std::vector<client::LayerRowsInput> big = prompt(256, storage);
+  const absl::Status refused = alpha->AppendKV(session->session_id(), 0, 256, big).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr(absl::StrCat("tenant 'alpha' holds ", ring_blocks,
+                                                        " KV blocks")));
+  absl::StatusOr<std::vector<pb::SessionInfo>> listed = alpha->ListSessions();
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].next_position(), 0);
+  EXPECT_EQ((*listed)[0].kv_blocks(), ring_blocks);
+
+  std::vector<std::vector<uint16_t>> small_storage;
+  const std::vector<client::LayerRowsInput> small = prompt(3, small_storage);
+  absl::StatusOr<pb::AppendKVResponse> appended =
+      alpha->AppendKV(session->session_id(), 0, 3, small);
+  ASSERT_TRUE(appended.ok()) << appended.status();
+  EXPECT_EQ(appended->next_position(), 3);
 }
 
 TEST_F(AuthTest, StreamLimitPerTenant) {
