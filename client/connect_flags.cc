@@ -54,7 +54,9 @@ namespace {
 
 absl::StatusOr<std::string> ReadFlagFile(const char* flag, const std::string& path) {
   std::ifstream file(path, std::ios::binary);
-  if (!file) return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", path, ": cannot read it"));
+  if (!file) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", path, ": cannot read it"));
+  }
   std::ostringstream bytes;
   bytes << file.rdbuf();
   return bytes.str();

@@ -371,7 +371,8 @@ int main(int argc, char** argv) {
   absl::FlagsUsageConfig config;
   // --help lists this tool's flags, not those of the libraries it links.
   config.contains_help_flags = [](absl::string_view file) {
-    return absl::EndsWith(file, "client/mla_cli.cc") || absl::EndsWith(file, "client/connect_flags.cc");
+    return absl::EndsWith(file, "client/mla_cli.cc") ||
+           absl::EndsWith(file, "client/connect_flags.cc");
   };
   config.contains_helpshort_flags = config.contains_help_flags;
   absl::SetFlagsUsageConfig(config);

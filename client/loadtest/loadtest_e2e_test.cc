@@ -518,7 +518,8 @@ TEST(LoadTestEndToEnd, TlsAndATokenAgainstAnAuthenticatedServer) {
       "--sessions=2", "--prompt=200", "--warmup_s=0.2", "--duration_s=1", "--verify",
       "--verify_every=3", "--verify_max=4", "--verify_tokens=2"};
   std::vector<std::string> flags = run_flags;
-  flags.insert(flags.end(), {"--tls", "--tls_ca=" + *certs + "/ca.pem", "--token_file=" + token_file});
+  flags.insert(flags.end(),
+               {"--tls", "--tls_ca=" + *certs + "/ca.pem", "--token_file=" + token_file});
   LoadTestRun run = LoadTest(flags);
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_THAT(run.output, HasSubstr("errors                   none"));
@@ -533,7 +534,8 @@ TEST(LoadTestEndToEnd, TlsAndATokenAgainstAnAuthenticatedServer) {
   absl::StatusOr<std::unique_ptr<client::Client>> operator_client =
       client::Client::Connect(server->target(), ops);
   ASSERT_TRUE(operator_client.ok());
-  absl::StatusOr<std::vector<mla_offload::v1::SessionInfo>> left = (*operator_client)->ListSessions();
+  absl::StatusOr<std::vector<mla_offload::v1::SessionInfo>> left =
+      (*operator_client)->ListSessions();
   ASSERT_TRUE(left.ok()) << left.status();
   EXPECT_TRUE(left->empty());
 

@@ -146,7 +146,8 @@ int Main(const std::vector<std::string>& repeated_targets) {
   options.interrupted = &g_interrupted;
   absl::StatusOr<client::ConnectOptions> connect = client::ConnectOptionsFromFlags();
   if (!connect.ok()) {
-    std::fprintf(stderr, "mla_offload_loadtest: %s\n", std::string(connect.status().message()).c_str());
+    std::fprintf(stderr, "mla_offload_loadtest: %s\n",
+                 std::string(connect.status().message()).c_str());
     return 2;
   }
   options.connect = *std::move(connect);

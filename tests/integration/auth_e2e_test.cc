@@ -520,10 +520,13 @@ TEST(AuthFlagsTest, AnAddressOtherHostsReachNeedsTlsAndAuthentication) {
            {{"--listen=0.0.0.0:0", tokens_flag}, "authentication but no TLS"},
            {{"--listen=0.0.0.0:0", tls_cert, tls_key}, "TLS but no authentication"},
            {{tls_cert}, "--tls_cert_file needs --tls_key_file"},
-           {{tls_cert, "--tls_key_file=" + *certs + "/alpha.key"}, "is not the key of the certificate"},
-           {{tls_cert, tls_key, "--tls_client_ca_file=/no/such/ca.pem"}, "--tls_client_ca_file=/no/such/ca.pem: cannot read it"},
+           {{tls_cert, "--tls_key_file=" + *certs + "/alpha.key"},
+            "is not the key of the certificate"},
+           {{tls_cert, tls_key, "--tls_client_ca_file=/no/such/ca.pem"},
+            "--tls_client_ca_file=/no/such/ca.pem: cannot read it"},
            {{"--tls_client_ca_file=" + *certs + "/ca.pem"}, "need --tls_cert_file"},
-           {{"--auth_tokens_file=/no/such/tokens"}, "--auth_tokens_file=/no/such/tokens: cannot read it"},
+           {{"--auth_tokens_file=/no/such/tokens"},
+            "--auth_tokens_file=/no/such/tokens: cannot read it"},
        }) {
     std::vector<std::string> argv = {*binary, "--listen=127.0.0.1:0", "--metrics_port=-1"};
     argv.insert(argv.end(), c.flags.begin(), c.flags.end());
