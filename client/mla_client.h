@@ -4,7 +4,9 @@
 // Connecting: Client::Connect makes a channel to one server with the
 // message-size limits and HTTP/2 window settings the server itself uses
 // (large tensor messages must not stall on flow control every 64 KiB),
-// plaintext by default, TLS (optionally mutual) when ConnectOptions says so.
+// plaintext by default, TLS (optionally mutual) when ConnectOptions says so,
+// and a bearer token with every call and stream when it gives one (a server
+// with authentication maps it to a tenant).
 // Connect does not wait for the server unless connect_timeout is set; the
 // first call then reports an unreachable server as UNAVAILABLE.
 //
@@ -19,8 +21,10 @@
 // session that was on a server that has since been lost and restarted),
 // RESOURCE_EXHAUSTED (no KV blocks or queue space; nothing changed),
 // FAILED_PRECONDITION (position out of order), UNAVAILABLE (draining or
-// unreachable), DEADLINE_EXCEEDED (a call or layer step took longer than its
-// timeout).
+// unreachable, or a TLS handshake that failed), DEADLINE_EXCEEDED (a call or
+// layer step took longer than its timeout), UNAUTHENTICATED (no valid token
+// or client certificate). Another tenant's session is NOT_FOUND, as an
+// unknown one is.
 //
 // Tensor bytes: AppendKV, AttendStream::Send and EchoStream::Send put the
 // caller's memory into the outgoing message as slices that reference it (no
