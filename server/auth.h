@@ -17,7 +17,9 @@
 //
 // The rule for a call: a call that sends an authorization header is judged
 // by it alone (a wrong token is UNAUTHENTICATED even with a good
-// certificate); a call without one is the tenant of its verified client
+// certificate, and so is any token on a server that takes none: a client
+// that thinks it sends credentials is told they count for nothing); a call
+// without one is the tenant of its verified client
 // certificate when client certificates are on; anything else is
 // UNAUTHENTICATED, with a message that says what to send and never the
 // token. Without tokens and client certificates, authentication is off:
