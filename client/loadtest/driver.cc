@@ -22,8 +22,8 @@
 #include "absl/time/time.h"
 #include "client/loadtest/arrivals.h"
 #include "client/loadtest/progress.h"
+#include "client/loadtest/slot_memory.h"
 #include "client/loadtest/verifier.h"
-#include "client/host_region.h"
 #include "client/loadtest/workload.h"
 #include "client/mla_client.h"
 #include "kernels/geometry.h"
@@ -60,7 +60,15 @@ Clock::duration FromSeconds(double s) {
 struct Setup {
   const ModelProfile* model = nullptr;
   const Workload* workload = nullptr;
-  bool shm = false;     // --data_plane=shm
+  // --data_plane=shm or cuda_ipc: the tensors lie in a region on each
+  // server (regions), in device memory of GPU cuda_device (cuda_ipc).
+  bool regions = false;
+  bool cuda_ipc = false;
+  int cuda_device = 0;
+  // cuda_ipc writes a slot's tensors only the first time the slot is used,
+  // as a model's kernels would have left them there, unless --verify checks
+  // the answers (every step is written then).
+  bool write_every_step = true;
   int concurrency = 1;  // layer steps in flight per node: a region's slots
   int heads = 0;
   int layers = 0;
@@ -77,7 +85,8 @@ struct SessionRef {
 };
 
 // Where one layer step's tensors lie in a slot of a group's region
-// (--data_plane=shm): each part 64-byte aligned, sized for the largest step.
+// (--data_plane=shm|cuda_ipc): each part 64-byte aligned, sized for the
+// largest step.
 struct SlotLayout {
   int64_t q = 0, kv = 0, compressed = 0, out = 0, lse = 0;  // offsets
   int64_t bytes = 0;                                        // of the slot
@@ -98,10 +107,12 @@ struct SlotLayout {
 struct Group {
   int server = 0;
   std::vector<SessionRef> sessions;
-  // --data_plane=shm: one slot a layer step in flight (step seq uses slot
-  // seq % slots: the steps in flight are the last ones sent).
-  std::unique_ptr<client::HostRegion> region;
+  // --data_plane=shm|cuda_ipc: one slot a layer step in flight (step seq
+  // uses slot seq % slots: the steps in flight are the last ones sent), and
+  // whether each has been written (Setup::write_every_step).
+  std::unique_ptr<SlotMemory> region;
   SlotLayout slot;
+  std::vector<bool> slot_written;
   std::unique_ptr<client::AttendStream> attend;
   std::unique_ptr<client::EchoStream> echo;
   // Layer steps sent and not yet received, in order, with their payload bytes.
@@ -225,18 +236,23 @@ class Node {
     return absl::OkStatus();
   }
 
-  // --data_plane=shm: a region on each server the node uses, a slot for
-  // each layer step in flight, each slot sized for the largest message.
+  // --data_plane=shm|cuda_ipc: a region on each server the node uses, a
+  // slot for each layer step in flight, each slot sized for the largest
+  // message.
   absl::Status CreateRegions() {
     const int64_t max_new_rows = setup_.tokens_per_step / 4 + 1;  // a session, at ratio 4
     for (Group& group : groups_) {
       const int64_t sessions = static_cast<int64_t>(group.sessions.size());
       group.slot = SlotLayout::For(sessions * setup_.tokens_per_step, setup_.heads,
                                    sessions * max_new_rows);
-      absl::StatusOr<std::unique_ptr<client::HostRegion>> region = client::HostRegion::Create(
-          cluster_->client(group.server), group.slot.bytes * setup_.concurrency);
+      client::Client& client = cluster_->client(group.server);
+      const int64_t bytes = group.slot.bytes * setup_.concurrency;
+      absl::StatusOr<std::unique_ptr<SlotMemory>> region =
+          setup_.cuda_ipc ? MakeCudaSlots(client, setup_.cuda_device, bytes)
+                          : MakeHostSlots(client, bytes);
       if (!region.ok()) return region.status();
       group.region = *std::move(region);
+      group.slot_written.assign(setup_.concurrency, false);
     }
     return absl::OkStatus();
   }
@@ -361,23 +377,31 @@ class Node {
     std::vector<int32_t> topk;
   };
 
-  // The region slot of layer step `seq` of `group` (--data_plane=shm).
-  uint8_t* SlotOf(const Group& group, int64_t seq) const {
-    return group.region->data() + (seq % setup_.concurrency) * group.slot.bytes;
+  // Where the region slot of layer step `seq` of `group` starts.
+  int64_t SlotOf(const Group& group, int64_t seq) const {
+    return (seq % setup_.concurrency) * group.slot.bytes;
   }
 
-  // Writes the tensors of `input` into the slot of step `seq` and names them
-  // there instead, with out (and lse) written there too: only the top-k
-  // stays inline.
-  absl::Status MoveIntoRegion(const Group& group, int64_t seq, int64_t tokens,
+  // Writes the tensors of `input` into the slot of step `seq` (unless it
+  // keeps what an earlier step wrote, Setup::write_every_step) and names
+  // them there instead, with out (and lse) written there too: only the
+  // top-k stays inline.
+  absl::Status MoveIntoRegion(Group& group, int64_t seq, int64_t tokens,
                               client::AttendInput& input) {
-    const int64_t base = (seq % setup_.concurrency) * group.slot.bytes;
-    uint8_t* slot = SlotOf(group, seq);
+    const int64_t base = SlotOf(group, seq);
+    const bool write =
+        setup_.write_every_step || !group.slot_written[seq % setup_.concurrency];
+    group.slot_written[seq % setup_.concurrency] = true;
     const auto place = [&](absl::Span<const uint16_t>& tensor, int64_t at,
                            std::optional<client::RegionRef>& ref) -> absl::Status {
       const int64_t bytes = static_cast<int64_t>(tensor.size()) * 2;
       if (bytes == 0) return absl::OkStatus();
-      std::memcpy(slot + at, tensor.data(), static_cast<size_t>(bytes));
+      if (write) {
+        if (absl::Status status = group.region->Write(base + at, tensor.data(), bytes);
+            !status.ok()) {
+          return status;
+        }
+      }
       absl::StatusOr<client::RegionRef> placed = group.region->Ref(base + at, bytes);
       if (!placed.ok()) return placed.status();
       ref = *placed;
@@ -402,9 +426,16 @@ class Node {
     return absl::OkStatus();
   }
 
-  // Builds and sends the group's part of layer step `seq`; its payload bytes.
-  absl::StatusOr<int64_t> SendAttend(Group& group, int64_t seq, int64_t step, int layer,
-                                     bool sample) {
+  // The group's part of a layer step, built and not yet sent.
+  struct BuiltAttend {
+    client::AttendInput input;
+    int64_t tokens = 0;
+    int64_t bytes = 0;  // tensor payload
+  };
+
+  // Builds the group's part of layer step `step` (the workload's rows,
+  // top-k and queries): what a serving node has at hand before it sends.
+  BuiltAttend BuildAttend(const Group& group, int64_t step, int layer, bool sample) const {
     const Workload& workload = *setup_.workload;
     const int ratio = setup_.model->compress_ratio(layer);
     const int32_t position = setup_.prompt + static_cast<int32_t>(step) * setup_.tokens_per_step;
@@ -444,27 +475,34 @@ class Node {
     const int64_t bytes =
         static_cast<int64_t>(input.q.size() + input.kv.size() + input.compressed_kv.size()) * 2 +
         static_cast<int64_t>(input.topk.size()) * 4;
-    if (setup_.shm) {
-      if (absl::Status status = MoveIntoRegion(group, seq, tokens, input); !status.ok()) {
+    input.keep_alive = std::move(message);
+    return BuiltAttend{std::move(input), tokens, bytes};
+  }
+
+  // Sends the group's part of layer step `seq` (its tensors first written
+  // into the slot with a region); its payload bytes.
+  absl::StatusOr<int64_t> SendAttend(Group& group, int64_t seq, BuiltAttend& built) {
+    if (setup_.regions) {
+      if (absl::Status status = MoveIntoRegion(group, seq, built.tokens, built.input);
+          !status.ok()) {
         return status;
       }
     }
-    input.keep_alive = std::move(message);
-    absl::StatusOr<uint64_t> sent = group.attend->Send(input);
+    absl::StatusOr<uint64_t> sent = group.attend->Send(built.input);
     if (!sent.ok()) return sent.status();
-    return bytes;
+    return built.bytes;
   }
 
   // The tensor bytes the group's Attend message for this layer step carries
-  // inline, without building it: all of them, or with --data_plane=shm the
-  // top-k alone. Echo sends as many.
+  // inline, without building it: all of them, or with a region (--data_plane=
+  // shm|cuda_ipc) the top-k alone. Echo sends as many.
   int64_t EchoBytes(const Group& group, int64_t step, int layer) const {
     const int ratio = setup_.model->compress_ratio(layer);
     const int32_t position = setup_.prompt + static_cast<int32_t>(step) * setup_.tokens_per_step;
     const int64_t tokens = static_cast<int64_t>(group.sessions.size()) * setup_.tokens_per_step;
     const int64_t new_rows =
         ratio > 0 ? (position + setup_.tokens_per_step) / ratio - position / ratio : 0;
-    int64_t bytes = setup_.shm ? 0
+    int64_t bytes = setup_.regions ? 0
                                : tokens * (setup_.heads + 1) * kRowBytes +
                                      static_cast<int64_t>(group.sessions.size()) * new_rows *
                                          kRowBytes;
@@ -529,10 +567,23 @@ class Node {
         if (sample) ++samples_taken_;
       }
       ++live_->in_flight;
-      for (Group& group : groups_) {
+      // The messages are built before the closed loop's clock starts: a
+      // serving node has its tensors when it sends, and making the
+      // workload's (the top-k above all) is this tool's cost, not the
+      // server's. The open loop counts from the arrival it drew.
+      std::vector<BuiltAttend> built;
+      if (plan_.kind == PhaseKind::kAttend) {
+        for (const Group& group : groups_) built.push_back(BuildAttend(group, step, layer, sample));
+        if (!plan_.open_loop) {
+          std::lock_guard<std::mutex> lock(mutex_);
+          pending_[seq].due = Clock::now();
+        }
+      }
+      for (size_t g = 0; g < groups_.size(); ++g) {
+        Group& group = groups_[g];
         absl::StatusOr<int64_t> bytes;
         if (plan_.kind == PhaseKind::kAttend) {
-          bytes = SendAttend(group, seq, step, layer, sample);
+          bytes = SendAttend(group, seq, built[g]);
         } else {
           const int64_t size = EchoBytes(group, step, layer);
           const absl::Span<const uint8_t> payload = setup_.workload->Bytes(
@@ -663,11 +714,15 @@ class Node {
       if (sample.result.in_regions()) {
         // Copied before the slot takes a later step.
         const int64_t rows = sample.result.num_tokens() * sample.result.num_heads();
-        const uint8_t* slot = SlotOf(group, seq);
-        const auto* out = reinterpret_cast<const uint16_t*>(slot + group.slot.out);
-        const auto* lse = reinterpret_cast<const float*>(slot + group.slot.lse);
-        sample.region_out.assign(out, out + rows * kHeadDim);
-        sample.region_lse.assign(lse, lse + rows);
+        const int64_t slot = SlotOf(group, seq);
+        sample.region_out.resize(rows * kHeadDim);
+        sample.region_lse.resize(rows);
+        absl::Status read = group.region->Read(slot + group.slot.out, sample.region_out.data(),
+                                               rows * kRowBytes);
+        if (read.ok()) {
+          read = group.region->Read(slot + group.slot.lse, sample.region_lse.data(), rows * 4);
+        }
+        if (!read.ok()) NoteFailure(read);
       }
       samples_.push_back(std::move(sample));
     }
@@ -1006,17 +1061,15 @@ absl::Status ValidateOptions(const LoadOptions& o) {
   if (o.tokens_per_step < 1 || o.tokens_per_step > 129) return bad("--tokens_per_step: 1 to 129");
   if (o.prompt < 0) return bad("--prompt must not be negative");
   if (o.concurrency < 1) return bad("--concurrency must be at least 1");
-  if (o.data_plane == "cuda_ipc") {
-    return bad("--data_plane=cuda_ipc: not in this build (the server answers CUDA IPC regions "
-               "UNIMPLEMENTED); use inline or shm");
+  if (o.data_plane != "inline" && o.data_plane != "shm" && o.data_plane != "cuda_ipc") {
+    return bad(absl::StrCat("--data_plane=", o.data_plane, ": give inline, shm or cuda_ipc"));
   }
-  if (o.data_plane != "inline" && o.data_plane != "shm") {
-    return bad(absl::StrCat("--data_plane=", o.data_plane, ": give inline or shm"));
+  if (o.data_plane != "inline" && o.rate > 0) {
+    return bad(absl::StrCat("--data_plane=", o.data_plane,
+                            " runs the closed loop only (a node's region holds --concurrency "
+                            "layer steps): drop --rate"));
   }
-  if (o.data_plane == "shm" && o.rate > 0) {
-    return bad("--data_plane=shm runs the closed loop only (a node's region holds --concurrency "
-               "layer steps): drop --rate");
-  }
+  if (o.cuda_device < 0) return bad("--cuda_device must not be negative");
   if (o.connections_per_stream < 1 || o.connections_per_stream > client::kMaxStreamConnections) {
     return bad(absl::StrCat("--connections_per_stream=", o.connections_per_stream, ": give 1 to ",
                             client::kMaxStreamConnections));
@@ -1057,7 +1110,10 @@ absl::StatusOr<RunOutput> RunLoadTest(const LoadOptions& options) {
   setup.prompt = options.prompt;
   setup.seed = options.seed;
   setup.derotate = options.derotate;
-  setup.shm = options.data_plane == "shm";
+  setup.regions = options.data_plane != "inline";
+  setup.cuda_ipc = options.data_plane == "cuda_ipc";
+  setup.cuda_device = options.cuda_device;
+  setup.write_every_step = !setup.cuda_ipc || options.verify;
   setup.concurrency = options.concurrency;
 
   RunOutput output;
@@ -1149,11 +1205,11 @@ absl::StatusOr<RunOutput> RunLoadTest(const LoadOptions& options) {
     }
   }
   for (auto& node : nodes) {
-    if (!setup.shm || interrupted()) break;
+    if (!setup.regions || interrupted()) break;
     if (absl::Status status = node->CreateRegions(); !status.ok()) {
       return AbandonSetup(
-          nodes, absl::Status(status.code(), absl::StrCat("--data_plane=shm: making a node's "
-                                                          "shared-memory region: ",
+          nodes, absl::Status(status.code(), absl::StrCat("--data_plane=", options.data_plane,
+                                                          ": making a node's region: ",
                                                           status.message())));
     }
   }

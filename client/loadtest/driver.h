@@ -77,7 +77,12 @@ struct LoadOptions {
   // the same-host data plane), its messages name q, kv and the compressed
   // rows there and have out and lse written there (the top-k stays inline).
   // shm needs the closed loop: a region holds --concurrency layer steps.
+  // "cuda_ipc": the same with device memory of GPU cuda_device
+  // (client::CudaRegion) on a --backend=cuda server; a slot's tensors are
+  // written once, as a model's kernels would have left them there, or every
+  // step with verify.
   std::string data_plane = "inline";
+  int cuda_device = 0;
   double step_timeout_s = 30;
   uint64_t seed = 1;
   bool progress = true;

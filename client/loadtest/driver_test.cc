@@ -46,14 +46,22 @@ TEST(DriverTest, EachBadSettingNamesItsFlag) {
   EXPECT_THAT(ErrorOf([](LoadOptions& o) { o.connections_per_stream = 17; }),
               HasSubstr("--connections_per_stream=17"));
   EXPECT_THAT(ErrorOf([](LoadOptions& o) { o.data_plane = "rdma"; }),
-              HasSubstr("--data_plane=rdma: give inline or shm"));
-  EXPECT_THAT(ErrorOf([](LoadOptions& o) { o.data_plane = "cuda_ipc"; }),
-              HasSubstr("--data_plane=cuda_ipc: not in this build"));
+              HasSubstr("--data_plane=rdma: give inline, shm or cuda_ipc"));
   EXPECT_THAT(ErrorOf([](LoadOptions& o) {
                 o.data_plane = "shm";
                 o.rate = 100;
               }),
               HasSubstr("--data_plane=shm runs the closed loop only"));
+  EXPECT_THAT(ErrorOf([](LoadOptions& o) {
+                o.data_plane = "cuda_ipc";
+                o.rate = 100;
+              }),
+              HasSubstr("--data_plane=cuda_ipc runs the closed loop only"));
+  EXPECT_THAT(ErrorOf([](LoadOptions& o) {
+                o.data_plane = "cuda_ipc";
+                o.cuda_device = -1;
+              }),
+              HasSubstr("--cuda_device must not be negative"));
   EXPECT_THAT(ErrorOf([](LoadOptions& o) { o.rate = -1; }), HasSubstr("--rate"));
   EXPECT_THAT(ErrorOf([](LoadOptions& o) { o.duration_s = 0; }), HasSubstr("--duration_s"));
   EXPECT_THAT(ErrorOf([](LoadOptions& o) {

@@ -295,6 +295,19 @@ TEST(LoadTestEndToEnd, TensorsInSharedMemory) {
   }
 }
 
+// CUDA IPC regions against a server without a GPU (or from a machine
+// without one): the setup fails saying why, and leaves no session behind.
+TEST(LoadTestEndToEnd, CudaIpcWithoutAGpuServerFailsAtSetup) {
+  std::unique_ptr<client::TestServer> server = StartServer();
+  ASSERT_NE(server, nullptr);
+  const LoadTestRun run = LoadTest({"--target=" + server->target(), "--model=deepseek-v4-flash",
+                                    "--tp=8", "--layers=4", "--sessions=2", "--prompt=64",
+                                    "--data_plane=cuda_ipc", "--duration_s=1"});
+  EXPECT_NE(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("--data_plane=cuda_ipc: making a node's region"));
+  EXPECT_EQ(KvBlocksUsed(*server), 0) << "the failed setup left sessions";
+}
+
 TEST(LoadTestEndToEnd, OpenLoopStepsAndTwoServers) {
   std::unique_ptr<client::TestServer> first = StartServer(), second = StartServer();
   ASSERT_NE(first, nullptr);

@@ -83,11 +83,17 @@ ABSL_FLAG(int, connections_per_stream, 1,
           "may move more over two; messages on one session layer stay on one connection, in "
           "order.");
 ABSL_FLAG(std::string, data_plane, "inline",
-          "How the tensors travel: inline (in the gRPC messages) or shm (the same-host data "
-          "plane: each node keeps a POSIX shared-memory region on each server, writes q, kv and "
-          "the compressed rows there and has out and lse written there; only the top-k and the "
-          "message's fields go through gRPC, and the Echo baseline echoes only those bytes). "
-          "shm needs a server on this host (loopback or a unix: target) and the closed loop.");
+          "How the tensors travel: inline (in the gRPC messages), shm or cuda_ipc (the same-host "
+          "data plane: each node keeps a region on each server, POSIX shared memory or device "
+          "memory of --cuda_device, writes q, kv and the compressed rows there and has out and "
+          "lse written there; only the top-k and the message's fields go through gRPC, and the "
+          "Echo baseline echoes only those bytes). Both need a server on this host (loopback or "
+          "a unix: target) and the closed loop; cuda_ipc needs a --backend=cuda server and "
+          "writes a slot's tensors once, as a model's kernels would have left them there "
+          "(every step with --verify).");
+ABSL_FLAG(int, cuda_device, 0,
+          "--data_plane=cuda_ipc: the GPU of this host that the regions are allocated on (the "
+          "server's GPU, or one it reaches by peer access).");
 ABSL_FLAG(bool, progress, true,
           "A one-line progress display on stderr (rewritten in place on a terminal, a line every "
           "5 s otherwise).");
@@ -141,6 +147,7 @@ int Main(const std::vector<std::string>& repeated_targets) {
   options.connection_per_node = absl::GetFlag(FLAGS_connection_per_node);
   options.connections_per_stream = absl::GetFlag(FLAGS_connections_per_stream);
   options.data_plane = absl::GetFlag(FLAGS_data_plane);
+  options.cuda_device = absl::GetFlag(FLAGS_cuda_device);
   options.progress = absl::GetFlag(FLAGS_progress);
   options.progress_tty = isatty(fileno(stderr)) != 0;
   options.interrupted = &g_interrupted;

@@ -178,7 +178,10 @@ std::string FormatReport(const RunReport& report) {
           : absl::StrFormat("closed loop, %d layer step%s in flight per node", c.concurrency,
                             c.concurrency == 1 ? "" : "s");
   const std::string plane =
-      c.data_plane == "shm" ? "; tensors in shared memory (--data_plane=shm), top-k inline" : "";
+      c.data_plane == "shm"        ? "; tensors in shared memory (--data_plane=shm), top-k inline"
+      : c.data_plane == "cuda_ipc" ? "; tensors in device memory (--data_plane=cuda_ipc), top-k "
+                                     "inline"
+                                   : "";
   const PhaseStats& a = report.attend;
   const std::string spread =
       c.connections_per_stream > 1

@@ -19,7 +19,8 @@
 # 2-in-flight shapes also with each stream over 2 connections, and 64 and
 # 128 tokens also with the tensors in shared memory (--data_plane=shm)
 # (SERVICE_SHAPES="SESSIONS:STREAMS:IN_FLIGHT:CONNECTIONS[:PLANE] ..." picks
-# others);
+# others; one stream with one step in flight runs --verify unless
+# SERVICE_VERIFY=0, which times it without the checks' client work);
 # then host_copy_bench's pinned copy floor of those steps), for every server
 # binary named mla_offload_server* here (a second build, e.g.
 # mla_offload_server_base, is measured in the same run), reports and step
@@ -137,7 +138,7 @@ if [[ $steps == *service* ]]; then
     for _ in $(seq 100); do (echo > /dev/tcp/127.0.0.1/50051) 2> /dev/null && break; sleep 0.2; done
     # sessions x 1 token = tokens a layer step; streams; in flight; connections
     # a stream; the data plane (inline unless given)
-    for shape in ${SERVICE_SHAPES:-64:1:1:1 128:1:1:1 64:1:2:1 64:1:2:2 16:8:4:1 16:8:4:2 64:1:1:1:shm 128:1:1:1:shm}; do
+    for shape in ${SERVICE_SHAPES:-64:1:1:1 128:1:1:1 64:1:2:1 64:1:2:2 16:8:4:1 16:8:4:2 64:1:1:1:shm 128:1:1:1:shm 64:1:1:1:cuda_ipc 128:1:1:1:cuda_ipc 16:8:4:1:cuda_ipc}; do
       IFS=: read -r sessions streams inflight connections plane <<< "$shape"
       plane=${plane:-inline}
       run="${name}_s${sessions}_n${streams}_c${inflight}$([ "$connections" = 1 ] || echo "_x$connections")$([ "$plane" = inline ] || echo "_$plane")"
@@ -145,7 +146,7 @@ if [[ $steps == *service* ]]; then
         --streams="$streams" --sessions="$sessions" --prompt=1024 --concurrency="$inflight" \
         --connections_per_stream="$connections" --data_plane="$plane" \
         --warmup_s=2 --duration_s=6 --baseline --progress=false \
-        $([ "$streams" = 1 ] && [ "$inflight" = 1 ] && echo --verify) \
+        $([ "$streams" = 1 ] && [ "$inflight" = 1 ] && [ "${SERVICE_VERIFY:-1}" = 1 ] && echo --verify) \
         --json_out="$OUT/service/$run.json" --csv_out="$OUT/service/$run.csv" \
         > "$OUT/service/$run.txt" 2>&1
       rc=$?
