@@ -37,6 +37,8 @@ test_packages=(
   python3-numpy python3-grpcio python3-protobuf python3-pytest
   # Load-test latency pictures.
   gnuplot-nox
+  # The TLS tests make their certificates (tests/support/make_test_certs.sh).
+  openssl
   # deploy/ (deploy/check.sh): the container image test (podman with runc,
   # a Debian base image made offline by mmdebstrap), the manifest checks'
   # venv, and YAML for the pod replay test.

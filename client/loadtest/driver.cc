@@ -1139,9 +1139,8 @@ absl::StatusOr<RunOutput> RunLoadTest(const LoadOptions& options) {
   config.steps = options.steps;
 
   // What the servers run and hold.
-  client::ConnectOptions connect;
   absl::StatusOr<std::unique_ptr<client::Cluster>> probe =
-      client::Cluster::Connect(options.targets, connect);
+      client::Cluster::Connect(options.targets, options.connect);
   if (!probe.ok()) return probe.status();
   std::set<std::string> versions, backends;
   setup.max_position = INT32_MAX;
@@ -1174,7 +1173,7 @@ absl::StatusOr<RunOutput> RunLoadTest(const LoadOptions& options) {
   // Nodes, sessions, prompts (untimed; nodes in parallel).
   std::vector<std::unique_ptr<Node>> nodes;
   for (int n = 0; n < options.streams; ++n) {
-    client::ConnectOptions node_connect;
+    client::ConnectOptions node_connect = options.connect;
     node_connect.own_connection = options.connection_per_node;
     absl::StatusOr<std::unique_ptr<client::Cluster>> cluster =
         client::Cluster::Connect(options.targets, node_connect);
