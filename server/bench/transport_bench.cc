@@ -159,7 +159,9 @@ ABSL_FLAG(std::string, data_plane, "inline",
           "How the Attend rows' tensors travel, comma separated: each Attend row runs with each. "
           "inline: in the gRPC messages; shm: the same-host data plane (each stream's q and kv "
           "in a POSIX shared-memory region it registered, one slot a message in flight, written "
-          "once; out written there by the server and copied out as --client_copy says).");
+          "once; out written there by the server and copied out as --client_copy says). "
+          "cuda_ipc is refused: the bench's server shares its process, where CUDA cannot open "
+          "the bench's own IPC handles (mla_offload_loadtest --data_plane=cuda_ipc times it).");
 
 namespace mla {
 namespace {
@@ -1264,8 +1266,11 @@ int Main() {
   setup.data_planes = absl::StrSplit(absl::GetFlag(FLAGS_data_plane), ',', absl::SkipEmpty());
   for (const std::string& plane : setup.data_planes) {
     if (plane == "cuda_ipc") {
-      std::fprintf(stderr, "transport_bench: --data_plane=cuda_ipc: not in this build (the "
-                           "server answers CUDA IPC regions UNIMPLEMENTED); give inline, shm\n");
+      std::fprintf(stderr,
+                   "transport_bench: --data_plane=cuda_ipc: this bench runs the server in its "
+                   "own process, and CUDA opens an IPC handle only in another process than the "
+                   "one that exported it; time CUDA IPC with mla_offload_loadtest "
+                   "--data_plane=cuda_ipc against a server process. Give inline, shm\n");
       return 2;
     }
     if (plane != "inline" && plane != "shm") {

@@ -43,7 +43,7 @@ class TransportBenchTest(bench_test_support.ScratchTest):
         self.assertRegex(done.stdout, r"Attend \(shm\)\s+1\s+1\s+0\.0\s+\d+")
 
     def test_a_data_plane_it_lacks_is_refused(self):
-        for plane, words in (("cuda_ipc", "not in this build"), ("rdma", "is not inline or shm"),
+        for plane, words in (("cuda_ipc", "CUDA opens an IPC handle only in another process"), ("rdma", "is not inline or shm"),
                              (",", "give inline, shm or both")):
             done = run("--data_plane=" + plane)
             self.assertEqual(done.returncode, 2, plane)
