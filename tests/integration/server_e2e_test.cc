@@ -2481,10 +2481,11 @@ bool CudaIpcRun() {
   return ServerBackend() == "cuda" && cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
 }
 
-// Device memory of this process on GPU 0, zero-filled.
+// Device memory of this process on GPU `device`, zero-filled.
 class DeviceMemory {
  public:
-  explicit DeviceMemory(int64_t bytes) : bytes_(bytes) {
+  explicit DeviceMemory(int64_t bytes, int device = 0) : bytes_(bytes) {
+    EXPECT_EQ(cudaSetDevice(device), cudaSuccess);
     EXPECT_EQ(cudaMalloc(&data_, bytes), cudaSuccess);
     EXPECT_EQ(cudaMemset(data_, 0, bytes), cudaSuccess);
   }
@@ -2626,6 +2627,52 @@ TEST_F(ServerE2eTest, CudaIpcStepsAreBitIdenticalToInlineOnes) {
     ExpectListed(plain[i], "an inline session");
     ExpectListed(device[i], "a session stepped through the CUDA IPC region");
   }
+}
+
+// Memory of another GPU of the host (the server runs on GPU 0): opened with
+// peer access, read and written by the server's kernels over the link, the
+// answers bit for bit those of a twin session inline. Needs two GPUs.
+TEST_F(ServerE2eTest, CudaIpcRegionsOnAPeerGpuAreTheInlineAnswers) {
+  if (!CudaIpcRun()) GTEST_SKIP() << "needs --backend=cuda and a GPU in this process";
+  int devices = 0, reaches = 0;
+  cudaGetDeviceCount(&devices);
+  if (devices < 2) GTEST_SKIP() << "needs a second GPU";
+  cudaDeviceCanAccessPeer(&reaches, 0, 1);
+  if (!reaches) GTEST_SKIP() << "GPU 0 cannot reach GPU 1";
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  Seq plain, peer;
+  ASSERT_NO_FATAL_FAILURE(Create(&plain, kPro, 16, 97));
+  ASSERT_NO_FATAL_FAILURE(Create(&peer, kPro, 16, 97));
+  ASSERT_NO_FATAL_FAILURE(Append(&plain, 254));
+  ASSERT_NO_FATAL_FAILURE(Append(&peer, 254));
+  DeviceMemory memory(1 << 20, /*device=*/1);
+  const uint64_t id = RegisterDeviceRegion(*stub_, memory, memory.bytes());
+  AttendStream stream(*stub_);
+  uint64_t request_id = 1;
+  for (int layer : {0, 2, 61}) {
+    StepSpec spec;
+    spec.layer = layer;
+    spec.lse = true;
+    spec.request_id = request_id++;
+    spec.segments = {{&plain, 254}};
+    const Step inline_step = BuildStep(mirror_, spec);
+    spec.request_id = request_id++;
+    spec.segments = {{&peer, 254}};
+    const Step region_step = BuildStep(mirror_, spec);
+    const std::string what = absl::StrCat("layer ", layer);
+    const pb::AttendResponse inline_response = stream.RoundTrip(inline_step.request);
+    ExpectAnswer(inline_response, inline_step, what);
+    const RegionStep moved = IntoRegion(region_step, id, memory.Writer(), 0);
+    const pb::AttendResponse response = stream.RoundTrip(moved.request);
+    ASSERT_EQ(response.status().code(), 0) << what << ": " << response.status().message();
+    const RegionReader read = memory.Reader();
+    EXPECT_EQ(read(moved.out_at, moved.out_bytes), inline_response.out().data()) << what;
+    EXPECT_EQ(read(moved.lse_at, moved.lse_bytes), inline_response.lse().data()) << what;
+    Applied(inline_step);
+    Applied(region_step);
+  }
+  EXPECT_TRUE(stream.Close().ok());
+  ExpectListed(peer, "the session stepped through the peer GPU's memory");
 }
 
 // Each bad registration and reference of a CUDA IPC region gets its error
