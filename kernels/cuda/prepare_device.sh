@@ -43,13 +43,13 @@ fi
 bazel build //kernels/cuda:cuda_backend_test //kernels/bench:cuda_bench //kernels/tool:mla_kernel_tool \
   //server:mla_offload_server //tests/integration:server_e2e_test //server/bench:transport_bench \
   //server/bench:host_copy_bench //client/loadtest:mla_offload_loadtest \
-  //tests/integration:region_holder
+  //tests/integration:region_holder //server/bench:cuda_ipc_holder
 rm -rf .device && mkdir -p .device/lib
 for binary in bazel-bin/kernels/cuda/cuda_backend_test bazel-bin/kernels/bench/cuda_bench \
     bazel-bin/kernels/tool/mla_kernel_tool bazel-bin/server/mla_offload_server \
     bazel-bin/tests/integration/server_e2e_test bazel-bin/server/bench/transport_bench \
     bazel-bin/server/bench/host_copy_bench bazel-bin/client/loadtest/mla_offload_loadtest \
-    bazel-bin/tests/integration/region_holder; do
+    bazel-bin/tests/integration/region_holder bazel-bin/server/bench/cuda_ipc_holder; do
   cp -L "$binary" .device/
   ldd "$binary" | awk '/=> \// {print $3}' |
     grep -v -E '/lib(c|m|gcc_s|stdc\+\+|pthread|dl|rt)\.so|ld-linux' |

@@ -30,6 +30,12 @@
 //                       with q and kv written once in a slot a message in
 //                       flight; messages name them there and have out
 //                       written there (copied out like the inline answer).
+//   Attend (cuda_ipc)   the same with device memory (--data_plane=cuda_ipc,
+//                       --backend=cuda): a child process (cuda_ipc_holder,
+//                       beside this binary) holds each stream's region,
+//                       since CUDA opens an IPC handle only in another
+//                       process than the exporter, and this one is the
+//                       server's; out stays on the GPU (nothing to copy).
 // Each row runs with 1 and with 4 streams (--streams); "x plain" divides a
 // row's GB/s per stream by the plain echo's GB/s per stream at the same
 // stream count.
@@ -60,7 +66,10 @@
 #include <vector>
 
 #include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -72,6 +81,7 @@
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -160,8 +170,9 @@ ABSL_FLAG(std::string, data_plane, "inline",
           "inline: in the gRPC messages; shm: the same-host data plane (each stream's q and kv "
           "in a POSIX shared-memory region it registered, one slot a message in flight, written "
           "once; out written there by the server and copied out as --client_copy says). "
-          "cuda_ipc is refused: the bench's server shares its process, where CUDA cannot open "
-          "the bench's own IPC handles (mla_offload_loadtest --data_plane=cuda_ipc times it).");
+          "cuda_ipc (with --backend=cuda): the same in device memory, held by a "
+          "cuda_ipc_holder child process beside this binary (CUDA opens an IPC handle only in "
+          "another process); out stays on the GPU.");
 
 namespace mla {
 namespace {
@@ -756,27 +767,86 @@ class EchoWorkload final : public Workload {
   const bool client_copy_;
 };
 
-// One stream's shared-memory region for --data_plane=shm: made with
-// shm_open as a client makes one, mapped here, registered by the workload.
+// One stream's region for --data_plane=shm: made with shm_open as a client
+// makes one, mapped here, registered by the workload; for cuda_ipc: device
+// memory a cuda_ipc_holder child holds until its stdin (holder_in) closes.
 struct StreamRegion {
   std::string name;
   uint8_t* data = nullptr;
   int64_t bytes = 0;
   uint64_t id = 0;
+  pid_t holder = 0;
+  int holder_in = -1;
 };
+
+// The cuda_ipc_holder beside this binary.
+std::string HolderPath() {
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  std::string path(self, n > 0 ? static_cast<size_t>(n) : 0);
+  return path.substr(0, path.rfind('/') + 1) + "cuda_ipc_holder";
+}
+
+extern "C" char** environ;
+
+// Starts a cuda_ipc_holder with the region's first contents `bytes` (through
+// `file`); the handle and GPU it printed, and the child in `region`.
+absl::StatusOr<std::pair<std::string, std::string>> StartHolder(const std::string& file,
+                                                                const std::vector<uint8_t>& bytes,
+                                                                int device, StreamRegion& region) {
+  {
+    std::ofstream out(file, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    if (!out.good()) return absl::InternalError(absl::StrCat("writing ", file, " failed"));
+  }
+  int to_child[2], from_child[2];
+  if (pipe(to_child) != 0 || pipe(from_child) != 0) return absl::InternalError("pipe failed");
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, to_child[0], 0);
+  posix_spawn_file_actions_adddup2(&actions, from_child[1], 1);
+  posix_spawn_file_actions_addclose(&actions, to_child[1]);
+  posix_spawn_file_actions_addclose(&actions, from_child[0]);
+  std::string holder = HolderPath(), device_text = std::to_string(device), file_arg = file;
+  char* argv[] = {holder.data(), device_text.data(), file_arg.data(), nullptr};
+  const int spawned = posix_spawn(&region.holder, holder.c_str(), &actions, nullptr, argv, environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(to_child[0]);
+  close(from_child[1]);
+  region.holder_in = to_child[1];
+  if (spawned != 0) {
+    close(from_child[0]);
+    region.holder = 0;
+    return absl::NotFoundError(absl::StrCat("starting ", holder, ": ", std::strerror(spawned),
+                                            " (it is built beside transport_bench)"));
+  }
+  std::string line;
+  char c;
+  while (read(from_child[0], &c, 1) == 1 && c != '\n') line += c;
+  close(from_child[0]);
+  const size_t space = line.find(' ');
+  const std::string hex = line.substr(0, space);
+  if (space == std::string::npos || hex.empty() || hex.size() % 2 != 0 ||
+      hex.find_first_not_of("0123456789abcdef") != std::string::npos) {
+    return absl::InternalError(absl::StrCat(holder, " gave no handle (see its message above)"));
+  }
+  return std::make_pair(absl::HexStringToBytes(hex), line.substr(space + 1));
+}
 
 // Attend: T tokens of T sessions per message on an SWA-only layer; every
 // message inserts the next position of its sessions on its layer. With
-// `shm`, each stream's q and kv lie in its region (a slot for each of
-// `in_flight` messages, written once) and out is written there.
+// `plane` shm or cuda_ipc, each stream's q and kv lie in its region (a slot
+// for each of `in_flight` messages, written once) and out is written there.
 class AttendWorkload final : public Workload {
  public:
   AttendWorkload(std::shared_ptr<grpc::Channel> control, const ModelProfile& model, int streams,
                  int tokens, int heads, int positions, int session_sets, int64_t max_message_bytes,
-                 bool client_copy, bool shm, int in_flight)
-      : shm_(shm),
+                 bool client_copy, const std::string& plane, int device, int in_flight)
+      : shm_(plane != "inline"),
+        cuda_(plane == "cuda_ipc"),
+        device_(device),
         in_flight_(in_flight),
-        client_id_(shm ? absl::StrCat("transport-bench-", getpid(), "-", next_client_++) : ""),
+        client_id_(shm_ ? absl::StrCat("transport-bench-", getpid(), "-", next_client_++) : ""),
         stub_(pb::MlaOffload::NewStub(std::move(control))),
         model_(model),
         tokens_(tokens),
@@ -818,8 +888,14 @@ class AttendWorkload final : public Workload {
         context.AddMetadata(wire::kClientIdMetadata, client_id_);
         stub_->UnregisterRegion(&context, request, &response);
       }
-      munmap(region.data, static_cast<size_t>(region.bytes));
-      shm_unlink(region.name.c_str());
+      if (region.holder != 0) {
+        close(region.holder_in);
+        waitpid(region.holder, nullptr, 0);
+        std::remove(region.name.c_str());
+      } else if (region.data != nullptr) {
+        munmap(region.data, static_cast<size_t>(region.bytes));
+        shm_unlink(region.name.c_str());
+      }
     }
   }
 
@@ -925,6 +1001,12 @@ class AttendWorkload final : public Workload {
         return absl::DataLossError(absl::StrCat("Attend message ", index,
                                                 ": answered into its region and inline too"));
       }
+      if (cuda_) {
+        // The answer stays on the GPU, for the client's next kernel.
+        stats.responses++;
+        AddTiming(*response, stats);
+        return absl::OkStatus();
+      }
       const uint8_t* in_region = regions_[stream].data + SlotAt(index) +
                                  static_cast<int64_t>(q_->size() + kv_->size()) * 2;
       if (client_copy_) std::memcpy(out.data(), in_region, out.size());
@@ -937,22 +1019,14 @@ class AttendWorkload final : public Workload {
       stats.pieces += static_cast<int64_t>(response->out->pieces.size());
     }
     stats.responses++;
-    if (response->timing.has_value()) {
-      stats.queue_us += response->timing->queue_us;
-      stats.plan_us += response->timing->plan_us;
-      stats.upload_us += response->timing->upload_us;
-      stats.prologue_us += response->timing->prologue_us;
-      stats.decode_us += response->timing->decode_us;
-      stats.total_us += response->timing->total_us;
-      stats.batch_tokens += response->timing->batch_tokens;
-    }
+    AddTiming(*response, stats);
     return absl::OkStatus();
   }
   void ResetStats() override { std::fill(stats_.begin(), stats_.end(), StreamStats()); }
   void Report(RowResult& row) const override {
     row.request_bytes = static_cast<double>((q_->size() + kv_->size()) * 2);
     row.response_bytes = static_cast<double>(out_[0].size());
-    row.data_plane = shm_ ? "shm" : "inline";
+    row.data_plane = cuda_ ? "cuda_ipc" : shm_ ? "shm" : "inline";
     ReportStats(stats_, true, row);
   }
 
@@ -966,10 +1040,70 @@ class AttendWorkload final : public Workload {
   // free again when its next message goes).
   int64_t SlotAt(int64_t index) const { return index % in_flight_ * SlotBytes(); }
 
+  static void AddTiming(const wire::AttendResponseView& response, StreamStats& stats) {
+    if (!response.timing.has_value()) return;
+    stats.queue_us += response.timing->queue_us;
+    stats.plan_us += response.timing->plan_us;
+    stats.upload_us += response.timing->upload_us;
+    stats.prologue_us += response.timing->prologue_us;
+    stats.decode_us += response.timing->decode_us;
+    stats.total_us += response.timing->total_us;
+    stats.batch_tokens += response.timing->batch_tokens;
+  }
+
+  // The region's first contents: q and kv in every slot.
+  std::vector<uint8_t> FirstContents() const {
+    std::vector<uint8_t> bytes(static_cast<size_t>(SlotBytes() * in_flight_));
+    for (int slot = 0; slot < in_flight_; ++slot) {
+      uint8_t* at = bytes.data() + slot * SlotBytes();
+      std::memcpy(at, q_->data(), q_->size() * 2);
+      std::memcpy(at + q_->size() * 2, kv_->data(), kv_->size() * 2);
+    }
+    return bytes;
+  }
+
+  // A stream's region in device memory, held by a cuda_ipc_holder child and
+  // registered under client_id_.
+  absl::Status MakeDeviceRegion() {
+    StreamRegion region;
+    const char* tmp = std::getenv("TMPDIR");
+    region.name = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/mla-transport-bench-", getpid(),
+                               "-", next_region_++);
+    region.bytes = SlotBytes() * in_flight_;
+    absl::StatusOr<std::pair<std::string, std::string>> exported =
+        StartHolder(region.name, FirstContents(), device_, region);
+    regions_.push_back(region);
+    if (!exported.ok()) return exported.status();
+    pb::RegisterRegionRequest request;
+    request.set_kind(pb::REGION_KIND_CUDA_IPC);
+    request.set_cuda_ipc_handle(exported->first);
+    request.set_device_uuid(exported->second);
+    request.set_byte_size(region.bytes);
+    return Register(request);
+  }
+
+  // Registers the last region of regions_ under client_id_.
+  absl::Status Register(const pb::RegisterRegionRequest& request) {
+    pb::RegisterRegionResponse response;
+    grpc::ClientContext context;
+    context.AddMetadata(wire::kClientIdMetadata, client_id_);
+    const grpc::Status status = stub_->RegisterRegion(&context, request, &response);
+    if (!status.ok()) {
+      return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                          absl::StrCat("RegisterRegion: ", status.error_message()));
+    }
+    regions_.back().id = response.region_id();
+    return absl::OkStatus();
+  }
+
   // A region a stream, registered under client_id_, with q and kv in every
   // slot.
   absl::Status MakeRegions() {
     for (size_t s = 0; s < sessions_.size(); ++s) {
+      if (cuda_) {
+        if (absl::Status status = MakeDeviceRegion(); !status.ok()) return status;
+        continue;
+      }
       StreamRegion region;
       region.name = absl::StrCat("/mla-transport-bench-", getpid(), "-", next_region_++);
       region.bytes = SlotBytes() * in_flight_;
@@ -985,25 +1119,14 @@ class AttendWorkload final : public Workload {
         return absl::InternalError(absl::StrCat("sizing or mapping ", region.name, " failed"));
       }
       region.data = static_cast<uint8_t*>(data);
-      for (int slot = 0; slot < in_flight_; ++slot) {
-        uint8_t* at = region.data + slot * SlotBytes();
-        std::memcpy(at, q_->data(), q_->size() * 2);
-        std::memcpy(at + q_->size() * 2, kv_->data(), kv_->size() * 2);
-      }
+      const std::vector<uint8_t> contents = FirstContents();
+      std::memcpy(region.data, contents.data(), contents.size());
       regions_.push_back(region);
       pb::RegisterRegionRequest request;
       request.set_kind(pb::REGION_KIND_SYSTEM_SHM);
       request.set_name(region.name);
       request.set_byte_size(region.bytes);
-      pb::RegisterRegionResponse response;
-      grpc::ClientContext context;
-      context.AddMetadata(wire::kClientIdMetadata, client_id_);
-      const grpc::Status status = stub_->RegisterRegion(&context, request, &response);
-      if (!status.ok()) {
-        return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                            absl::StrCat("RegisterRegion: ", status.error_message()));
-      }
-      regions_.back().id = response.region_id();
+      if (absl::Status status = Register(request); !status.ok()) return status;
     }
     return absl::OkStatus();
   }
@@ -1041,7 +1164,9 @@ class AttendWorkload final : public Workload {
 
   static inline std::atomic<int> next_client_{0};
   static inline std::atomic<int> next_region_{0};
-  const bool shm_;
+  const bool shm_;   // the tensors lie in a region
+  const bool cuda_;  // ... of device memory (cuda_ipc)
+  const int device_;
   const int in_flight_;
   const std::string client_id_;
   std::vector<StreamRegion> regions_;  // per stream, with --data_plane=shm
@@ -1141,7 +1266,8 @@ struct Setup {
   double seconds = 0, warmup = 0;
   bool shared_connection = false, client_copy = true;
   std::vector<int> streams, in_flight, echo_in_flight;
-  std::vector<std::string> data_planes;  // of the Attend rows: "inline", "shm"
+  std::vector<std::string> data_planes;  // of the Attend rows: "inline", "shm", "cuda_ipc"
+  int device = 0;                        // --device: the server's GPU, and cuda_ipc's memory
   int repeats = 1;
 };
 
@@ -1186,11 +1312,11 @@ RowResult RunEchoRow(const std::string& name, const OffloadServerHandle& server,
 
 RowResult RunAttendRow(const std::string& name, const OffloadServerHandle& server,
                        const TransportConfig& transport, const Setup& setup, int streams,
-                       int in_flight, bool shm = false) {
+                       int in_flight, const std::string& plane = "inline") {
   AttendWorkload workload(MakeChannel(server.port(), setup.max_message_bytes, transport, true),
                           *setup.model, streams, setup.tokens, setup.heads, setup.positions,
-                          setup.session_sets, setup.max_message_bytes, setup.client_copy, shm,
-                          in_flight);
+                          setup.session_sets, setup.max_message_bytes, setup.client_copy, plane,
+                          setup.device, in_flight);
   return RunRaw(name, server.port(), transport, setup.max_message_bytes, workload, streams,
                 in_flight, setup.seconds, setup.warmup, setup.shared_connection);
 }
@@ -1263,24 +1389,23 @@ int Main() {
   setup.in_flight = ParseIntList(absl::GetFlag(FLAGS_in_flight), "in_flight");
   setup.echo_in_flight = ParseIntList(absl::GetFlag(FLAGS_echo_in_flight), "echo_in_flight");
   setup.repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
+  setup.device = absl::GetFlag(FLAGS_device);
   setup.data_planes = absl::StrSplit(absl::GetFlag(FLAGS_data_plane), ',', absl::SkipEmpty());
   for (const std::string& plane : setup.data_planes) {
-    if (plane == "cuda_ipc") {
-      std::fprintf(stderr,
-                   "transport_bench: --data_plane=cuda_ipc: this bench runs the server in its "
-                   "own process, and CUDA opens an IPC handle only in another process than the "
-                   "one that exported it; time CUDA IPC with mla_offload_loadtest "
-                   "--data_plane=cuda_ipc against a server process. Give inline, shm\n");
+    if (plane != "inline" && plane != "shm" && plane != "cuda_ipc") {
+      std::fprintf(stderr, "transport_bench: --data_plane: '%s' is not inline, shm or cuda_ipc\n",
+                   plane.c_str());
       return 2;
     }
-    if (plane != "inline" && plane != "shm") {
-      std::fprintf(stderr, "transport_bench: --data_plane: '%s' is not inline or shm\n",
-                   plane.c_str());
+    if (plane == "cuda_ipc" && absl::GetFlag(FLAGS_backend) != "cuda") {
+      std::fprintf(stderr,
+                   "transport_bench: --data_plane=cuda_ipc needs --backend=cuda: the server's "
+                   "kernels read and write the GPU memory\n");
       return 2;
     }
   }
   if (setup.data_planes.empty()) {
-    std::fprintf(stderr, "transport_bench: --data_plane: give inline, shm or both\n");
+    std::fprintf(stderr, "transport_bench: --data_plane: give inline, shm, cuda_ipc or a list\n");
     return 2;
   }
   std::vector<std::string> rows_wanted = absl::StrSplit(absl::GetFlag(FLAGS_rows), ',', absl::SkipEmpty());
@@ -1364,11 +1489,11 @@ int Main() {
     }
     if (want("attend")) {
       for (const std::string& plane : setup.data_planes) {
-        const bool shm = plane == "shm";
         for (int in_flight : setup.in_flight) {
           add([&] {
-            return RunAttendRow(shm ? "Attend (shm)" : "Attend (codec)", *offload, ours, setup,
-                                streams, in_flight, shm);
+            return RunAttendRow(plane == "inline" ? "Attend (codec)"
+                                                  : absl::StrCat("Attend (", plane, ")"),
+                                *offload, ours, setup, streams, in_flight, plane);
           });
         }
       }

@@ -43,8 +43,9 @@ class TransportBenchTest(bench_test_support.ScratchTest):
         self.assertRegex(done.stdout, r"Attend \(shm\)\s+1\s+1\s+0\.0\s+\d+")
 
     def test_a_data_plane_it_lacks_is_refused(self):
-        for plane, words in (("cuda_ipc", "CUDA opens an IPC handle only in another process"), ("rdma", "is not inline or shm"),
-                             (",", "give inline, shm or both")):
+        for plane, words in (("cuda_ipc", "--data_plane=cuda_ipc needs --backend=cuda"),
+                             ("rdma", "is not inline, shm or cuda_ipc"),
+                             (",", "give inline, shm, cuda_ipc or a list")):
             done = run("--data_plane=" + plane)
             self.assertEqual(done.returncode, 2, plane)
             self.assertIn(words, done.stderr, plane)
