@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/allocation_range.h"
 #include "kernels/gpu_uuid.h"
 
 namespace mla::client {
@@ -32,6 +33,17 @@ absl::StatusOr<CudaExport> ExportCudaAllocation(const void* device_ptr) {
     return absl::InvalidArgumentError(
         "CudaRegion: the pointer is not device memory of this process; give memory cudaMalloc "
         "returned");
+  }
+  // The handle exports the whole allocation, which the server maps from its
+  // start: a pointer inside it would put the server's offsets elsewhere.
+  absl::StatusOr<cuda::AllocationRange> range = cuda::AllocationOf(device_ptr);
+  if (!range.ok()) return range.status();
+  if (range->base != device_ptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CudaRegion: the pointer is ",
+        static_cast<const uint8_t*>(device_ptr) - static_cast<const uint8_t*>(range->base),
+        " bytes into its allocation; give the start of the allocation cudaMalloc returned "
+        "(and offsets into it in the references)"));
   }
   cudaDeviceProp prop;
   if (cudaError_t error = cudaGetDeviceProperties(&prop, attributes.device);
@@ -79,6 +91,13 @@ absl::StatusOr<std::unique_ptr<CudaRegion>> CudaRegion::Register(Client& client,
   if (bytes < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("CudaRegion: ", bytes, " bytes; give the size of the region, at least 1"));
+  }
+  absl::StatusOr<cuda::AllocationRange> range = cuda::AllocationOf(device_ptr);
+  if (!range.ok()) return range.status();
+  if (bytes > range->bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("CudaRegion: ", bytes,
+                                                   " bytes are more than the allocation's ",
+                                                   range->bytes));
   }
   std::unique_ptr<CudaRegion> region(
       new CudaRegion(client, static_cast<uint8_t*>(device_ptr), bytes, -1, false));

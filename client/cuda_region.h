@@ -42,8 +42,8 @@ struct CudaExport {
 };
 
 // Exports the allocation that starts at `device_ptr`. INVALID_ARGUMENT for
-// a pointer that is not device memory of this process; INTERNAL for a CUDA
-// failure (no driver, no GPU).
+// a pointer that is not device memory of this process or not the start of
+// its allocation; INTERNAL for a CUDA failure (no driver, no GPU).
 absl::StatusOr<CudaExport> ExportCudaAllocation(const void* device_ptr);
 
 class CudaRegion {
@@ -52,8 +52,9 @@ class CudaRegion {
   static absl::StatusOr<std::unique_ptr<CudaRegion>> Create(Client& client, int device,
                                                             int64_t bytes,
                                                             const CallOptions& call = {});
-  // The caller's allocation at `device_ptr`, of which the first `bytes` are
-  // shared; the caller frees it after the region is gone.
+  // The caller's allocation that starts at `device_ptr`, of which the first
+  // `bytes` (at most the allocation's) are shared; the caller frees it after
+  // the region is gone.
   static absl::StatusOr<std::unique_ptr<CudaRegion>> Register(Client& client, void* device_ptr,
                                                               int64_t bytes,
                                                               const CallOptions& call = {});

@@ -2273,6 +2273,99 @@ TEST(EngineTest, DeviceRegionsAreReadAndWrittenByTheDeviceAlone) {
   RunAndExpect(*engine, {a.get(), b.get()}, "after the device steps");
 }
 
+// The other mixes of device memory in a launch: every message answered into
+// device regions and none inline (no answer memory is needed), out in a
+// device region with lse in host memory (the decode cannot write both: the
+// read back copies each), and kv alone in device memory with q and the
+// answer inline. Each is bit for bit the same message inline.
+TEST(EngineTest, DeviceRegionsInEveryMixOfALaunch) {
+  FakeDeviceMemory memory(int64_t{16} << 20);
+  std::unique_ptr<Engine> engine = NewEngine(1000, kMaxPosition, 1024, absl::Minutes(10),
+                                             std::make_unique<DeviceRegionBackend>(memory));
+  ASSERT_NE(engine, nullptr);
+  std::unique_ptr<Seq> reference[2], device[2];
+  for (int i = 0; i < 2; ++i) {
+    reference[i] = NewSeq(*engine, kFlash, 16, SinkMode::kWhole, 120 + i);
+    device[i] = NewSeq(*engine, kFlash, 16, SinkMode::kWhole, 120 + i);
+    ASSERT_TRUE(reference[i] && device[i]);
+    ASSERT_TRUE(Append(*engine, *reference[i], 0, 253).ok());
+    ASSERT_TRUE(Append(*engine, *device[i], 0, 253).ok());
+  }
+  int32_t p = 253;
+  for (int mix = 0; mix < 3; ++mix) {
+    const std::string what = absl::StrCat("mix ", mix);
+    const int messages = mix == 0 ? 2 : 1;
+    MessageOptions o;
+    o.seed = 9950 + mix;
+    o.lse = true;
+    std::vector<std::unique_ptr<Message>> inline_messages, device_messages;
+    std::vector<std::optional<AnswerRegions>> regions;
+    std::vector<uint8_t*> device_out(messages, nullptr), device_lse(messages, nullptr);
+    std::vector<std::vector<float>> host_lse(messages);
+    for (int i = 0; i < messages; ++i) {
+      inline_messages.push_back(Build(kFlashC4a, {{reference[i].get(), p, 3}}, o));
+      device_messages.push_back(Build(kFlashC4a, {{device[i].get(), p, 3}}, o));
+      Message& m = *device_messages.back();
+      const int64_t values = m.tokens() * m.heads;
+      if (mix == 2) {
+        // kv alone in device memory.
+        std::vector<uint8_t> kv(m.input.kv->size_bytes());
+        m.input.kv->CopyTo(kv.data());
+        wire::TensorView& view = *m.input.kv;
+        view = wire::MakeTensorView(view.dtype, view.shape, memory.Put(kv.data(), kv.size()),
+                                    kv.size(), nullptr);
+        view.device = true;
+        regions.push_back(std::nullopt);
+        continue;
+      }
+      MoveInputsToDevice(memory, m);
+      const std::vector<uint8_t> poison(values * kRowBytes, 0xff);
+      AnswerRegions answer;
+      device_out[i] = memory.Put(poison.data(), poison.size());
+      answer.out = {nullptr, device_out[i], values * kRowBytes, true};
+      if (mix == 0) {
+        device_lse[i] = memory.Put(poison.data(), values * 4);
+        answer.lse = {nullptr, device_lse[i], values * 4, true};
+      } else {
+        host_lse[i].assign(values, -1.0f);
+        answer.lse = {nullptr, reinterpret_cast<uint8_t*>(host_lse[i].data()), values * 4};
+      }
+      regions.push_back(answer);
+    }
+    std::vector<const Message*> inline_batch, device_batch;
+    for (int i = 0; i < messages; ++i) {
+      inline_batch.push_back(inline_messages[i].get());
+      device_batch.push_back(device_messages[i].get());
+    }
+    const std::vector<AttendResult> expected = AttendBatch(*engine, inline_batch);
+    const std::vector<AttendResult> results = AttendBatch(*engine, device_batch, kT0, regions);
+    for (int i = 0; i < messages; ++i) {
+      ExpectMatches(*inline_messages[i], expected[i], what);
+      ASSERT_TRUE(results[i].status.ok()) << what << ": " << results[i].status;
+      const int64_t values = inline_messages[i]->tokens() * inline_messages[i]->heads;
+      if (mix == 2) {
+        ExpectMatches(*device_messages[i], results[i], what);
+        EXPECT_EQ(std::memcmp(results[i].out, expected[i].out, values * kRowBytes), 0) << what;
+        continue;
+      }
+      EXPECT_EQ(memory.Read(device_out[i], values * kRowBytes),
+                std::vector<uint8_t>(expected[i].out, expected[i].out + values * kRowBytes))
+          << what << ", message " << i;
+      const uint8_t* lse = mix == 0 ? nullptr : reinterpret_cast<uint8_t*>(host_lse[i].data());
+      const std::vector<uint8_t> got =
+          mix == 0 ? memory.Read(device_lse[i], values * 4)
+                   : std::vector<uint8_t>(lse, lse + values * 4);
+      EXPECT_EQ(got, std::vector<uint8_t>(expected[i].lse, expected[i].lse + values * 4))
+          << what << ", message " << i;
+    }
+    for (int i = 0; i < messages; ++i) {
+      Advance(*inline_messages[i]);
+      Advance(*device_messages[i]);
+    }
+    p += 3;
+  }
+}
+
 // An engine on a FlakyBackend; `backend` is set to it.
 std::unique_ptr<Engine> NewFlakyEngine(int64_t blocks, FlakyBackend** backend,
                                        int batches_in_flight = -1) {

@@ -13,9 +13,9 @@
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
-#include "server/device_copies.h"
 #include "kernels/geometry.h"
 #include "kernels/model_profile.h"
+#include "server/device_copies.h"
 
 namespace mla {
 namespace {
@@ -419,6 +419,7 @@ absl::Status Launcher::GroupLaunch::UploadQueries() {
 }
 
 void Launcher::GroupLaunch::Copy(const wire::TensorView& tensor, size_t at, bool parallel) {
+  if (tensor.size_bytes() == 0) return;
   if (tensor.device) {
     device_copies_.Add(at, tensor.pieces.front().data(), static_cast<int64_t>(tensor.size_bytes()));
   } else if (parallel) {

@@ -31,7 +31,8 @@
 // host-accessible backend, device memory on a device), else copied out of
 // the decode's output plan by plan, beside the inline answers. Each step
 // returns its failure at once and Start answers the first; the time of each
-// step is reported (LaunchTimes: the backend's marks between the steps). Append() writes an AppendKV's rows with the same
+// step is reported (LaunchTimes: the backend's marks between the steps).
+// Append() writes an AppendKV's rows with the same
 // row staging (RowInsert) and one prologue without queries per RoPE kind.
 //
 // Launches are pipelined: Start() stages a group and enqueues its steps,

@@ -27,6 +27,13 @@ absl::Status CheckName(const std::string& name) {
   return absl::OkStatus();
 }
 
+// How errors name a region: its shared-memory name, or the GPU of CUDA IPC
+// memory.
+std::string Label(const std::string& name, bool device = false) {
+  return device ? absl::StrCat("CUDA IPC region on ", EchoClientText(name))
+                : absl::StrCat("region ", EchoClientText(name));
+}
+
 }  // namespace
 
 RegionRegistry::RegionRegistry(const RegionRegistryOptions& options) : options_(options) {}
@@ -44,7 +51,9 @@ absl::StatusOr<uint64_t> RegionRegistry::RegisterSharedMemory(const std::string&
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (absl::Status status = CheckLimits(owner, name, bytes); !status.ok()) return status;
+    if (absl::Status status = CheckLimits(owner, Label(name), bytes); !status.ok()) {
+      return status;
+    }
   }
   const int fd = shm_open(name.c_str(), O_RDWR, 0);
   if (fd < 0) {
@@ -89,7 +98,8 @@ absl::StatusOr<uint64_t> RegionRegistry::RegisterSharedMemory(const std::string&
     if (pinner != nullptr) pinner->Unpin(const_cast<void*>(p));
     munmap(const_cast<void*>(p), length);
   });
-  return Add(Region{owner, name, bytes, std::move(mapping), static_cast<uint8_t*>(data), false});
+  return Add(Region{owner, name, "", bytes, std::move(mapping), static_cast<uint8_t*>(data),
+                    false});
 }
 
 absl::StatusOr<uint64_t> RegionRegistry::RegisterCudaIpc(const std::string& owner,
@@ -107,7 +117,9 @@ absl::StatusOr<uint64_t> RegionRegistry::RegisterCudaIpc(const std::string& owne
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (absl::Status status = CheckLimits(owner, device_uuid, bytes); !status.ok()) return status;
+    if (absl::Status status = CheckLimits(owner, Label(device_uuid, true), bytes); !status.ok()) {
+      return status;
+    }
   }
   absl::StatusOr<ImportedMemory> memory = options_.importer->Import(handle, device_uuid);
   if (!memory.ok()) return memory.status();
@@ -116,13 +128,16 @@ absl::StatusOr<uint64_t> RegionRegistry::RegisterCudaIpc(const std::string& owne
         "CUDA IPC region: byte_size ", bytes, " is more than the ", memory->bytes,
         " bytes of the allocation the handle exports; give at most that"));
   }
-  return Add(Region{owner, device_uuid, bytes, std::move(memory->mapping), memory->data, true});
+  return Add(
+      Region{owner, "", device_uuid, bytes, std::move(memory->mapping), memory->data, true});
 }
 
 absl::StatusOr<uint64_t> RegionRegistry::Add(Region region) {
   std::lock_guard<std::mutex> lock(mutex_);
   // The mapping goes with `region` when the limits refuse it now.
-  if (absl::Status status = CheckLimits(region.owner, region.name, region.bytes); !status.ok()) {
+  const std::string what =
+      region.device ? Label(region.device_uuid, true) : Label(region.name);
+  if (absl::Status status = CheckLimits(region.owner, what, region.bytes); !status.ok()) {
     return status;
   }
   const uint64_t id = next_id_++;
@@ -131,7 +146,7 @@ absl::StatusOr<uint64_t> RegionRegistry::Add(Region region) {
   return id;
 }
 
-absl::Status RegionRegistry::CheckLimits(const std::string& owner, const std::string& name,
+absl::Status RegionRegistry::CheckLimits(const std::string& owner, const std::string& what,
                                          int64_t bytes) const {
   int count = 0;
   int64_t held = 0;
@@ -146,7 +161,7 @@ absl::Status RegionRegistry::CheckLimits(const std::string& owner, const std::st
   }
   if (bytes > options_.max_bytes_per_owner - held) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "region ", EchoClientText(name), ": ", bytes, " bytes are more than the ",
+        what, ": ", bytes, " bytes are more than the ",
         options_.max_bytes_per_owner - held, " this client may still register (",
         options_.max_bytes_per_owner, " in all)"));
   }
@@ -171,7 +186,9 @@ std::vector<RegionSummary> RegionRegistry::List(const std::string& owner) const 
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<RegionSummary> list;
   for (const auto& [id, region] : regions_) {
-    if (region.owner == owner) list.push_back({id, region.device, region.name, region.bytes});
+    if (region.owner == owner) {
+      list.push_back({id, region.device, region.name, region.device_uuid, region.bytes});
+    }
   }
   return list;
 }

@@ -63,7 +63,8 @@ struct RegionRegistryOptions {
 struct RegionSummary {
   uint64_t id = 0;
   bool device = false;      // a CUDA IPC region
-  std::string name;         // shared memory: its name; CUDA IPC: the GPU's UUID
+  std::string name;         // shared memory: its name
+  std::string device_uuid;  // CUDA IPC: the GPU it lies on
   int64_t bytes = 0;
 };
 
@@ -107,7 +108,8 @@ class RegionRegistry {
  private:
   struct Region {
     std::string owner;
-    std::string name;  // or the GPU's UUID
+    std::string name;         // shared memory
+    std::string device_uuid;  // CUDA IPC
     int64_t bytes = 0;
     // Unmapped (or closed) when the last slice goes.
     std::shared_ptr<const void> mapping;
@@ -115,9 +117,9 @@ class RegionRegistry {
     bool device = false;
   };
 
-  // RESOURCE_EXHAUSTED when `owner` may not register `bytes` more; with
-  // mutex_.
-  absl::Status CheckLimits(const std::string& owner, const std::string& name, int64_t bytes) const;
+  // RESOURCE_EXHAUSTED when `owner` may not register `bytes` more, naming
+  // the region as `what`; with mutex_.
+  absl::Status CheckLimits(const std::string& owner, const std::string& what, int64_t bytes) const;
   // Checks the limits again (another registration may have come in since
   // the first check) and adds `region`; its id.
   absl::StatusOr<uint64_t> Add(Region region);

@@ -286,7 +286,7 @@ TEST(RegionRegistryTest, CudaIpcRegionsAreOpenedOnceAndBounded) {
   const std::vector<RegionSummary> list = registry.List("a");
   ASSERT_EQ(list.size(), 1u);
   EXPECT_TRUE(list[0].device);
-  EXPECT_EQ(list[0].name, "GPU-1");
+  EXPECT_EQ(list[0].device_uuid, "GPU-1");
   EXPECT_EQ(list[0].bytes, 4096);
   absl::StatusOr<RegionSlice> slice = registry.Resolve("a", *id, 16, 4080, "AttendRequest.q");
   ASSERT_TRUE(slice.ok()) << slice.status();

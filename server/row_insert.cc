@@ -21,7 +21,7 @@ void RowInsert::CopyRows(int64_t at, const std::optional<wire::TensorView>& src,
   if (count == 0) return;
   const int64_t bytes = int64_t{count} * kRowBytes;
   if (src->device) {
-    // One piece: a region's bytes.
+    // One piece (a region's bytes), not empty: it holds these rows.
     device_copies_->Add(rows_place_.at + at * kRowBytes,
                         src->pieces.front().data() + src_row * kRowBytes, bytes);
     return;

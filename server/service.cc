@@ -742,7 +742,7 @@ grpc::ServerUnaryReactor* MlaOffloadService::ListRegions(grpc::CallbackServerCon
           info->set_region_id(summary.id);
           if (summary.device) {
             info->set_kind(pb::REGION_KIND_CUDA_IPC);
-            info->set_device_uuid(summary.name);
+            info->set_device_uuid(summary.device_uuid);
           } else {
             info->set_kind(pb::REGION_KIND_SYSTEM_SHM);
             info->set_name(summary.name);

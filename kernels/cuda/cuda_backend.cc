@@ -1,6 +1,5 @@
 #include "kernels/cuda/cuda_backend.h"
 
-#include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
@@ -14,7 +13,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "absl/strings/escaping.h"
+#include "kernels/cuda/allocation_range.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/gpu_uuid.h"
 
@@ -391,24 +391,6 @@ class CudaHostPinner : public HostPinner {
   const int device_;
 };
 
-// The driver's cuMemGetAddressRange, through the runtime (the executable
-// links the runtime alone); null when the driver lacks it.
-using AddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
-AddressRangeFn AddressRange() {
-  static const AddressRangeFn fn = [] {
-    void* entry = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &entry, 12000, cudaEnableDefault,
-                                         &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      return AddressRangeFn{nullptr};
-    }
-    return reinterpret_cast<AddressRangeFn>(entry);
-  }();
-  return fn;
-}
-
 // cudaIpcOpenMemHandle on the backend's device, from whichever thread asks;
 // the memory may lie on a peer GPU of the host that the device reaches.
 class CudaDeviceImporter : public DeviceImporter {
@@ -459,18 +441,13 @@ class CudaDeviceImporter : public DeviceImporter {
     // The allocation's size, which bounds every reference into it: the
     // kernels must never read or write past it (a fault would end the
     // server's CUDA context).
-    CUdeviceptr base = 0;
-    size_t size = 0;
-    const AddressRangeFn range = AddressRange();
-    if (range == nullptr ||
-        range(&base, &size, reinterpret_cast<CUdeviceptr>(data)) != CUDA_SUCCESS ||
-        base != reinterpret_cast<CUdeviceptr>(data)) {
+    absl::StatusOr<cuda::AllocationRange> range = cuda::AllocationOf(data);
+    if (!range.ok() || range->base != data) {
       return absl::InternalError(
-          "the driver does not say how large the opened CUDA IPC allocation is "
-          "(cuMemGetAddressRange); it cannot be used safely");
+          "the driver does not say how large the opened CUDA IPC allocation is; it cannot be "
+          "used safely");
     }
-    return ImportedMemory{std::move(mapping), static_cast<uint8_t*>(data),
-                          static_cast<int64_t>(size)};
+    return ImportedMemory{std::move(mapping), static_cast<uint8_t*>(data), range->bytes};
   }
 
  private:
@@ -481,7 +458,6 @@ class CudaDeviceImporter : public DeviceImporter {
       cudaGetLastError();
       count = 0;
     }
-    std::vector<std::string> known;
     for (int d = 0; d < count; ++d) {
       cudaDeviceProp prop;
       if (cudaGetDeviceProperties(&prop, d) != cudaSuccess) {
@@ -490,13 +466,13 @@ class CudaDeviceImporter : public DeviceImporter {
       }
       std::array<uint8_t, kGpuUuidBytes> bytes;
       std::memcpy(bytes.data(), prop.uuid.bytes, bytes.size());
-      known.push_back(FormatGpuUuid(bytes));
-      if (known.back() == uuid) return d;
+      if (FormatGpuUuid(bytes) == uuid) return d;
     }
+    // The host's GPUs are not listed: a caller learns nothing of them here.
     return absl::NotFoundError(absl::StrCat(
-        "device_uuid: ", uuid.substr(0, 64), " is no GPU of this host (",
-        known.empty() ? std::string("none found") : absl::StrJoin(known, ", "),
-        "); give the UUID of the GPU the memory is on, as nvidia-smi -L prints it"));
+        "device_uuid: ", absl::CEscape(uuid.substr(0, 64)),
+        " is no GPU of this host; give the UUID of the GPU the memory is on, as nvidia-smi -L "
+        "prints it"));
   }
 
   const int device_;
@@ -597,9 +573,11 @@ absl::Status CudaBackend::Synchronize() {
   absl::Status status = CudaError(
       cudaStreamSynchronize(AsStream(stream_)),
       in_flight_.empty() ? std::string("synchronize") : absl::StrCat("synchronize after ", in_flight_));
-  if (status.ok()) {
-    status = CudaError(cudaStreamSynchronize(AsStream(copy_stream_)), "synchronize (copy queue)");
-  }
+  // The copy queue too, whatever the stream said: its copies may read
+  // memory (a client's region) that the caller lets go of after this.
+  const absl::Status copies =
+      CudaError(cudaStreamSynchronize(AsStream(copy_stream_)), "synchronize (copy queue)");
+  if (status.ok()) status = copies;
   if (status.ok()) status = CudaError(cudaGetLastError(), "synchronize");
   if (status.ok() && !deferred_.ok()) status = deferred_;
   in_flight_.clear();

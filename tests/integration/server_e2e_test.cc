@@ -2712,6 +2712,19 @@ TEST_F(ServerE2eTest, BadCudaIpcRegionsFailAndChangeNothing) {
     ExpectStatus(Call(*stub_, &pb::MlaOffload::Stub::RegisterRegion, request, &response), b.code,
                  b.field, b.what);
   }
+  // The client library's own checks: a pointer inside its allocation (the
+  // server would map the allocation from its start) and a size past it.
+  absl::StatusOr<std::unique_ptr<client::Client>> library = client::Client::Connect(server_->target());
+  ASSERT_TRUE(library.ok()) << library.status();
+  for (const auto& [what, at, bytes, field] :
+       std::vector<std::tuple<std::string, int64_t, int64_t, std::string>>{
+           {"a pointer inside the allocation", 256, 1024, "256 bytes into its allocation"},
+           {"a size past the allocation", 0, memory.bytes() + 1, "more than the allocation's"}}) {
+    absl::StatusOr<std::unique_ptr<client::CudaRegion>> region =
+        client::CudaRegion::Register(**library, memory.data() + at, bytes);
+    EXPECT_EQ(region.status().code(), absl::StatusCode::kInvalidArgument) << what;
+    EXPECT_THAT(std::string(region.status().message()), HasSubstr(field)) << what;
+  }
   pb::ListRegionsResponse listed;
   ASSERT_TRUE(Call(*stub_, &pb::MlaOffload::Stub::ListRegions, pb::ListRegionsRequest(), &listed).ok());
   EXPECT_EQ(listed.regions_size(), 0) << "a refused registration left a region";
