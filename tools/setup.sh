@@ -23,7 +23,7 @@ build_packages=(
   bazel-bootstrap bazel-platforms bazel-rules-java g++ pkgconf
   # Libraries (headers from /usr/include, flags from pkg-config).
   libabsl-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
-  libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcivetweb-dev
+  libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libmicrohttpd-dev
   # Test summary, scripts, the Python stubs' genrule.
   python3
 )
