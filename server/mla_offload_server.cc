@@ -2,7 +2,9 @@
 #include <csignal>
 #include <cstdio>
 #include <iostream>
+#include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -100,10 +102,34 @@ ABSL_FLAG(int, max_region_gb_per_client, 64,
 ABSL_FLAG(int, region_grace_s, 30,
           "Same-host data plane: a client's regions are unregistered once it has held no Attend "
           "stream and no session it created for this long (a client that died leaves none).");
-ABSL_FLAG(int, metrics_port, 9464,
-          "Port of the Prometheus /metrics endpoint on the --listen host (0: any free port, "
-          "printed at start); -1 turns it off. The default is not Prometheus's own 9090, so "
-          "that both run on one host.");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
+          "Where to serve Prometheus's /metrics, HOST:PORT with a numeric host: 127.0.0.1:9464 "
+          "(loopback only, the default), 0.0.0.0:9464 (every IPv4 interface), [::1]:9464, "
+          "[::]:9464 (every interface, IPv4 too); port 0 picks a free port (printed at start); "
+          "empty turns metrics off. Metrics hold counts and timings, never session ids or "
+          "tensors; on a network others share, add --metrics_basic_auth_file and "
+          "--metrics_tls_cert_file. The default port is not Prometheus's own 9090, so that both "
+          "run on one host.");
+ABSL_FLAG(std::string, metrics_port, "",
+          "For scripts older than --metrics_listen, and read only when given: -1 turns metrics "
+          "off, a port (0..65535) replaces --metrics_listen's.");
+ABSL_FLAG(int, metrics_idle_timeout_s, 10,
+          "A metrics connection that sends nothing for this long (a stalled or slow scraper) is "
+          "closed. Two threads serve every connection without blocking, so a slow one never "
+          "holds up another scrape.");
+ABSL_FLAG(int, metrics_max_connections, 64,
+          "Metrics connections open at once; one client address may hold a quarter of them (at "
+          "least 1). Past that new connections are closed at once.");
+ABSL_FLAG(std::string, metrics_tls_cert_file, "",
+          "Serve /metrics over HTTPS with this PEM certificate (chain); needs "
+          "--metrics_tls_key_file. Read once at start.");
+ABSL_FLAG(std::string, metrics_tls_key_file, "",
+          "The PEM private key of --metrics_tls_cert_file.");
+ABSL_FLAG(std::string, metrics_basic_auth_file, "",
+          "Require HTTP basic auth on /metrics: a file holding one line USER:PASSWORD (read once "
+          "at start; a flag would show the password in the process list). Other requests get "
+          "401. Use it with TLS on a network others share: basic auth alone sends the password "
+          "in the clear.");
 ABSL_FLAG(bool, keep_freed_memory, true,
           "Keep freed host memory in the process (glibc mallopt: blocks up to 64 MiB from the "
           "heap, trimmed only above 1 GiB free) so that every Attend message's multi-MiB gRPC "
@@ -157,7 +183,8 @@ absl::Status CheckFlags() {
       {"max_regions_per_client", absl::GetFlag(FLAGS_max_regions_per_client), 1, 1 << 16},
       {"max_region_gb_per_client", absl::GetFlag(FLAGS_max_region_gb_per_client), 1, 1 << 20},
       {"region_grace_s", absl::GetFlag(FLAGS_region_grace_s), 1, 7 * 24 * 3600},
-      {"metrics_port", absl::GetFlag(FLAGS_metrics_port), -1, 65535},
+      {"metrics_idle_timeout_s", absl::GetFlag(FLAGS_metrics_idle_timeout_s), 1, 3600},
+      {"metrics_max_connections", absl::GetFlag(FLAGS_metrics_max_connections), 1, 1 << 16},
       {"drain_seconds", absl::GetFlag(FLAGS_drain_seconds), 0, 24 * 3600},
       {"max_streams_per_connection", absl::GetFlag(FLAGS_max_streams_per_connection), 1, 1 << 16},
       {"max_connection_idle_s", absl::GetFlag(FLAGS_max_connection_idle_s), 0, 365 * 24 * 3600},
@@ -214,8 +241,50 @@ absl::StatusOr<std::string> SplitListen(const std::vector<std::string>& listen,
   return tcp[0];
 }
 
+// The metrics endpoint's settings from the --metrics_* flags; nullopt when
+// metrics are off.
+absl::StatusOr<std::optional<metrics::HttpExporterOptions>> MetricsOptions() {
+  metrics::HttpExporterOptions options;
+  options.listen = absl::GetFlag(FLAGS_metrics_listen);
+  if (const std::string text = absl::GetFlag(FLAGS_metrics_port); !text.empty()) {
+    int port;
+    if (!absl::SimpleAtoi(text, &port) || port < -1 || port > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--metrics_port=", text, " is not -1 (off) or a port in 0..65535; or give "
+          "--metrics_listen=HOST:PORT"));
+    }
+    if (port == -1) return std::nullopt;
+    const size_t colon = options.listen.rfind(':');
+    if (colon == std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--metrics_port=", port, " replaces the port of --metrics_listen, which has none ('",
+          options.listen, "'): give the whole address as --metrics_listen=HOST:PORT"));
+    }
+    options.listen = absl::StrCat(options.listen.substr(0, colon), ":", port);
+  }
+  if (options.listen.empty()) return std::nullopt;
+  options.threads = 2;
+  options.idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_metrics_idle_timeout_s));
+  options.max_connections = absl::GetFlag(FLAGS_metrics_max_connections);
+  options.max_connections_per_ip = std::max(1, options.max_connections / 4);
+  options.tls_cert_file = absl::GetFlag(FLAGS_metrics_tls_cert_file);
+  options.tls_key_file = absl::GetFlag(FLAGS_metrics_tls_key_file);
+  if (const std::string path = absl::GetFlag(FLAGS_metrics_basic_auth_file); !path.empty()) {
+    absl::StatusOr<metrics::BasicAuthCredentials> credentials = metrics::ReadBasicAuthFile(path);
+    if (!credentials.ok()) {
+      return absl::Status(credentials.status().code(),
+                          absl::StrCat("--metrics_basic_auth_file: ", credentials.status().message()));
+    }
+    options.basic_auth_user = credentials->user;
+    options.basic_auth_password = credentials->password;
+  }
+  return options;
+}
+
 int Main() {
   if (absl::Status status = CheckFlags(); !status.ok()) return Fail(status);
+  absl::StatusOr<std::optional<metrics::HttpExporterOptions>> metrics_options = MetricsOptions();
+  if (!metrics_options.ok()) return Fail(metrics_options.status());
   std::vector<const ModelProfile*> models;
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_model), ',', absl::SkipEmpty())) {
     absl::StatusOr<const ModelProfile*> profile = FindModelProfile(name);
@@ -287,13 +356,9 @@ int Main() {
   const int port = server.port();
 
   metrics::HttpExporter exporter(&registry);
-  const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
-  if (metrics_port >= 0) {
-    const std::string host = listen.substr(0, listen.rfind(':'));
-    const std::string metrics_host = host == "localhost" ? "127.0.0.1" : host;
-    if (absl::Status status = exporter.Start(metrics_host.empty() ? "0.0.0.0" : metrics_host, metrics_port);
-        !status.ok()) {
-      return Fail(absl::Status(status.code(), absl::StrCat("--metrics_port: ", status.message())));
+  if (metrics_options->has_value()) {
+    if (absl::Status status = exporter.Start(**metrics_options); !status.ok()) {
+      return Fail(absl::Status(status.code(), absl::StrCat("--metrics_listen: ", status.message())));
     }
   }
   // Before the line that says the server is up: a SIGTERM that follows it at
@@ -306,7 +371,12 @@ int Main() {
               listen.substr(0, listen.rfind(':')).c_str(), port, also.c_str(), backend_text.c_str(),
               absl::GetFlag(FLAGS_model).c_str(), static_cast<long long>(kv_blocks),
               kv_blocks * kBlockBytes / 1e9);
-  if (metrics_port >= 0) std::printf(", metrics on port %d", exporter.port());
+  if (metrics_options->has_value()) {
+    const std::string& metrics_listen = (*metrics_options)->listen;
+    std::printf(", metrics on port %d (%s://%s:%d/metrics)", exporter.port(),
+                (*metrics_options)->tls_cert_file.empty() ? "http" : "https",
+                metrics_listen.substr(0, metrics_listen.rfind(':')).c_str(), exporter.port());
+  }
   std::printf("\n");
   std::fflush(stdout);
 
@@ -338,7 +408,8 @@ int main(int argc, char** argv) {
       "address other hosts reach needs --allow_insecure (on a network you control).\n\n"
       "Health: grpc.health.v1 for two service names: \"\" (liveness: SERVING until the\n"
       "process exits) and \"mla_offload.v1.MlaOffload\" (readiness: NOT_SERVING from the\n"
-      "start of the drain on). Metrics: Prometheus text on http://HOST:--metrics_port/metrics.\n"
+      "start of the drain on). Metrics: Prometheus text on http://--metrics_listen/metrics\n"
+      "(127.0.0.1:9464 by default; HTTPS and basic auth by flags).\n"
       "SIGTERM drains, then stops.");
   absl::FlagsUsageConfig usage;
   usage.version_string = [] { return mla::VersionText() + "\n"; };
