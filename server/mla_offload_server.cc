@@ -87,7 +87,15 @@ ABSL_FLAG(int, max_queued_messages, 4096,
           "Attend messages that may wait for the engine; beyond it new ones get "
           "RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int, max_messages_in_flight, 8,
-          "Attend messages one stream may have read but not yet answered (read-ahead).");
+          "Attend messages one stream may have read but not yet answered (read-ahead; "
+          "--max_unanswered_mb bounds their bytes).");
+ABSL_FLAG(int, max_unanswered_mb, 64,
+          "MiB one Attend stream may hold unanswered: the bytes of its messages read and not yet "
+          "answered plus its answers not yet written. At the bound the stream's next message is "
+          "not read until answers are written, so a client that does not read its answers is "
+          "stopped by flow control instead of filling the server's memory (one message larger "
+          "than the bound is still taken when nothing else is unanswered). Echo holds one "
+          "message at a time.");
 ABSL_FLAG(int, session_idle_ttl_s, 600,
           "Sessions idle longer than this are closed (a session may ask for its own TTL).");
 ABSL_FLAG(int, max_session_idle_ttl_s, 3600,
@@ -178,6 +186,7 @@ absl::Status CheckFlags() {
       {"batches_in_flight", absl::GetFlag(FLAGS_batches_in_flight), -1, 1},
       {"max_queued_messages", absl::GetFlag(FLAGS_max_queued_messages), 1, 1 << 24},
       {"max_messages_in_flight", absl::GetFlag(FLAGS_max_messages_in_flight), 1, 1024},
+      {"max_unanswered_mb", absl::GetFlag(FLAGS_max_unanswered_mb), 1, 1 << 16},
       {"session_idle_ttl_s", absl::GetFlag(FLAGS_session_idle_ttl_s), 1, 365 * 24 * 3600},
       {"max_session_idle_ttl_s", absl::GetFlag(FLAGS_max_session_idle_ttl_s), 1, 365 * 24 * 3600},
       {"max_regions_per_client", absl::GetFlag(FLAGS_max_regions_per_client), 1, 1 << 16},
@@ -330,6 +339,7 @@ int Main() {
   options.scheduler.active_stream_window = absl::Milliseconds(absl::GetFlag(FLAGS_active_stream_ms));
   options.scheduler.max_queued_messages = absl::GetFlag(FLAGS_max_queued_messages);
   options.service.max_messages_in_flight = absl::GetFlag(FLAGS_max_messages_in_flight);
+  options.service.max_unanswered_bytes = int64_t{absl::GetFlag(FLAGS_max_unanswered_mb)} << 20;
   options.service.max_message_bytes = int64_t{absl::GetFlag(FLAGS_max_message_mb)} << 20;
   options.service.version = VersionText();
   options.service.devices = backend_text;

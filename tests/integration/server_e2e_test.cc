@@ -1994,6 +1994,7 @@ TEST(ServerFlagsTest, OutOfRangeFlagsAreRefusedByName) {
       {"--batch_wait_us=-1", "--batch_wait_us=-1 is outside"},
       {"--batches_in_flight=2", "--batches_in_flight=2 is outside -1..1"},
       {"--max_messages_in_flight=0", "--max_messages_in_flight=0 is outside"},
+      {"--max_unanswered_mb=0", "--max_unanswered_mb=0 is outside 1..65536"},
       {"--session_idle_ttl_s=0", "--session_idle_ttl_s=0 is outside"},
       {"--session_idle_ttl_s=7200", "--session_idle_ttl_s=7200 is above --max_session_idle_ttl_s=3600"},
       {"--max_session_idle_ttl_s=0", "--max_session_idle_ttl_s=0 is outside"},
