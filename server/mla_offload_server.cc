@@ -50,6 +50,13 @@ ABSL_FLAG(int, max_connection_age_grace_s, 30,
 ABSL_FLAG(int, min_client_ping_interval_s, 10,
           "Keepalive pings a client sends more often than this without data are strikes; the "
           "third closes its connection.");
+ABSL_FLAG(int, max_transport_memory_mb, 4096,
+          "MiB of memory gRPC may hold for all client connections together (its ResourceQuota: "
+          "read buffers, HTTP/2 state); 0: no bound. This gRPC (1.51) cannot limit the number "
+          "of connections; this bounds what they cost instead: near it gRPC shrinks the "
+          "flow-control windows and sends idle connections away (GOAWAY: clients reconnect), "
+          "and a message that does not fit ends its stream with RESOURCE_EXHAUSTED. Keep it "
+          "above a few of the largest messages (--max_message_mb).");
 ABSL_FLAG(bool, allow_insecure, false,
           "Serve on an address other hosts can reach although this server has no TLS and no "
           "authentication yet: any client that reaches the port can list, read, change and "
@@ -200,6 +207,7 @@ absl::Status CheckFlags() {
       {"max_connection_age_s", absl::GetFlag(FLAGS_max_connection_age_s), 0, 365 * 24 * 3600},
       {"max_connection_age_grace_s", absl::GetFlag(FLAGS_max_connection_age_grace_s), 0, 24 * 3600},
       {"min_client_ping_interval_s", absl::GetFlag(FLAGS_min_client_ping_interval_s), 0, 3600},
+      {"max_transport_memory_mb", absl::GetFlag(FLAGS_max_transport_memory_mb), 0, 1 << 24},
   };
   for (const IntFlag& flag : int_flags) {
     if (flag.value < flag.low || flag.value > flag.high) {
@@ -328,6 +336,8 @@ int Main() {
   options.connections.max_age_grace = absl::Seconds(absl::GetFlag(FLAGS_max_connection_age_grace_s));
   options.connections.min_ping_interval =
       absl::Seconds(absl::GetFlag(FLAGS_min_client_ping_interval_s));
+  options.connections.max_transport_memory_bytes =
+      int64_t{absl::GetFlag(FLAGS_max_transport_memory_mb)} << 20;
   options.engine.max_position = absl::GetFlag(FLAGS_max_position);
   options.engine.max_tokens_per_message = absl::GetFlag(FLAGS_max_tokens_per_message);
   options.engine.default_idle_ttl = absl::Seconds(absl::GetFlag(FLAGS_session_idle_ttl_s));

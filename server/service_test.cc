@@ -588,6 +588,36 @@ TEST_F(ServiceTest, AStreamWhoseAnswersAreNotReadStopsReadingAtItsByteBound) {
   EXPECT_EQ(MetricValue(registry_, "mla_stream_unanswered_bytes"), 0);
 }
 
+// gRPC 1.51 cannot bound the number of connections; its memory quota
+// bounds what they hold. A message that would take the connections past it
+// ends its stream with RESOURCE_EXHAUSTED (gRPC's ENHANCE_YOUR_CALM) instead
+// of growing the server, and the server goes on answering what fits (a
+// call may first meet the GOAWAY that gRPC sends connections without
+// streams under pressure: UNAVAILABLE, which a client retries).
+TEST_F(ServiceTest, PastTheTransportMemoryQuotaGrpcRefusesInsteadOfGrowing) {
+  Start([](OffloadServerOptions& options) {
+    options.connections.max_transport_memory_bytes = 1 << 20;
+  });
+  const auto echo = [this](size_t bytes) {
+    grpc::ClientContext context;
+    Deadline(context, absl::Seconds(30));
+    auto stream = stub_->Echo(&context);
+    pb::EchoMessage message;
+    message.set_payload(std::string(bytes, 'x'));
+    pb::EchoMessage back;
+    if (stream->Write(message) && stream->Read(&back)) stream->WritesDone();
+    return stream->Finish();
+  };
+  const grpc::Status refused = echo(3 << 20);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
+  grpc::Status small;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    small = echo(1000);
+    if (small.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+  }
+  EXPECT_TRUE(small.ok()) << small.error_code() << " " << small.error_message();
+}
+
 // ---- Regions (the same-host data plane).
 
 // Bytes of a region for a reference.

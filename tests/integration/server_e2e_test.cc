@@ -1995,6 +1995,7 @@ TEST(ServerFlagsTest, OutOfRangeFlagsAreRefusedByName) {
       {"--batches_in_flight=2", "--batches_in_flight=2 is outside -1..1"},
       {"--max_messages_in_flight=0", "--max_messages_in_flight=0 is outside"},
       {"--max_unanswered_mb=0", "--max_unanswered_mb=0 is outside 1..65536"},
+      {"--max_transport_memory_mb=-1", "--max_transport_memory_mb=-1 is outside 0.."},
       {"--session_idle_ttl_s=0", "--session_idle_ttl_s=0 is outside"},
       {"--session_idle_ttl_s=7200", "--session_idle_ttl_s=7200 is above --max_session_idle_ttl_s=3600"},
       {"--max_session_idle_ttl_s=0", "--max_session_idle_ttl_s=0 is outside"},
