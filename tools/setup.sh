@@ -37,6 +37,9 @@ test_packages=(
   python3-numpy python3-grpcio python3-protobuf python3-pytest
   # Load-test latency pictures.
   gnuplot-nox
+  # The metrics endpoint's TLS test: a certificate made by openssl, a scrape
+  # by curl.
+  openssl curl
   # deploy/ (deploy/check.sh): the container image test (podman with runc,
   # a Debian base image made offline by mmdebstrap), the manifest checks'
   # venv, and YAML for the pod replay test.
