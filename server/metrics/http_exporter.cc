@@ -25,6 +25,7 @@ struct ListenAddress {
   sockaddr_storage storage{};
   bool ipv6 = false;
   bool any = false;  // every interface ([::] also takes IPv4)
+  uint16_t port = 0;
 };
 
 absl::StatusOr<ListenAddress> ParseListen(const std::string& listen) {
@@ -42,6 +43,7 @@ absl::StatusOr<ListenAddress> ParseListen(const std::string& listen) {
     return invalid("the port is not a number in [0, 65535]");
   }
   ListenAddress address;
+  address.port = static_cast<uint16_t>(port);
   if (absl::ConsumePrefix(&host, "[")) {
     if (!absl::ConsumeSuffix(&host, "]")) return invalid("an IPv6 host's '[' has no ']'");
     auto* in6 = reinterpret_cast<sockaddr_in6*>(&address.storage);
@@ -78,6 +80,7 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view 
 // Whether `given` equals `expected` (not empty), in a time that does not
 // depend on where they differ.
 bool SameSecret(absl::string_view given, absl::string_view expected) {
+  if (expected.empty()) return false;
   unsigned char differ = given.size() != expected.size() ? 1 : 0;
   for (size_t i = 0; i < given.size(); ++i) differ |= given[i] ^ expected[i % expected.size()];
   return differ == 0;
@@ -94,45 +97,54 @@ MHD_Result Respond(MHD_Connection* connection, unsigned int code, const std::str
   return queued;
 }
 
-// Whether the request carries the configured user and password.
-bool Authorized(MHD_Connection* connection, const HttpExporter::Served& served) {
-  char* password = nullptr;
-  char* user = MHD_basic_auth_get_username_password(connection, &password);
-  const bool ok = user != nullptr && password != nullptr && SameSecret(user, served.user) &&
-                  SameSecret(password, served.password);
-  MHD_free(user);
-  MHD_free(password);
-  return ok;
-}
-
-// libmicrohttpd's request handler; cls is the Served. Every request is
-// answered on its first call (a body, if any, is never read).
-MHD_Result HandleRequest(void* cls, MHD_Connection* connection, const char* url,
-                         const char* method, const char*, const char*, size_t*, void**) {
-  const auto& served = *static_cast<const HttpExporter::Served*>(cls);
-  constexpr char kPlain[] = "text/plain; charset=utf-8";
-  if (!served.user.empty() && !Authorized(connection, served)) {
-    static const char kBody[] = "Unauthorized: give the metrics user and password (basic auth)\n";
-    MHD_Response* response = MHD_create_response_from_buffer(
-        sizeof(kBody) - 1, const_cast<char*>(kBody), MHD_RESPMEM_PERSISTENT);
-    if (response == nullptr) return MHD_NO;
-    MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, kPlain);
-    const MHD_Result queued =
-        MHD_queue_basic_auth_fail_response(connection, "mla-offload metrics", response);
-    MHD_destroy_response(response);
-    return queued;
-  }
-  if (std::strcmp(url, "/metrics") != 0) {
-    return Respond(connection, MHD_HTTP_NOT_FOUND, "Not found: metrics are at /metrics\n",
-                   kPlain);
-  }
-  if (std::strcmp(method, "GET") != 0) {
-    return Respond(connection, MHD_HTTP_METHOD_NOT_ALLOWED, "Only GET is served\n", kPlain);
-  }
-  return Respond(connection, MHD_HTTP_OK, served.registry->RenderText(), kTextContentType);
-}
-
 }  // namespace
+
+// The registry and the credentials the daemon's threads read; Handle is
+// libmicrohttpd's request handler, with a Served as its closure.
+struct HttpExporter::Served {
+  const Registry* registry;
+  std::string user;  // empty: no basic auth
+  std::string password;
+
+  // Whether the request carries the configured user and password.
+  bool Authorized(MHD_Connection* connection) const {
+    char* given_password = nullptr;
+    char* given_user = MHD_basic_auth_get_username_password(connection, &given_password);
+    const bool ok = given_user != nullptr && given_password != nullptr &&
+                    SameSecret(given_user, user) && SameSecret(given_password, password);
+    MHD_free(given_user);
+    MHD_free(given_password);
+    return ok;
+  }
+
+  // Every request is answered on its first call (a body, if any, is never
+  // read).
+  static MHD_Result Handle(void* cls, MHD_Connection* connection, const char* url,
+                           const char* method, const char*, const char*, size_t*, void**) {
+    const auto& served = *static_cast<const Served*>(cls);
+    constexpr char kPlain[] = "text/plain; charset=utf-8";
+    if (!served.user.empty() && !served.Authorized(connection)) {
+      static const char kBody[] =
+          "Unauthorized: give the metrics user and password (basic auth)\n";
+      MHD_Response* response = MHD_create_response_from_buffer(
+          sizeof(kBody) - 1, const_cast<char*>(kBody), MHD_RESPMEM_PERSISTENT);
+      if (response == nullptr) return MHD_NO;
+      MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, kPlain);
+      const MHD_Result queued =
+          MHD_queue_basic_auth_fail_response(connection, "mla-offload metrics", response);
+      MHD_destroy_response(response);
+      return queued;
+    }
+    if (std::strcmp(url, "/metrics") != 0) {
+      return Respond(connection, MHD_HTTP_NOT_FOUND, "Not found: metrics are at /metrics\n",
+                     kPlain);
+    }
+    if (std::strcmp(method, "GET") != 0) {
+      return Respond(connection, MHD_HTTP_METHOD_NOT_ALLOWED, "Only GET is served\n", kPlain);
+    }
+    return Respond(connection, MHD_HTTP_OK, served.registry->RenderText(), kTextContentType);
+  }
+};
 
 // libmicrohttpd's log (cls is the exporter's StartLog): while Start runs,
 // the first message (why the daemon did not start: "Failed to bind to port
@@ -170,9 +182,9 @@ absl::StatusOr<BasicAuthCredentials> ReadBasicAuthFile(const std::string& path) 
                               std::string(line.substr(colon + 1))};
 }
 
-HttpExporter::HttpExporter(const Registry* registry) : start_log_(std::make_unique<StartLog>()) {
-  served_.registry = registry;
-}
+HttpExporter::HttpExporter(const Registry* registry)
+    : served_(std::make_unique<Served>(Served{registry, "", ""})),
+      start_log_(std::make_unique<StartLog>()) {}
 
 HttpExporter::~HttpExporter() { Stop(); }
 
@@ -213,8 +225,8 @@ absl::Status HttpExporter::Start(const HttpExporterOptions& options) {
         absl::StrCat("metrics exporter already serves on port ", port_, "; cannot start it again on ",
                      options.listen));
   }
-  served_.user = options.basic_auth_user;
-  served_.password = options.basic_auth_password;
+  served_->user = options.basic_auth_user;
+  served_->password = options.basic_auth_password;
   tls_cert_ = std::move(cert);
   tls_key_ = std::move(key);
 
@@ -238,7 +250,8 @@ absl::Status HttpExporter::Start(const HttpExporterOptions& options) {
     start_log_->capturing = true;
     start_log_->first.clear();
   }
-  MHD_Daemon* daemon = MHD_start_daemon(flags, 0, nullptr, nullptr, &HandleRequest, &served_,
+  // The port is the socket address's; libmicrohttpd's messages name this one.
+  MHD_Daemon* daemon = MHD_start_daemon(flags, address->port, nullptr, nullptr, &Served::Handle, served_.get(),
                                         MHD_OPTION_EXTERNAL_LOGGER, &StartLog::Capture,
                                         start_log_.get(), MHD_OPTION_ARRAY, items, MHD_OPTION_END);
   std::string failure;

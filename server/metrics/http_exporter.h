@@ -93,21 +93,14 @@ class HttpExporter {
   // The port listened on; 0 when not started.
   int port() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // What the request handler reads (libmicrohttpd's closure); public only so
-  // that the handler, a free function, can name it.
-  struct Served {
-    const Registry* registry;
-    std::string user;
-    std::string password;
-  };
-
  private:
+  struct Served;
   struct StartLog;
 
   mutable absl::Mutex mu_;
-  // Written by Start (under mu_) only while no daemon runs; read by the
-  // daemon's threads.
-  Served served_;
+  // What the daemon's threads read (libmicrohttpd's closure); written by
+  // Start (under mu_) only while no daemon runs.
+  const std::unique_ptr<Served> served_;
   const std::unique_ptr<StartLog> start_log_;
   // PEM text that libmicrohttpd reads for as long as the daemon runs.
   std::string tls_cert_ ABSL_GUARDED_BY(mu_);

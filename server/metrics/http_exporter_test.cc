@@ -219,6 +219,7 @@ TEST_F(HttpExporterTest, TakenPortIsUnavailableNamingTheAddress) {
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(status.message(),
               HasSubstr(absl::StrCat("127.0.0.1:", first.port())));
+  EXPECT_THAT(status.message(), HasSubstr("Address already in use"));
   EXPECT_EQ(second.port(), 0);
 }
 
