@@ -306,7 +306,8 @@ TEST_F(HttpExporterTest, ConnectionsPerAddressAreLimited) {
   EXPECT_FALSE(Fetch(exporter.port(), "GET", "/metrics").ok()) << "a third connection";
   close(first);
   absl::StatusOr<HttpResponse> metrics;
-  for (int attempt = 0; attempt < 50; ++attempt) {
+  // The server sees the close on its next poll: up to 10 s on a busy machine.
+  for (int attempt = 0; attempt < 500; ++attempt) {
     metrics = Fetch(exporter.port(), "GET", "/metrics");
     if (metrics.ok()) break;
     absl::SleepFor(absl::Milliseconds(20));
