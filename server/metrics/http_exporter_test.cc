@@ -268,7 +268,8 @@ TEST_F(HttpExporterTest, SlowScrapersDoNotBlockAnotherScrape) {
     const absl::Duration took = absl::Now() - start;
     ASSERT_TRUE(metrics.ok()) << metrics.status();
     EXPECT_EQ(metrics->status, 200);
-    EXPECT_LT(took, absl::Seconds(2)) << "a scrape beside 8 stalled clients";
+    // Far below the stalled clients' 60 s: they hold up nothing.
+    EXPECT_LT(took, absl::Seconds(5)) << "a scrape beside 8 stalled clients";
   }
   for (int fd : stalled) close(fd);
 }
