@@ -6,8 +6,6 @@
 // Exit status: 0 done (health: SERVING); 1 the server refused, could not be
 // reached, or is not SERVING; 2 a bad command line or input file.
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -18,20 +16,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/connect_flags.h"
 #include "client/mla_client.h"
 #include "kernels/tool/npy.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "HOST:PORT of the server.");
 ABSL_FLAG(double, timeout_s, 30, "Deadline of each call (and of the Attend answer), seconds.");
-ABSL_FLAG(bool, tls, false, "Connect with TLS (default: plaintext).");
-ABSL_FLAG(std::string, tls_ca, "",
-          "With --tls: PEM file of the root certificates that sign the server's "
-          "certificate (default: the system's roots).");
-ABSL_FLAG(std::string, tls_cert, "", "With --tls: PEM certificate chain of this client (mutual TLS).");
-ABSL_FLAG(std::string, tls_key, "", "With --tls: PEM private key of --tls_cert.");
-ABSL_FLAG(std::string, tls_server_name, "",
-          "With --tls: the name the server's certificate must carry, when it is not the "
-          "--target host.");
 ABSL_FLAG(std::string, service, "", "health: the service to ask about (\"\": the whole server).");
 ABSL_FLAG(std::string, session, "", "attend: the session id (see `mla sessions list`).");
 ABSL_FLAG(int, layer, 0, "attend: the attention layer.");
@@ -71,13 +61,18 @@ constexpr char kUsage[] =
     "  info                  what the server runs: version, backend, models, KV cache, limits\n"
     "  health                grpc.health.v1 status (--service); exit 0 only when SERVING\n"
     "  sessions list         the sessions the server holds: id, model, heads, next position,\n"
-    "                        KV blocks, idle time\n"
+    "                        KV blocks, idle time (with tokens: your tenant's; an operator's\n"
+    "                        token lists every tenant's, with the TENANT column)\n"
     "  sessions close ID     closes a session and frees its KV blocks\n"
     "  attend                sends one Attend message built from .npy files and writes the\n"
     "                        answer to .npy files:\n"
     "                          mla attend --session=ID --layer=0 --position=200 --q=q.npy \\\n"
     "                              --kv=kv.npy --out=out.npy --lse_out=lse.npy\n"
     "                        bf16 tensors are uint16 arrays of their bit patterns.\n"
+    "\n"
+    "A server with TLS and tokens:\n"
+    "  MLA_OFFLOAD_TOKEN=$(cat my.token) mla --target=HOST:PORT --tls --tls_ca=ca.pem info\n"
+    "  (or --token_file=my.token; mutual TLS adds --tls_cert and --tls_key)\n"
     "\n"
     "Exit status: 0 done; 1 the server refused, could not be reached, or is not SERVING;\n"
     "2 a bad command line or input file.";
@@ -103,6 +98,9 @@ int CallError(const absl::Status& status) {
       hint = absl::StrCat("no answer within --timeout_s=", absl::GetFlag(FLAGS_timeout_s),
                           "; raise it, or check the server's load");
       break;
+    case absl::StatusCode::kUnauthenticated:
+      hint = "give the token with --token_file=PATH or $MLA_OFFLOAD_TOKEN (or --token_env)";
+      break;
     case absl::StatusCode::kNotFound:
       hint = "`mla sessions list` shows the sessions this server holds";
       break;
@@ -115,42 +113,12 @@ int CallError(const absl::Status& status) {
   return kServerError;
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& flag, const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) return absl::NotFoundError(absl::StrCat("--", flag, "=", path, ": cannot read it"));
-  std::ostringstream bytes;
-  bytes << file.rdbuf();
-  return bytes.str();
-}
-
 absl::StatusOr<std::unique_ptr<Client>> ConnectFromFlags() {
-  ConnectOptions options;
-  options.call_timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
-  options.use_tls = absl::GetFlag(FLAGS_tls);
-  options.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
-  if (!options.tls_server_name.empty() && !options.use_tls) {
-    return absl::InvalidArgumentError("--tls_server_name needs --tls");
-  }
-  struct PemFlag {
-    const char* name;
-    std::string path;
-    std::string* into;
-  };
-  for (const PemFlag& pem : {PemFlag{"tls_ca", absl::GetFlag(FLAGS_tls_ca), &options.tls_root_certs_pem},
-                             PemFlag{"tls_cert", absl::GetFlag(FLAGS_tls_cert), &options.tls_client_cert_pem},
-                             PemFlag{"tls_key", absl::GetFlag(FLAGS_tls_key), &options.tls_client_key_pem}}) {
-    if (pem.path.empty()) continue;
-    if (!options.use_tls) {
-      return absl::InvalidArgumentError(absl::StrCat("--", pem.name, " needs --tls"));
-    }
-    absl::StatusOr<std::string> bytes = ReadFile(pem.name, pem.path);
-    if (!bytes.ok()) return bytes.status();
-    *pem.into = *std::move(bytes);
-  }
-  if (options.tls_client_cert_pem.empty() != options.tls_client_key_pem.empty()) {
-    return absl::InvalidArgumentError("mutual TLS needs both --tls_cert and --tls_key");
-  }
-  return Client::Connect(absl::GetFlag(FLAGS_target), options);
+  ConnectOptions base;
+  base.call_timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+  absl::StatusOr<ConnectOptions> options = ConnectOptionsFromFlags(base);
+  if (!options.ok()) return options.status();
+  return Client::Connect(absl::GetFlag(FLAGS_target), *options);
 }
 
 // "1 token", "2 tokens".
@@ -203,12 +171,17 @@ int Health(Client& client) {
 int ListSessions(Client& client) {
   absl::StatusOr<std::vector<pb::SessionInfo>> sessions = client.ListSessions();
   if (!sessions.ok()) return CallError(sessions.status());
-  std::printf("%-32s  %-18s  %5s  %8s  %9s  %8s\n", "SESSION", "MODEL", "HEADS", "NEXT_POS",
-              "KV_BLOCKS", "IDLE_S");
+  // A server with authentication names each session's tenant (an
+  // operator sees several).
+  bool tenants = false;
+  for (const pb::SessionInfo& session : *sessions) tenants |= !session.tenant().empty();
+  std::printf("%-32s  %-18s  %5s  %8s  %9s  %8s%s\n", "SESSION", "MODEL", "HEADS", "NEXT_POS",
+              "KV_BLOCKS", "IDLE_S", tenants ? "  TENANT" : "");
   for (const pb::SessionInfo& session : *sessions) {
-    std::printf("%-32s  %-18s  %5d  %8d  %9lld  %8.1f\n", session.session_id().c_str(),
+    std::printf("%-32s  %-18s  %5d  %8d  %9lld  %8.1f%s\n", session.session_id().c_str(),
                 session.model().c_str(), session.num_heads(), session.next_position(),
-                static_cast<long long>(session.kv_blocks()), session.idle_seconds());
+                static_cast<long long>(session.kv_blocks()), session.idle_seconds(),
+                tenants ? absl::StrCat("  ", session.tenant()).c_str() : "");
   }
   std::printf("%s\n", Count(static_cast<int64_t>(sessions->size()), "session").c_str());
   return 0;
@@ -398,7 +371,8 @@ int main(int argc, char** argv) {
   absl::FlagsUsageConfig config;
   // --help lists this tool's flags, not those of the libraries it links.
   config.contains_help_flags = [](absl::string_view file) {
-    return absl::EndsWith(file, "client/mla_cli.cc");
+    return absl::EndsWith(file, "client/mla_cli.cc") ||
+           absl::EndsWith(file, "client/connect_flags.cc");
   };
   config.contains_helpshort_flags = config.contains_help_flags;
   absl::SetFlagsUsageConfig(config);

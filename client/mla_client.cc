@@ -204,11 +204,11 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
   }
 
   void Start(const std::shared_ptr<grpc::Channel>& channel, const std::string& method,
-             const std::string& client_id) {
+             const internal::CallMetadata& metadata) {
     if (options_.stream_timeout != absl::InfiniteDuration()) {
       context_->set_deadline(DeadlineAfter(options_.stream_timeout));
     }
-    context_->AddMetadata(wire::kClientIdMetadata, client_id);
+    for (const auto& [key, value] : metadata) context_->AddMetadata(key, value);
     grpc::GenericStub stub(channel);
     stub.PrepareBidiStreamingCall(context_.get(), method, grpc::StubOptions(), this);
     {
@@ -1069,6 +1069,18 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
     return absl::InvalidArgumentError(
         "ConnectOptions: TLS certificates given but use_tls is false (set use_tls)");
   }
+  for (char c : options.bearer_token) {
+    if (c <= ' ' || c > '~') {
+      return absl::InvalidArgumentError(
+          "ConnectOptions.bearer_token: a token is printable ASCII without spaces (is there a "
+          "newline at the end of the token file?)");
+    }
+  }
+  if (!options.bearer_token.empty() && !options.use_tls && !wire::IsLoopbackAddress(target)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ConnectOptions: a bearer token over plaintext to ", target,
+        ", which is not on this host, would cross the network in the clear; set use_tls"));
+  }
   if (!options.use_tls && !options.tls_server_name.empty()) {
     return absl::InvalidArgumentError(
         "ConnectOptions: tls_server_name given but use_tls is false (set use_tls)");
@@ -1094,7 +1106,12 @@ Client::Client(std::string target, std::shared_ptr<grpc::Channel> channel,
     : target_(std::move(target)),
       channel_(std::move(channel)),
       options_(options),
-      client_id_(NewClientId()) {}
+      client_id_(NewClientId()) {
+  metadata_.emplace_back(wire::kClientIdMetadata, client_id_);
+  if (!options.bearer_token.empty()) {
+    metadata_.emplace_back("authorization", absl::StrCat("Bearer ", options.bearer_token));
+  }
+}
 
 Client::~Client() = default;
 
@@ -1102,7 +1119,7 @@ void Client::Prepare(grpc::ClientContext& context, const CallOptions& call) cons
   const absl::Duration timeout =
       call.timeout > absl::ZeroDuration() ? call.timeout : options_.call_timeout;
   if (timeout != absl::InfiniteDuration()) context.set_deadline(DeadlineAfter(timeout));
-  context.AddMetadata(wire::kClientIdMetadata, client_id_);
+  for (const auto& [key, value] : metadata_) context.AddMetadata(key, value);
 }
 
 template <typename Request, typename Response>
@@ -1403,7 +1420,7 @@ absl::StatusOr<std::unique_ptr<internal::Stripes>> Client::OpenStripes(
         absl::StrCat(name.substr(name.rfind('/') + 1), " stream on ", target_,
                      options.connections > 1 ? absl::StrCat(" (connection ", c + 1, ")") : ""),
         options);
-    raw->Start(channel, name, client_id_);
+    raw->Start(channel, name, metadata_);
     raws.push_back(std::move(raw));
   }
   return std::make_unique<internal::Stripes>(std::move(raws));

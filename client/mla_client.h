@@ -4,7 +4,9 @@
 // Connecting: Client::Connect makes a channel to one server with the
 // message-size limits and HTTP/2 window settings the server itself uses
 // (large tensor messages must not stall on flow control every 64 KiB),
-// plaintext by default, TLS (optionally mutual) when ConnectOptions says so.
+// plaintext by default, TLS (optionally mutual) when ConnectOptions says so,
+// and a bearer token with every call and stream when it gives one (a server
+// with authentication maps it to a tenant).
 // Connect does not wait for the server unless connect_timeout is set; the
 // first call then reports an unreachable server as UNAVAILABLE.
 //
@@ -19,8 +21,10 @@
 // session that was on a server that has since been lost and restarted),
 // RESOURCE_EXHAUSTED (no KV blocks or queue space; nothing changed),
 // FAILED_PRECONDITION (position out of order), UNAVAILABLE (draining or
-// unreachable), DEADLINE_EXCEEDED (a call or layer step took longer than its
-// timeout).
+// unreachable, or a TLS handshake that failed), DEADLINE_EXCEEDED (a call or
+// layer step took longer than its timeout), UNAUTHENTICATED (no valid token
+// or client certificate). Another tenant's session is NOT_FOUND, as an
+// unknown one is.
 //
 // Tensor bytes: AppendKV, AttendStream::Send and EchoStream::Send put the
 // caller's memory into the outgoing message as slices that reference it (no
@@ -69,6 +73,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <grpcpp/channel.h>
@@ -105,6 +110,13 @@ struct ConnectOptions {
   // The name the server's certificate must carry, when it differs from the
   // target's host (e.g. connecting by IP address). Only with use_tls.
   std::string tls_server_name;
+  // A bearer token (the server's --auth_tokens_file names its tenant),
+  // sent as "authorization: Bearer TOKEN" with every call and stream; empty:
+  // none. Printable ASCII without spaces. Never logged or put in an error
+  // by this library. Over plaintext only to a loopback or unix: target: a
+  // token that crosses a network in the clear is anybody's
+  // (INVALID_ARGUMENT otherwise).
+  std::string bearer_token;
 
   // Largest message sent or received; the server's default --max_message_mb
   // is 256 MiB.
@@ -305,6 +317,8 @@ inline constexpr int kMaxStreamConnections = 16;
 namespace internal {
 class RawStream;
 class Stripes;
+// The metadata every call and stream of a Client sends.
+using CallMetadata = std::vector<std::pair<std::string, std::string>>;
 }  // namespace internal
 
 // A bidirectional Attend stream: several layer steps in flight, answers in
@@ -439,13 +453,14 @@ class Client {
   absl::StatusOr<std::unique_ptr<internal::Stripes>> OpenStripes(absl::string_view method,
                                                                  const StreamOptions& options);
   // A unary call's deadline (`call`, else the connect options') and this
-  // client's id.
+  // client's metadata.
   void Prepare(grpc::ClientContext& context, const CallOptions& call) const;
 
   const std::string target_;
   const std::shared_ptr<grpc::Channel> channel_;
   const ConnectOptions options_;
   const std::string client_id_;
+  internal::CallMetadata metadata_;  // the client id, and the token if any
 };
 
 // ---- Placement over several servers.

@@ -1,6 +1,7 @@
 // ConnectOptions' TLS fields (and the tool's --tls flags) against an
-// in-process gRPC server with TLS, since mla_offload_server itself serves
-// plaintext for now. The certificates in testdata/ are self-signed test
+// in-process gRPC server with TLS: what the client sends and checks, apart
+// from the real server (tests/integration/auth_e2e_test runs that with TLS,
+// mutual TLS and tokens). The certificates in testdata/ are self-signed test
 // ones (an EC P-256 CA valid until 2126; the server's names are
 // mla-offload.test and localhost, not 127.0.0.1, so connecting by address
 // needs tls_server_name); other_ca.pem signs nothing here.

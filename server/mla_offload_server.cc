@@ -35,8 +35,9 @@ ABSL_FLAG(std::vector<std::string>, listen, {"127.0.0.1:50051"},
           "Where to serve gRPC, a comma list: one HOST:PORT (port 0 picks a free port, printed "
           "at start), and any number of unix:PATH, Unix domain sockets for clients on this host "
           "(a PATH that exists is refused; the server removes its sockets when it stops). A "
-          "HOST other clients can reach (0.0.0.0, [::], a network address) needs "
-          "--allow_insecure: this server has no TLS or tokens yet.");
+          "HOST other hosts can reach (0.0.0.0, [::], a network address) needs TLS "
+          "(--tls_cert_file) and authentication (--auth_tokens_file or --tls_client_ca_file), "
+          "or --allow_insecure.");
 ABSL_FLAG(int, max_streams_per_connection, 256,
           "Streams and calls one client connection may have open at once; more wait for one "
           "to end (HTTP/2 MAX_CONCURRENT_STREAMS).");
@@ -58,10 +59,40 @@ ABSL_FLAG(int, max_transport_memory_mb, 4096,
           "and a message that does not fit ends its stream with RESOURCE_EXHAUSTED. Keep it "
           "above a few of the largest messages (--max_message_mb).");
 ABSL_FLAG(bool, allow_insecure, false,
-          "Serve on an address other hosts can reach although this server has no TLS and no "
-          "authentication yet: any client that reaches the port can list, read, change and "
-          "close every session. Only on a network you control (a Kubernetes NetworkPolicy, as "
-          "deploy/k8s/base has).");
+          "Serve on an address other hosts can reach without TLS and authentication: any "
+          "client that reaches the port can then list, read, change and close every session "
+          "(and read the traffic). Only on a network you control (a Kubernetes NetworkPolicy, "
+          "as deploy/k8s/base has).");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "PEM certificate chain (the server's certificate first) for TLS on the gRPC TCP "
+          "port; with --tls_key_file. Read again every --credentials_reload_s, so a rotation "
+          "in place (cert-manager) reaches new connections without a restart. Unix sockets "
+          "stay plaintext.");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file (unencrypted).");
+ABSL_FLAG(std::string, tls_client_ca_file, "",
+          "Mutual TLS: PEM CA certificates; every client must present a certificate one of "
+          "them signed, valid now. The certificate's subject common name (CN) is the client's "
+          "tenant when it sends no token. Needs --tls_cert_file; reloaded as it is.");
+ABSL_FLAG(std::string, auth_tokens_file, "",
+          "Bearer tokens: calls must send the metadata \"authorization: Bearer TOKEN\". One "
+          "line per token, TENANT SHA256_HEX_OF_TOKEN [operator] (`printf %s \"$TOKEN\" | "
+          "sha256sum`), # starts a comment. Hashes only: the file never holds a token. An "
+          "operator may list and close every tenant's sessions. Read again every "
+          "--credentials_reload_s; a new file that does not parse is logged and the old "
+          "tokens stay.");
+ABSL_FLAG(int, credentials_reload_s, 10,
+          "How often --tls_cert_file, --tls_key_file, --tls_client_ca_file and "
+          "--auth_tokens_file are read again for changes.");
+ABSL_FLAG(int, max_sessions_per_tenant, 1024,
+          "Sessions one tenant may hold at once (without authentication the whole server is "
+          "one tenant); CreateSession past it is RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, max_kv_blocks_per_tenant, 0,
+          "KV blocks (64 tokens each) one tenant's sessions may hold; a CreateSession or "
+          "AppendKV that would pass it is RESOURCE_EXHAUSTED (blocks that decode steps add are "
+          "counted, not refused). 0: only the pool's size; set it when tenants share a server.");
+ABSL_FLAG(int, max_streams_per_tenant, 1024,
+          "Attend and Echo streams one tenant may have open at once; more are refused "
+          "RESOURCE_EXHAUSTED.");
 ABSL_FLAG(std::string, backend, "cpu",
           "Compute backend: cpu (any machine) or cuda (an NVIDIA Hopper GPU).");
 ABSL_FLAG(int, device, 0, "GPU ordinal for --backend=cuda.");
@@ -208,6 +239,10 @@ absl::Status CheckFlags() {
       {"max_connection_age_grace_s", absl::GetFlag(FLAGS_max_connection_age_grace_s), 0, 24 * 3600},
       {"min_client_ping_interval_s", absl::GetFlag(FLAGS_min_client_ping_interval_s), 0, 3600},
       {"max_transport_memory_mb", absl::GetFlag(FLAGS_max_transport_memory_mb), 0, 1 << 24},
+      {"credentials_reload_s", absl::GetFlag(FLAGS_credentials_reload_s), 1, 24 * 3600},
+      {"max_sessions_per_tenant", absl::GetFlag(FLAGS_max_sessions_per_tenant), 1, 1 << 24},
+      {"max_kv_blocks_per_tenant", absl::GetFlag(FLAGS_max_kv_blocks_per_tenant), 0, int64_t{1} << 40},
+      {"max_streams_per_tenant", absl::GetFlag(FLAGS_max_streams_per_tenant), 1, 1 << 24},
   };
   for (const IntFlag& flag : int_flags) {
     if (flag.value < flag.low || flag.value > flag.high) {
@@ -322,11 +357,24 @@ int Main() {
   OffloadServerOptions options;
   absl::StatusOr<std::string> tcp = SplitListen(absl::GetFlag(FLAGS_listen), options.unix_sockets);
   if (!tcp.ok()) return Fail(tcp.status());
-  if (!mla::wire::IsLoopbackAddress(*tcp) && !absl::GetFlag(FLAGS_allow_insecure)) {
+  options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  options.tls.key_file = absl::GetFlag(FLAGS_tls_key_file);
+  options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
+  options.tls.reload_interval = absl::Seconds(absl::GetFlag(FLAGS_credentials_reload_s));
+  options.auth.tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
+  options.auth.reload_interval = options.tls.reload_interval;
+  const bool authenticated =
+      !options.auth.tokens_file.empty() || !options.tls.client_ca_file.empty();
+  if (!mla::wire::IsLoopbackAddress(*tcp) && !absl::GetFlag(FLAGS_allow_insecure) &&
+      !(options.tls.enabled() && authenticated)) {
     return Fail(absl::FailedPreconditionError(absl::StrCat(
-        "--listen=", *tcp, " can be reached from other hosts, and this server has no TLS or "
-        "authentication yet: any client there could read and change every session. Listen on "
-        "127.0.0.1 or a unix: socket, or pass --allow_insecure on a network you control")));
+        "--listen=", *tcp, " can be reached from other hosts, and this server has ",
+        options.tls.enabled() ? "TLS but no authentication"
+        : authenticated       ? "authentication but no TLS (tokens would cross the network in the clear)"
+                              : "no TLS or authentication",
+        ": give --tls_cert_file and --tls_key_file, and --auth_tokens_file or "
+        "--tls_client_ca_file (docs/operations.md shows how); or listen on 127.0.0.1 or a unix: "
+        "socket; or pass --allow_insecure on a network you control")));
   }
   options.listen = *tcp;
   options.engine.kv_blocks = kv_blocks;
@@ -357,6 +405,9 @@ int Main() {
   options.service.regions.max_bytes_per_owner =
       int64_t{absl::GetFlag(FLAGS_max_region_gb_per_client)} << 30;
   options.service.regions.grace = absl::Seconds(absl::GetFlag(FLAGS_region_grace_s));
+  options.service.tenants.max_sessions = absl::GetFlag(FLAGS_max_sessions_per_tenant);
+  options.service.tenants.max_kv_blocks = absl::GetFlag(FLAGS_max_kv_blocks_per_tenant);
+  options.service.tenants.max_streams = absl::GetFlag(FLAGS_max_streams_per_tenant);
   metrics::Registry registry;
   if (absl::StatusOr<metrics::GaugeFamily*> build = registry.AddGauge(
           "mla_build_info", "1, labelled with the server's version and the commit it was built from.",
@@ -391,6 +442,10 @@ int Main() {
               listen.substr(0, listen.rfind(':')).c_str(), port, also.c_str(), backend_text.c_str(),
               absl::GetFlag(FLAGS_model).c_str(), static_cast<long long>(kv_blocks),
               kv_blocks * kBlockBytes / 1e9);
+  if (options.tls.enabled()) {
+    std::printf(", TLS%s", options.tls.client_ca_file.empty() ? "" : " with client certificates");
+  }
+  if (!options.auth.tokens_file.empty()) std::printf(", bearer tokens");
   if (metrics_options->has_value()) {
     const std::string& metrics_listen = (*metrics_options)->listen;
     std::printf(", metrics on port %d (%s://%s:%d/metrics)", exporter.port(),
@@ -424,8 +479,12 @@ int main(int argc, char** argv) {
       "Attend message per layer step; the server keeps the FP8 KV cache, runs the fused\n"
       "prologue and the sparse decode, and streams the output back.\n\n"
       "  mla_offload_server --listen=127.0.0.1:50051 --backend=cpu --kv_cache_gb=4\n\n"
-      "It listens on loopback by default: it has no TLS or authentication yet, so an\n"
-      "address other hosts reach needs --allow_insecure (on a network you control).\n\n"
+      "It listens on loopback by default. An address other hosts reach needs TLS and\n"
+      "authentication (or --allow_insecure, on a network you control):\n\n"
+      "  mla_offload_server --listen=0.0.0.0:50051 --tls_cert_file=server.pem \\\n"
+      "      --tls_key_file=server.key --auth_tokens_file=tokens\n\n"
+      "Each token names a tenant; a tenant sees and uses only its own sessions\n"
+      "(docs/threat-model.md). Health and reflection answer without a token.\n\n"
       "Health: grpc.health.v1 for two service names: \"\" (liveness: SERVING until the\n"
       "process exits) and \"mla_offload.v1.MlaOffload\" (readiness: NOT_SERVING from the\n"
       "start of the drain on). Metrics: Prometheus text on http://--metrics_listen/metrics\n"

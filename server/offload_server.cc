@@ -28,6 +28,21 @@ absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(
     metrics::Registry& registry) {
   std::unique_ptr<OffloadServer> server(new OffloadServer());
   server->backend_text_ = backend->Describe();
+  std::shared_ptr<grpc::ServerCredentials> tcp_credentials = grpc::InsecureServerCredentials();
+  if (options.tls.enabled()) {
+    absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> tls =
+        TlsServerCredentialsFromFiles(options.tls);
+    if (!tls.ok()) return tls.status();
+    tcp_credentials = *std::move(tls);
+  } else if (!options.tls.key_file.empty() || !options.tls.client_ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_key_file and --tls_client_ca_file need --tls_cert_file (TLS on the gRPC port)");
+  }
+  AuthOptions auth_options = options.auth;
+  auth_options.client_certificates = !options.tls.client_ca_file.empty();
+  absl::StatusOr<std::unique_ptr<Authenticator>> auth = Authenticator::Create(auth_options);
+  if (!auth.ok()) return auth.status();
+  server->auth_ = *std::move(auth);
   // Regions are pinned for the device's copies, and CUDA IPC regions opened
   // for its kernels (both outlive the backend).
   std::shared_ptr<HostPinner> pinner = backend->MakeHostPinner();
@@ -49,13 +64,14 @@ absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(
   if (service_options.regions.importer == nullptr) {
     service_options.regions.importer = std::move(importer);
   }
+  if (server->auth_->enabled()) service_options.auth = server->auth_.get();
   server->service_ =
       std::make_unique<MlaOffloadService>(*scheduler, *server->metrics_, service_options);
   ServerMetrics& metrics_ref = *server->metrics_;
   MlaOffloadService& service_ref = *server->service_;
   scheduler->SetBatchObserver([&metrics_ref](const BatchStats& stats) { metrics_ref.RecordBatch(stats); });
   scheduler->SetStateObserver([&service_ref](const Engine& engine) { service_ref.PublishEngineState(engine); });
-  scheduler->SetSweepObserver([&service_ref](const Engine& engine) { service_ref.SweepRegions(engine); });
+  scheduler->SetSweepObserver([&service_ref](const Engine& engine) { service_ref.Sweep(engine); });
   // SetStateObserver's first publication is queued; wait for it.
   std::promise<void> published;
   scheduler->Run([&published](Engine&) {
@@ -68,7 +84,7 @@ absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
+  builder.AddListeningPort(options.listen, tcp_credentials, &server->port_);
   std::vector<int> unix_bound(options.unix_sockets.size(), 0);
   for (size_t i = 0; i < options.unix_sockets.size(); ++i) {
     const std::string& path = options.unix_sockets[i];

@@ -15,6 +15,13 @@
 // is cancelled). The engine thread stops after the gRPC server, and the
 // service after the engine thread, which calls into it.
 //
+// Security: with options.tls the TCP port serves TLS only (server/tls.h;
+// the Unix sockets stay plaintext: the socket file's permissions guard
+// them); with options.auth's tokens, or a TLS client CA, every MlaOffload
+// call must authenticate (server/auth.h) and sessions belong to tenants
+// (server/tenants.h). Health and reflection answer every caller, for probes
+// and tools: they tell only whether the server serves, and its API.
+//
 // Thread-safe after Start; Drain is called once.
 #ifndef MLA_OFFLOAD_SERVER_OFFLOAD_SERVER_H_
 #define MLA_OFFLOAD_SERVER_OFFLOAD_SERVER_H_
@@ -29,11 +36,13 @@
 #include "absl/time/time.h"
 #include "kernels/backend.h"
 #include "proto/transport_settings.h"
+#include "server/auth.h"
 #include "server/engine.h"
 #include "server/metrics/registry.h"
 #include "server/scheduler.h"
 #include "server/server_metrics.h"
 #include "server/service.h"
+#include "server/tls.h"
 
 namespace mla {
 
@@ -66,6 +75,9 @@ struct OffloadServerOptions {
   ServiceOptions service;
   TransportSettings transport = DefaultTransport();
   ConnectionLimits connections;
+  TlsOptions tls;  // on the TCP port
+  // Tokens; client_certificates is set from tls.client_ca_file.
+  AuthOptions auth;
 };
 
 class OffloadServer {
@@ -98,6 +110,7 @@ class OffloadServer {
   // Destroyed bottom-up: the gRPC server, then the engine thread, then the
   // service and the metrics they both use.
   std::unique_ptr<ServerMetrics> metrics_;
+  std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<MlaOffloadService> service_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<grpc::Server> server_;

@@ -96,7 +96,8 @@ absl::Status CheckAnswerFields(const wire::AttendRequestView& request) {
 
 bool IsSameHostPeer(absl::string_view peer) { return wire::IsLoopbackAddress(peer); }
 
-absl::StatusOr<std::string> RegionOwnerOf(const grpc::ServerContextBase& context) {
+absl::StatusOr<std::string> RegionOwnerOf(const grpc::ServerContextBase& context,
+                                          const std::string& tenant) {
   const std::string peer = context.peer();
   if (!IsSameHostPeer(peer)) {
     return absl::PermissionDeniedError(absl::StrCat(
@@ -104,6 +105,7 @@ absl::StatusOr<std::string> RegionOwnerOf(const grpc::ServerContextBase& context
         "--listen=unix:PATH); this call came from ",
         EchoClientText(peer), ": send the tensors inline instead"));
   }
+  if (!tenant.empty()) return absl::StrCat("tenant:", tenant);
   const auto& metadata = context.client_metadata();
   const auto id = metadata.find(wire::kClientIdMetadata);
   if (id == metadata.end()) return peer;

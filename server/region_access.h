@@ -40,10 +40,12 @@ namespace mla {
 // "ipv6:[::1]:5000", "unix:") is on this host.
 bool IsSameHostPeer(absl::string_view peer);
 
-// The region owner of a call: "client:<id>" or the peer address.
+// The region owner of a call by `tenant` ("" without authentication):
+// "tenant:<tenant>", else "client:<id>" or the peer address.
 // PERMISSION_DENIED for a peer not on this host, INVALID_ARGUMENT for a
 // malformed mla-client-id.
-absl::StatusOr<std::string> RegionOwnerOf(const grpc::ServerContextBase& context);
+absl::StatusOr<std::string> RegionOwnerOf(const grpc::ServerContextBase& context,
+                                          const std::string& tenant);
 
 // Whether the message names any region (tensors, out_region, lse_region).
 bool UsesRegions(const wire::AttendRequestView& request);

@@ -10,6 +10,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <tuple>
 #include <utility>
 #include <vector>
 #include <string>
@@ -222,6 +223,82 @@ TEST(RegionRegistryTest, MappingsArePinnedWhileMapped) {
       EXPECT_EQ(pinner->unpinned, std::vector<void*>{pinner->pinned[0].first});
     }
   }
+}
+
+// Stands in for the CUDA backend's importer: "device memory" of the size a
+// handle's first byte names (in KiB), closed when the last slice goes;
+// handle "bad" is refused as the driver would.
+class FakeImporter : public DeviceImporter {
+ public:
+  int open = 0;  // imports not yet closed
+  absl::StatusOr<ImportedMemory> Import(absl::string_view handle,
+                                        absl::string_view device_uuid) override {
+    if (handle == "bad") return absl::InvalidArgumentError("cuda_ipc_handle: the driver cannot open it");
+    if (device_uuid != "GPU-1") return absl::NotFoundError("device_uuid: no GPU of this host");
+    const int64_t bytes = int64_t{static_cast<uint8_t>(handle[0])} << 10;
+    auto* memory = new std::vector<uint8_t>(bytes);
+    ++open;
+    std::shared_ptr<const void> mapping(memory, [this](const void* p) {
+      delete static_cast<const std::vector<uint8_t>*>(p);
+      --open;
+    });
+    return ImportedMemory{std::move(mapping), memory->data(), bytes};
+  }
+};
+
+// CUDA IPC regions: opened once by the backend's importer, bounded by the
+// allocation's size, listed as device memory with the GPU's UUID, their
+// slices marked as device memory; refusals (no importer, the importer's,
+// a size past the allocation, the limits) register nothing and leave
+// nothing open; unregistering closes the memory once the last slice goes.
+TEST(RegionRegistryTest, CudaIpcRegionsAreOpenedOnceAndBounded) {
+  RegionRegistry without;
+  absl::StatusOr<uint64_t> refused = without.RegisterCudaIpc("a", "\x04", "GPU-1", 1024);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("REGION_KIND_SYSTEM_SHM"));
+
+  auto importer = std::make_shared<FakeImporter>();
+  RegionRegistryOptions options;
+  options.importer = importer;
+  options.max_bytes_per_owner = 8 << 10;
+  RegionRegistry registry(options);
+  const std::string handle(1, '\x04');  // 4 KiB
+  for (const auto& [what, handle_bytes, uuid, bytes, code, field] :
+       std::vector<std::tuple<std::string, std::string, std::string, int64_t, absl::StatusCode,
+                              std::string>>{
+           {"past the allocation", handle, "GPU-1", 4097, absl::StatusCode::kInvalidArgument,
+            "byte_size 4097 is more than the 4096 bytes"},
+           {"no size", handle, "GPU-1", 0, absl::StatusCode::kInvalidArgument, "byte_size is 0"},
+           {"a handle the driver refuses", "bad", "GPU-1", 16, absl::StatusCode::kInvalidArgument,
+            "cuda_ipc_handle"},
+           {"another host's GPU", handle, "GPU-2", 16, absl::StatusCode::kNotFound, "device_uuid"},
+           {"past the owner's bytes", std::string(1, '\x10'), "GPU-1", 9 << 10,
+            absl::StatusCode::kResourceExhausted, "more than the 8192"}}) {
+    absl::StatusOr<uint64_t> id = registry.RegisterCudaIpc("a", handle_bytes, uuid, bytes);
+    EXPECT_EQ(id.status().code(), code) << what << ": " << id.status();
+    EXPECT_THAT(std::string(id.status().message()), HasSubstr(field)) << what;
+  }
+  EXPECT_TRUE(registry.List("a").empty());
+  EXPECT_EQ(importer->open, 0) << "a refused registration left its memory open";
+
+  absl::StatusOr<uint64_t> id = registry.RegisterCudaIpc("a", handle, "GPU-1", 4096);
+  ASSERT_TRUE(id.ok()) << id.status();
+  const std::vector<RegionSummary> list = registry.List("a");
+  ASSERT_EQ(list.size(), 1u);
+  EXPECT_TRUE(list[0].device);
+  EXPECT_EQ(list[0].name, "GPU-1");
+  EXPECT_EQ(list[0].bytes, 4096);
+  absl::StatusOr<RegionSlice> slice = registry.Resolve("a", *id, 16, 4080, "AttendRequest.q");
+  ASSERT_TRUE(slice.ok()) << slice.status();
+  EXPECT_TRUE(slice->device);
+  EXPECT_EQ(registry.Resolve("a", *id, 16, 4081, "AttendRequest.q").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry.Resolve("b", *id, 0, 16, "AttendRequest.q").status().code(),
+            absl::StatusCode::kNotFound);
+  ASSERT_TRUE(registry.Unregister("a", *id).ok());
+  EXPECT_EQ(importer->open, 1) << "closed while a step's slice still uses it";
+  slice = absl::InternalError("let go");
+  EXPECT_EQ(importer->open, 0) << "still open once nothing uses it";
 }
 
 }  // namespace

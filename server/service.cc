@@ -92,6 +92,28 @@ grpc::ByteBuffer ResultResponse(const AttendResult& result, bool in_regions) {
   });
 }
 
+// The KV blocks a new session of `model` takes (its SWA rings); 0 for a
+// model the server does not serve (the engine refuses it).
+int64_t SessionBlocks(const Engine& engine, const std::string& model) {
+  for (const ModelProfile* profile : engine.options().models) {
+    if (profile->name == model) return int64_t{profile->num_attention_layers()} * kSwaRingBlocks;
+  }
+  return 0;
+}
+
+// The compressed pages an AppendKV may add: per layer, the pages its rows
+// reach past those before its first row (the engine checks the rows).
+int64_t AppendBlocks(const pb::AppendKVRequest& request) {
+  int64_t blocks = 0;
+  for (const pb::LayerRows& layer : request.layers()) {
+    if (!layer.has_compressed_kv() || layer.compressed_kv().shape_size() == 0) continue;
+    const int64_t first = std::max<int64_t>(layer.first_compressed_row(), 0);
+    const int64_t rows = std::clamp<int64_t>(layer.compressed_kv().shape(0), 0, INT32_MAX);
+    blocks += PagesFor(first + rows) - PagesFor(first);
+  }
+  return blocks;
+}
+
 }  // namespace
 
 // One Attend stream. Reads run ahead of writes by up to
@@ -105,8 +127,12 @@ grpc::ByteBuffer ResultResponse(const AttendResult& result, bool in_regions) {
 class MlaOffloadService::AttendReactor final
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  AttendReactor(MlaOffloadService& service, const grpc::CallbackServerContext& context)
-      : service_(service), owner_(RegionOwnerOf(context)) {
+  AttendReactor(MlaOffloadService& service, const grpc::CallbackServerContext& context,
+                Caller caller)
+      : service_(service),
+        context_(context),
+        caller_(std::move(caller)),
+        owner_(RegionOwnerOf(context, caller_.tenant)) {
     service_.metrics_.StreamOpened();
     service_.open_streams_.fetch_add(1);
     if (owner_.ok()) service_.region_owners_.StreamOpened(*owner_);
@@ -149,6 +175,7 @@ class MlaOffloadService::AttendReactor final
                   static_cast<size_t>(service_.options_.max_segments_per_message));
     absl::Status status = view.status();
     const uint64_t request_id = view.ok() ? view->request_id : wire::LeadingRequestId(received);
+    if (status.ok()) status = CheckCaller(*view);
     absl::StatusOr<std::optional<AnswerRegions>> answer_regions = std::nullopt;
     if (status.ok() && UsesRegions(*view)) answer_regions = ResolveRegions(*view);
     if (status.ok()) status = answer_regions.status();
@@ -194,6 +221,7 @@ class MlaOffloadService::AttendReactor final
   void OnDone() override {
     service_.metrics_.StreamClosed();
     service_.open_streams_.fetch_sub(1);
+    service_.tenants_.StreamClosed(caller_.tenant);
     if (owner_.ok()) service_.region_owners_.StreamClosed(*owner_);
     stream_tag_->cancelled.store(true);
     std::unique_lock<std::mutex> lock(mutex_);
@@ -208,6 +236,30 @@ class MlaOffloadService::AttendReactor final
   }
 
  private:
+  // UNAUTHENTICATED once the stream's token is no longer valid (the
+  // tokens file changed since the stream opened: a revoked token stops a
+  // stream at its next message), NOT_FOUND when the message names a session
+  // of another tenant.
+  absl::Status CheckCaller(const wire::AttendRequestView& view) const {
+    if (service_.options_.auth != nullptr) {
+      absl::StatusOr<Caller> now = service_.CallerOf(context_);
+      if (!now.ok()) return now.status();
+      if (now->tenant != caller_.tenant) {
+        return absl::UnauthenticatedError(
+            "this stream's token names another tenant since the tokens file changed; open a "
+            "new stream");
+      }
+    }
+    for (const wire::SegmentView& segment : view.segments) {
+      if (absl::Status status =
+              service_.tenants_.CheckAccess(caller_, segment.session_id, /*operator_may=*/false);
+          !status.ok()) {
+        return status;
+      }
+    }
+    return absl::OkStatus();
+  }
+
   // The message's region references resolved for this stream's client
   // (who may not own regions: then that is the error).
   absl::StatusOr<std::optional<AnswerRegions>> ResolveRegions(wire::AttendRequestView& view) {
@@ -289,6 +341,8 @@ class MlaOffloadService::AttendReactor final
   }
 
   MlaOffloadService& service_;
+  const grpc::CallbackServerContext& context_;  // valid until OnDone
+  const Caller caller_;
   const absl::StatusOr<std::string> owner_;  // of the regions its messages name
   const std::shared_ptr<AttendStreamTag> stream_tag_ = std::make_shared<AttendStreamTag>();
   grpc::ByteBuffer read_buffer_;
@@ -318,7 +372,8 @@ class MlaOffloadService::AttendReactor final
 class MlaOffloadService::EchoReactor final
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  explicit EchoReactor(MlaOffloadService& service) : service_(service) {
+  EchoReactor(MlaOffloadService& service, Caller caller)
+      : service_(service), caller_(std::move(caller)) {
     service_.open_streams_.fetch_add(1);
     StartRead(&buffer_);
   }
@@ -342,20 +397,52 @@ class MlaOffloadService::EchoReactor final
   }
   void OnDone() override {
     service_.open_streams_.fetch_sub(1);
+    service_.tenants_.StreamClosed(caller_.tenant);
     delete this;
   }
 
  private:
   MlaOffloadService& service_;
+  const Caller caller_;
   grpc::ByteBuffer buffer_;
   int64_t bytes_ = 0;  // of the message in buffer_
 };
 
+// A stream refused before its first read (not authenticated, or past its
+// tenant's stream limit): it ends with the status at once.
+class MlaOffloadService::RefusedStream final
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  RefusedStream(MlaOffloadService& service, const char* method, const absl::Status& status) {
+    service.metrics_.RecordRequest(method, status.code());
+    service.refusals_.Note(method, status);
+    Finish(ToGrpc(status));
+  }
+  void OnDone() override { delete this; }
+};
+
 MlaOffloadService::MlaOffloadService(Scheduler& scheduler, ServerMetrics& metrics,
                                      const ServiceOptions& options)
-    : scheduler_(scheduler), metrics_(metrics), options_(options), regions_(options.regions) {}
+    : scheduler_(scheduler),
+      metrics_(metrics),
+      options_(options),
+      regions_(options.regions),
+      tenants_(options.tenants) {}
 
-void MlaOffloadService::SweepRegions(const Engine& engine) {
+absl::StatusOr<Caller> MlaOffloadService::CallerOf(const grpc::CallbackServerContext& context) const {
+  if (options_.auth == nullptr) return Caller{};
+  return options_.auth->Authenticate(context);
+}
+
+absl::StatusOr<Caller> MlaOffloadService::OpenStream(const grpc::CallbackServerContext& context) {
+  absl::StatusOr<Caller> caller = CallerOf(context);
+  if (!caller.ok()) return caller.status();
+  if (absl::Status status = tenants_.StreamOpened(caller->tenant); !status.ok()) return status;
+  return caller;
+}
+
+void MlaOffloadService::Sweep(const Engine& engine) {
+  tenants_.KeepOnly(engine.ListSessions(scheduler_.Now()));
   const std::vector<uint64_t> expired = region_owners_.Sweep(
       regions_, [&] { return engine.ListSessions(scheduler_.Now()); });
   if (expired.empty()) return;
@@ -436,6 +523,8 @@ grpc::ServerUnaryReactor* MlaOffloadService::RunUnary(grpc::CallbackServerContex
                                                       grpc::ByteBuffer* response_bytes,
                                                       Queue queue,
                                                       Work<Request, Response> work) {
+  absl::StatusOr<Caller> caller = CallerOf(*context);
+  if (!caller.ok()) return FinishNow(context, method, caller.status());
   const int64_t limit = options_.max_message_bytes;
   if (request_bytes->Length() > static_cast<size_t>(limit)) {
     return FinishNow(context, method,
@@ -449,10 +538,10 @@ grpc::ServerUnaryReactor* MlaOffloadService::RunUnary(grpc::CallbackServerContex
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time arrival = absl::Now();
   Scheduler::Task task = [this, context, reactor, method, request, response_bytes, arrival,
-                          work = std::move(work)](Engine& engine) {
+                          caller = *std::move(caller), work = std::move(work)](Engine& engine) {
     Response response;
     absl::Status status = StillWanted(*context);
-    if (status.ok()) status = work(engine, *context, *request, response);
+    if (status.ok()) status = work(engine, *context, caller, *request, response);
     if (status.ok() && response.ByteSizeLong() > static_cast<size_t>(options_.max_message_bytes)) {
       status = TooLarge(absl::StrCat("the answer to ", method), response.ByteSizeLong(),
                         options_.max_message_bytes);
@@ -473,6 +562,9 @@ grpc::ServerUnaryReactor* MlaOffloadService::RunUnary(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* MlaOffloadService::GetServerInfo(grpc::CallbackServerContext* context,
                                                            const grpc::ByteBuffer* request_bytes,
                                                            grpc::ByteBuffer* response_bytes) {
+  if (absl::StatusOr<Caller> caller = CallerOf(*context); !caller.ok()) {
+    return FinishNow(context, "GetServerInfo", caller.status());
+  }
   pb::GetServerInfoRequest request;
   if (absl::Status parsed = wire::ParseUnaryMessage(*request_bytes, &request); !parsed.ok()) {
     return FinishNow(context, "GetServerInfo", parsed);
@@ -499,8 +591,14 @@ grpc::ServerUnaryReactor* MlaOffloadService::CreateSession(grpc::CallbackServerC
   }
   return RunUnary<pb::CreateSessionRequest, pb::CreateSessionResponse>(
       context, "CreateSession", request, response, Queue::kFifo,
-      [this](Engine& engine, grpc::CallbackServerContext& call,
+      [this](Engine& engine, grpc::CallbackServerContext& call, const Caller& caller,
              const pb::CreateSessionRequest& request, pb::CreateSessionResponse& response) {
+        if (absl::Status admitted = tenants_.AdmitSession(
+                caller.tenant, SessionBlocks(engine, request.model()),
+                [&] { return engine.ListSessions(scheduler_.Now()); });
+            !admitted.ok()) {
+          return admitted;
+        }
         absl::StatusOr<CreateSessionResult> result =
             engine.CreateSession(wire::CreateSessionView(request), scheduler_.Now());
         if (!result.ok()) return result.status();
@@ -511,12 +609,13 @@ grpc::ServerUnaryReactor* MlaOffloadService::CreateSession(grpc::CallbackServerC
                               "the call's deadline passed (or it was cancelled) while the session "
                               "was created; it was closed again, so nothing was done");
         }
+        tenants_.SessionCreated(caller.tenant, result->session_id);
         response.set_session_id(result->session_id);
         response.set_num_heads(result->num_heads);
         response.set_padded_heads(result->padded_heads);
         response.set_idle_ttl_seconds(result->idle_ttl_seconds);
         // The session keeps its client's regions (if it may have any).
-        if (absl::StatusOr<std::string> owner = RegionOwnerOf(call); owner.ok()) {
+        if (absl::StatusOr<std::string> owner = RegionOwnerOf(call, caller.tenant); owner.ok()) {
           region_owners_.SessionCreated(*owner, result->session_id);
         }
         return absl::OkStatus();
@@ -532,8 +631,19 @@ grpc::ServerUnaryReactor* MlaOffloadService::AppendKV(grpc::CallbackServerContex
   }
   return RunUnary<pb::AppendKVRequest, pb::AppendKVResponse>(
       context, "AppendKV", request, response, Queue::kFifo,
-      [this](Engine& engine, grpc::CallbackServerContext&, const pb::AppendKVRequest& request,
-             pb::AppendKVResponse& response) {
+      [this](Engine& engine, grpc::CallbackServerContext&, const Caller& caller,
+             const pb::AppendKVRequest& request, pb::AppendKVResponse& response) {
+        if (absl::Status status =
+                tenants_.CheckAccess(caller, request.session_id(), /*operator_may=*/false);
+            !status.ok()) {
+          return status;
+        }
+        if (absl::Status admitted = tenants_.AdmitBlocks(
+                caller.tenant, AppendBlocks(request),
+                [&] { return engine.ListSessions(scheduler_.Now()); });
+            !admitted.ok()) {
+          return admitted;
+        }
         absl::StatusOr<AppendResult> result =
             engine.AppendKV(wire::AppendKVView(request), scheduler_.Now());
         if (!result.ok()) return result.status();
@@ -548,10 +658,16 @@ grpc::ServerUnaryReactor* MlaOffloadService::CloseSession(grpc::CallbackServerCo
                                                           grpc::ByteBuffer* response) {
   return RunUnary<pb::CloseSessionRequest, pb::CloseSessionResponse>(
       context, "CloseSession", request, response, Queue::kFifo,
-      [](Engine& engine, grpc::CallbackServerContext&, const pb::CloseSessionRequest& request,
-         pb::CloseSessionResponse& response) {
+      [this](Engine& engine, grpc::CallbackServerContext&, const Caller& caller,
+             const pb::CloseSessionRequest& request, pb::CloseSessionResponse& response) {
+        if (absl::Status status =
+                tenants_.CheckAccess(caller, request.session_id(), /*operator_may=*/true);
+            !status.ok()) {
+          return status;
+        }
         absl::StatusOr<int64_t> freed = engine.CloseSession(request.session_id());
         if (!freed.ok()) return freed.status();
+        tenants_.SessionClosed(request.session_id());
         response.set_kv_blocks_freed(*freed);
         return absl::OkStatus();
       });
@@ -562,11 +678,13 @@ grpc::ServerUnaryReactor* MlaOffloadService::ListSessions(grpc::CallbackServerCo
                                                           grpc::ByteBuffer* response) {
   return RunUnary<pb::ListSessionsRequest, pb::ListSessionsResponse>(
       context, "ListSessions", request, response, Queue::kNext,
-      [this](Engine& engine, grpc::CallbackServerContext&, const pb::ListSessionsRequest&,
-             pb::ListSessionsResponse& response) {
+      [this](Engine& engine, grpc::CallbackServerContext&, const Caller& caller,
+             const pb::ListSessionsRequest&, pb::ListSessionsResponse& response) {
         for (const SessionSummary& summary : engine.ListSessions(scheduler_.Now())) {
+          if (!tenants_.Visible(caller, summary.session_id)) continue;
           pb::SessionInfo* info = response.add_sessions();
           info->set_session_id(summary.session_id);
+          info->set_tenant(tenants_.TenantOf(summary.session_id));
           info->set_model(summary.model);
           info->set_num_heads(summary.num_heads);
           info->set_next_position(summary.next_position);
@@ -579,19 +697,25 @@ grpc::ServerUnaryReactor* MlaOffloadService::ListSessions(grpc::CallbackServerCo
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* MlaOffloadService::Attend(
     grpc::CallbackServerContext* context) {
-  return new AttendReactor(*this, *context);
+  absl::StatusOr<Caller> caller = OpenStream(*context);
+  if (!caller.ok()) return new RefusedStream(*this, "Attend", caller.status());
+  return new AttendReactor(*this, *context, *std::move(caller));
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* MlaOffloadService::Echo(
-    grpc::CallbackServerContext*) {
-  return new EchoReactor(*this);
+    grpc::CallbackServerContext* context) {
+  absl::StatusOr<Caller> caller = OpenStream(*context);
+  if (!caller.ok()) return new RefusedStream(*this, "Echo", caller.status());
+  return new EchoReactor(*this, *std::move(caller));
 }
 
 template <typename Request, typename Response>
 grpc::ServerUnaryReactor* MlaOffloadService::AnswerNow(
     grpc::CallbackServerContext* context, const char* method,
     const grpc::ByteBuffer* request_bytes, grpc::ByteBuffer* response_bytes,
-    absl::FunctionRef<absl::Status(const Request&, Response&)> work) {
+    absl::FunctionRef<absl::Status(const Caller&, const Request&, Response&)> work) {
+  absl::StatusOr<Caller> caller = CallerOf(*context);
+  if (!caller.ok()) return FinishNow(context, method, caller.status());
   const int64_t limit = options_.max_message_bytes;
   if (request_bytes->Length() > static_cast<size_t>(limit)) {
     return FinishNow(context, method,
@@ -601,7 +725,7 @@ grpc::ServerUnaryReactor* MlaOffloadService::AnswerNow(
   Request request;
   Response response;
   absl::Status status = wire::ParseUnaryMessage(*request_bytes, &request);
-  if (status.ok()) status = work(request, response);
+  if (status.ok()) status = work(*caller, request, response);
   if (status.ok()) *response_bytes = wire::SerializeUnaryMessage(response);
   return FinishNow(context, method, status);
 }
@@ -615,8 +739,9 @@ grpc::ServerUnaryReactor* MlaOffloadService::RegisterRegion(grpc::CallbackServer
   }
   return AnswerNow<pb::RegisterRegionRequest, pb::RegisterRegionResponse>(
       context, "RegisterRegion", request, response,
-      [&](const pb::RegisterRegionRequest& request, pb::RegisterRegionResponse& response) {
-        absl::StatusOr<std::string> owner = RegionOwnerOf(*context);
+      [&](const Caller& caller, const pb::RegisterRegionRequest& request,
+          pb::RegisterRegionResponse& response) {
+        absl::StatusOr<std::string> owner = RegionOwnerOf(*context, caller.tenant);
         if (!owner.ok()) return owner.status();
         absl::StatusOr<uint64_t> id;
         if (request.kind() == pb::REGION_KIND_SYSTEM_SHM) {
@@ -640,8 +765,9 @@ grpc::ServerUnaryReactor* MlaOffloadService::UnregisterRegion(grpc::CallbackServ
                                                               grpc::ByteBuffer* response) {
   return AnswerNow<pb::UnregisterRegionRequest, pb::UnregisterRegionResponse>(
       context, "UnregisterRegion", request, response,
-      [&](const pb::UnregisterRegionRequest& request, pb::UnregisterRegionResponse&) {
-        absl::StatusOr<std::string> owner = RegionOwnerOf(*context);
+      [&](const Caller& caller, const pb::UnregisterRegionRequest& request,
+          pb::UnregisterRegionResponse&) {
+        absl::StatusOr<std::string> owner = RegionOwnerOf(*context, caller.tenant);
         if (!owner.ok()) return owner.status();
         return regions_.Unregister(*owner, request.region_id());
       });
@@ -652,8 +778,8 @@ grpc::ServerUnaryReactor* MlaOffloadService::ListRegions(grpc::CallbackServerCon
                                                          grpc::ByteBuffer* response) {
   return AnswerNow<pb::ListRegionsRequest, pb::ListRegionsResponse>(
       context, "ListRegions", request, response,
-      [&](const pb::ListRegionsRequest&, pb::ListRegionsResponse& response) {
-        absl::StatusOr<std::string> owner = RegionOwnerOf(*context);
+      [&](const Caller& caller, const pb::ListRegionsRequest&, pb::ListRegionsResponse& response) {
+        absl::StatusOr<std::string> owner = RegionOwnerOf(*context, caller.tenant);
         if (!owner.ok()) return owner.status();
         for (const RegionSummary& summary : regions_.List(*owner)) {
           pb::RegionInfo* info = response.add_regions();

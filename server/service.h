@@ -44,6 +44,18 @@
 // and expires the others after the grace period; the registry goes with
 // the service.
 //
+// Authentication and tenants (server/auth.h, server/tenants.h): every call
+// is authenticated first; one that is not is UNAUTHENTICATED (an Attend or
+// Echo stream ends with it before reading a message) and does nothing. A
+// session belongs to the tenant that created it: to another tenant every
+// method answers NOT_FOUND for it, as for a session that does not exist,
+// and ListSessions shows a caller its own sessions only (an operator's
+// every session, each with its tenant; an operator may close them too).
+// An Attend message naming a foreign session is answered NOT_FOUND in-band
+// before it is queued, and every message checks the stream's token again
+// (a token revoked since the stream opened: UNAUTHENTICATED in-band). Per-tenant limits (sessions, KV blocks, open
+// streams) refuse with RESOURCE_EXHAUSTED before anything changes.
+//
 // Draining (StartDraining, on SIGTERM): CreateSession, AppendKV and
 // RegisterRegion are refused with UNAVAILABLE; Attend and Echo streams go
 // on until the server shuts down.
@@ -59,11 +71,13 @@
 #include "absl/status/status.h"
 #include "absl/functional/function_ref.h"
 #include "proto/mla_offload.grpc.pb.h"
+#include "server/auth.h"
 #include "server/log.h"
 #include "server/region_access.h"
 #include "server/region_registry.h"
 #include "server/scheduler.h"
 #include "server/server_metrics.h"
+#include "server/tenants.h"
 
 namespace mla {
 
@@ -84,6 +98,10 @@ struct ServiceOptions {
   std::string devices;
   // The same-host data plane's regions: limits per client, grace period.
   RegionRegistryOptions regions;
+  // Who may call (nullptr: authentication off, one tenant); must outlive
+  // the service.
+  const Authenticator* auth = nullptr;
+  TenantLimits tenants;
   // For tests, to force interleavings: called on the gRPC thread that read
   // message `sequence` (0, 1, ...) of an Attend stream after it was parsed
   // and before it is queued, and on whichever thread starts the read of
@@ -121,9 +139,10 @@ class MlaOffloadService final : public MlaOffloadBase {
   // (Scheduler::SetStateObserver) before the first GetServerInfo.
   void PublishEngineState(const Engine& engine);
   // Keeps the regions of clients that hold a stream or a session they
-  // created, and unregisters those of clients idle past the grace period;
-  // call on the engine thread now and then (Scheduler::SetSweepObserver).
-  void SweepRegions(const Engine& engine);
+  // created, unregisters those of clients idle past the grace period, and
+  // forgets the tenants of sessions that expired; call on the engine thread
+  // now and then (Scheduler::SetSweepObserver).
+  void Sweep(const Engine& engine);
 
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
                                           const grpc::ByteBuffer* request,
@@ -157,16 +176,24 @@ class MlaOffloadService final : public MlaOffloadBase {
  private:
   class AttendReactor;
   class EchoReactor;
+  class RefusedStream;
 
   // How a unary call reaches the engine.
   enum class Queue { kFifo, kNext };
   template <typename Request, typename Response>
-  using Work = std::function<absl::Status(Engine&, grpc::CallbackServerContext&, const Request&,
-                                          Response&)>;
+  using Work = std::function<absl::Status(Engine&, grpc::CallbackServerContext&, const Caller&,
+                                          const Request&, Response&)>;
 
-  // Parses the request, runs `work` on the engine thread (unless the call's
-  // deadline passed first), then finishes the call with the response or the
-  // status.
+  // The caller of a call (UNAUTHENTICATED when it is none).
+  absl::StatusOr<Caller> CallerOf(const grpc::CallbackServerContext& context) const;
+  // The caller of a stream, counted among its tenant's open streams until
+  // the stream's reactor calls tenants_.StreamClosed; UNAUTHENTICATED, or
+  // RESOURCE_EXHAUSTED at the tenant's stream limit.
+  absl::StatusOr<Caller> OpenStream(const grpc::CallbackServerContext& context);
+
+  // Authenticates the call, parses the request, runs `work` on the engine
+  // thread (unless the call's deadline passed first), then finishes the
+  // call with the response or the status.
   template <typename Request, typename Response>
   grpc::ServerUnaryReactor* RunUnary(grpc::CallbackServerContext* context, const char* method,
                                      const grpc::ByteBuffer* request_bytes,
@@ -175,13 +202,14 @@ class MlaOffloadService final : public MlaOffloadBase {
   // Finishes a unary call at once with `status` (counted in the metrics).
   grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context, const char* method,
                                    const absl::Status& status);
-  // Parses the request, runs `work` on this gRPC thread (for calls that
-  // need no engine) and finishes the call with the response or the status.
+  // Authenticates the call, parses the request, runs `work` on this gRPC
+  // thread (for calls that need no engine) and finishes the call with the
+  // response or the status.
   template <typename Request, typename Response>
-  grpc::ServerUnaryReactor* AnswerNow(grpc::CallbackServerContext* context, const char* method,
-                                      const grpc::ByteBuffer* request_bytes,
-                                      grpc::ByteBuffer* response_bytes,
-                                      absl::FunctionRef<absl::Status(const Request&, Response&)> work);
+  grpc::ServerUnaryReactor* AnswerNow(
+      grpc::CallbackServerContext* context, const char* method,
+      const grpc::ByteBuffer* request_bytes, grpc::ByteBuffer* response_bytes,
+      absl::FunctionRef<absl::Status(const Caller&, const Request&, Response&)> work);
 
   Scheduler& scheduler_;
   ServerMetrics& metrics_;
@@ -193,6 +221,7 @@ class MlaOffloadService final : public MlaOffloadBase {
   mla_offload::v1::ServerInfo info_;  // guarded by info_mutex_
   RegionRegistry regions_;
   RegionOwners region_owners_;
+  Tenants tenants_;
 };
 
 }  // namespace mla

@@ -61,6 +61,12 @@ absl::Status ReadSinks(const wire::CreateSessionRequestView& input, const ModelP
 
 }  // namespace
 
+absl::Status SessionNotFound(absl::string_view id) {
+  return absl::NotFoundError(absl::StrCat(
+      "session '", EchoClientText(id), "' does not exist (closed, expired after its idle TTL, or never "
+      "created on this server); create a session and append its KV again"));
+}
+
 SessionTable::SessionTable(KvBlockPool& pool, std::vector<const ModelProfile*> models,
                            absl::Duration default_idle_ttl, absl::Duration max_idle_ttl)
     : pool_(pool),
@@ -122,11 +128,7 @@ absl::StatusOr<CreateSessionResult> SessionTable::Create(
 
 absl::StatusOr<Session*> SessionTable::Find(const std::string& id) {
   auto it = sessions_.find(id);
-  if (it == sessions_.end()) {
-    return absl::NotFoundError(absl::StrCat(
-        "session '", EchoClientText(id), "' does not exist (closed, expired after its idle TTL, or never "
-        "created on this server); create a session and append its KV again"));
-  }
+  if (it == sessions_.end()) return SessionNotFound(id);
   return it->second.get();
 }
 

@@ -30,6 +30,11 @@
 
 namespace mla {
 
+// NOT_FOUND for session `id`, saying why it may be gone and what to do: the
+// answer for a session that does not exist, and for one another tenant
+// holds (server/tenants.h), so that the two read the same.
+absl::Status SessionNotFound(absl::string_view id);
+
 class SessionTable {
  public:
   // Sessions of `models`; a session created without an idle TTL of its own

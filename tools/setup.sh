@@ -37,8 +37,8 @@ test_packages=(
   python3-numpy python3-grpcio python3-protobuf python3-pytest
   # Load-test latency pictures.
   gnuplot-nox
-  # The metrics endpoint's TLS test: a certificate made by openssl, a scrape
-  # by curl.
+  # The TLS tests make their certificates (tests/support/make_test_certs.sh);
+  # the metrics endpoint's TLS test scrapes with curl.
   openssl curl
   # deploy/ (deploy/check.sh): the container image test (podman with runc,
   # a Debian base image made offline by mmdebstrap), the manifest checks'

@@ -426,9 +426,16 @@ class Node {
     return absl::OkStatus();
   }
 
-  // Builds and sends the group's part of layer step `seq`; its payload bytes.
-  absl::StatusOr<int64_t> SendAttend(Group& group, int64_t seq, int64_t step, int layer,
-                                     bool sample) {
+  // The group's part of a layer step, built and not yet sent.
+  struct BuiltAttend {
+    client::AttendInput input;
+    int64_t tokens = 0;
+    int64_t bytes = 0;  // tensor payload
+  };
+
+  // Builds the group's part of layer step `step` (the workload's rows,
+  // top-k and queries): what a serving node has at hand before it sends.
+  BuiltAttend BuildAttend(const Group& group, int64_t step, int layer, bool sample) const {
     const Workload& workload = *setup_.workload;
     const int ratio = setup_.model->compress_ratio(layer);
     const int32_t position = setup_.prompt + static_cast<int32_t>(step) * setup_.tokens_per_step;
@@ -468,15 +475,22 @@ class Node {
     const int64_t bytes =
         static_cast<int64_t>(input.q.size() + input.kv.size() + input.compressed_kv.size()) * 2 +
         static_cast<int64_t>(input.topk.size()) * 4;
+    input.keep_alive = std::move(message);
+    return BuiltAttend{std::move(input), tokens, bytes};
+  }
+
+  // Sends the group's part of layer step `seq` (its tensors first written
+  // into the slot with a region); its payload bytes.
+  absl::StatusOr<int64_t> SendAttend(Group& group, int64_t seq, BuiltAttend& built) {
     if (setup_.regions) {
-      if (absl::Status status = MoveIntoRegion(group, seq, tokens, input); !status.ok()) {
+      if (absl::Status status = MoveIntoRegion(group, seq, built.tokens, built.input);
+          !status.ok()) {
         return status;
       }
     }
-    input.keep_alive = std::move(message);
-    absl::StatusOr<uint64_t> sent = group.attend->Send(input);
+    absl::StatusOr<uint64_t> sent = group.attend->Send(built.input);
     if (!sent.ok()) return sent.status();
-    return bytes;
+    return built.bytes;
   }
 
   // The tensor bytes the group's Attend message for this layer step carries
@@ -553,10 +567,23 @@ class Node {
         if (sample) ++samples_taken_;
       }
       ++live_->in_flight;
-      for (Group& group : groups_) {
+      // The messages are built before the closed loop's clock starts: a
+      // serving node has its tensors when it sends, and making the
+      // workload's (the top-k above all) is this tool's cost, not the
+      // server's. The open loop counts from the arrival it drew.
+      std::vector<BuiltAttend> built;
+      if (plan_.kind == PhaseKind::kAttend) {
+        for (const Group& group : groups_) built.push_back(BuildAttend(group, step, layer, sample));
+        if (!plan_.open_loop) {
+          std::lock_guard<std::mutex> lock(mutex_);
+          pending_[seq].due = Clock::now();
+        }
+      }
+      for (size_t g = 0; g < groups_.size(); ++g) {
+        Group& group = groups_[g];
         absl::StatusOr<int64_t> bytes;
         if (plan_.kind == PhaseKind::kAttend) {
-          bytes = SendAttend(group, seq, step, layer, sample);
+          bytes = SendAttend(group, seq, built[g]);
         } else {
           const int64_t size = EchoBytes(group, step, layer);
           const absl::Span<const uint8_t> payload = setup_.workload->Bytes(
@@ -1112,9 +1139,8 @@ absl::StatusOr<RunOutput> RunLoadTest(const LoadOptions& options) {
   config.steps = options.steps;
 
   // What the servers run and hold.
-  client::ConnectOptions connect;
   absl::StatusOr<std::unique_ptr<client::Cluster>> probe =
-      client::Cluster::Connect(options.targets, connect);
+      client::Cluster::Connect(options.targets, options.connect);
   if (!probe.ok()) return probe.status();
   std::set<std::string> versions, backends;
   setup.max_position = INT32_MAX;
@@ -1147,7 +1173,7 @@ absl::StatusOr<RunOutput> RunLoadTest(const LoadOptions& options) {
   // Nodes, sessions, prompts (untimed; nodes in parallel).
   std::vector<std::unique_ptr<Node>> nodes;
   for (int n = 0; n < options.streams; ++n) {
-    client::ConnectOptions node_connect;
+    client::ConnectOptions node_connect = options.connect;
     node_connect.own_connection = options.connection_per_node;
     absl::StatusOr<std::unique_ptr<client::Cluster>> cluster =
         client::Cluster::Connect(options.targets, node_connect);

@@ -40,11 +40,15 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "client/loadtest/report.h"
+#include "client/mla_client.h"
 
 namespace mla::loadtest {
 
 struct LoadOptions {
   std::vector<std::string> targets;
+  // How every node connects (TLS, mutual TLS, a bearer token);
+  // own_connection is set per node from connection_per_node.
+  client::ConnectOptions connect;
   std::string model = "deepseek-v4-flash";
   int tp = 8;
   int layers = 0;  // first L attention layers; 0 = all

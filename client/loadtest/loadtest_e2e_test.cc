@@ -25,6 +25,7 @@
 #include "absl/time/time.h"
 #include "client/mla_client.h"
 #include "client/test_processes.h"
+#include "tests/support/test_certs.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -508,6 +509,59 @@ TEST(LoadTestEndToEnd, CtrlCDuringTheWarmUpClosesTheSessionsWithoutAReport) {
                                     "run's sessions were closed"));
   EXPECT_THAT(run.output, Not(HasSubstr("latency per layer step")));
   EXPECT_EQ(KvBlocksUsed(*server), 0);
+}
+
+// Against a server with TLS and bearer tokens (certificates made by openssl
+// in the test): the run with the CA and a token file passes with --verify
+// and closes its sessions; the token never appears in its output; without
+// the token, or without TLS, it fails with the server's refusal.
+TEST(LoadTestEndToEnd, TlsAndATokenAgainstAnAuthenticatedServer) {
+  absl::StatusOr<std::string> certs = testing::TestCertsDir();
+  ASSERT_TRUE(certs.ok()) << certs.status();
+  const std::string tokens = OutDir() + "/loadtest.tokens";
+  testing::WriteTokensFile(tokens, {{"loadtest", "lt-secret-token"}, {"ops", "ops-token", true}});
+  const std::string token_file = OutDir() + "/loadtest.token";
+  std::ofstream(token_file) << "lt-secret-token\n";
+  std::unique_ptr<client::TestServer> server =
+      StartServer({"--tls_cert_file=" + *certs + "/server.pem",
+                   "--tls_key_file=" + *certs + "/server.key", "--auth_tokens_file=" + tokens});
+  ASSERT_NE(server, nullptr);
+  const std::vector<std::string> run_flags = {
+      "--target=" + server->target(), "--model=deepseek-v4-flash", "--tp=8", "--layers=4",
+      "--sessions=2", "--prompt=200", "--warmup_s=0.2", "--duration_s=1", "--verify",
+      "--verify_every=3", "--verify_max=4", "--verify_tokens=2"};
+  std::vector<std::string> flags = run_flags;
+  flags.insert(flags.end(),
+               {"--tls", "--tls_ca=" + *certs + "/ca.pem", "--token_file=" + token_file});
+  LoadTestRun run = LoadTest(flags);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("errors                   none"));
+  EXPECT_THAT(run.output, HasSubstr("verify                   PASSED"));
+  EXPECT_THAT(run.output, Not(HasSubstr("lt-secret-token")));
+  EXPECT_THAT(server->Output(), Not(HasSubstr("lt-secret-token")));
+  // Its sessions are gone (the operator sees every tenant's).
+  client::ConnectOptions ops;
+  ops.use_tls = true;
+  ops.tls_root_certs_pem = testing::ReadText(*certs + "/ca.pem");
+  ops.bearer_token = "ops-token";
+  absl::StatusOr<std::unique_ptr<client::Client>> operator_client =
+      client::Client::Connect(server->target(), ops);
+  ASSERT_TRUE(operator_client.ok());
+  absl::StatusOr<std::vector<mla_offload::v1::SessionInfo>> left =
+      (*operator_client)->ListSessions();
+  ASSERT_TRUE(left.ok()) << left.status();
+  EXPECT_TRUE(left->empty());
+
+  flags = run_flags;
+  flags.insert(flags.end(), {"--tls", "--tls_ca=" + *certs + "/ca.pem", "--token_env="});
+  run = LoadTest(flags);
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("UNAUTHENTICATED"));
+  flags = run_flags;
+  flags.push_back("--token_file=" + token_file);
+  run = LoadTest(flags);
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("UNAVAILABLE"));
 }
 
 TEST(LoadTestEndToEnd, RunsThatCannotGoSaySo) {

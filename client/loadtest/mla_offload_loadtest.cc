@@ -17,6 +17,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/connect_flags.h"
 #include "client/loadtest/command_line.h"
 #include "client/loadtest/driver.h"
 #include "client/loadtest/plot.h"
@@ -150,6 +151,13 @@ int Main(const std::vector<std::string>& repeated_targets) {
   options.progress = absl::GetFlag(FLAGS_progress);
   options.progress_tty = isatty(fileno(stderr)) != 0;
   options.interrupted = &g_interrupted;
+  absl::StatusOr<client::ConnectOptions> connect = client::ConnectOptionsFromFlags();
+  if (!connect.ok()) {
+    std::fprintf(stderr, "mla_offload_loadtest: %s\n",
+                 std::string(connect.status().message()).c_str());
+    return 2;
+  }
+  options.connect = *std::move(connect);
   if (absl::Status status = ValidateOptions(options); !status.ok()) {
     std::fprintf(stderr, "mla_offload_loadtest: %s\n", std::string(status.message()).c_str());
     return 2;

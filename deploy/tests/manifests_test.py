@@ -177,7 +177,7 @@ def check_overlay(name, documents, image_entrypoint):
         c.expect(has_components, "the components fixture has no ServiceMonitor or TLS volumes")
     else:
         c.expect("ServiceMonitor" not in by_kind, "the ServiceMonitor component is on")
-        c.expect(not volumes & {"tls", "tokens"}, "the TLS component is on (the server has no TLS flags yet)")
+        c.expect(not volumes & {"tls", "tokens"}, "the TLS component is on (it is opt-in: the Secrets are the operator's)")
     return c.failures
 
 

@@ -19,7 +19,8 @@
 # 2-in-flight shapes also with each stream over 2 connections, and 64 and
 # 128 tokens also with the tensors in shared memory (--data_plane=shm)
 # (SERVICE_SHAPES="SESSIONS:STREAMS:IN_FLIGHT:CONNECTIONS[:PLANE] ..." picks
-# others);
+# others; one stream with one step in flight runs --verify unless
+# SERVICE_VERIFY=0, which times it without the checks' client work);
 # then host_copy_bench's pinned copy floor of those steps), for every server
 # binary named mla_offload_server* here (a second build, e.g.
 # mla_offload_server_base, is measured in the same run), reports and step
@@ -145,7 +146,7 @@ if [[ $steps == *service* ]]; then
         --streams="$streams" --sessions="$sessions" --prompt=1024 --concurrency="$inflight" \
         --connections_per_stream="$connections" --data_plane="$plane" \
         --warmup_s=2 --duration_s=6 --baseline --progress=false \
-        $([ "$streams" = 1 ] && [ "$inflight" = 1 ] && echo --verify) \
+        $([ "$streams" = 1 ] && [ "$inflight" = 1 ] && [ "${SERVICE_VERIFY:-1}" = 1 ] && echo --verify) \
         --json_out="$OUT/service/$run.json" --csv_out="$OUT/service/$run.csv" \
         > "$OUT/service/$run.txt" 2>&1
       rc=$?

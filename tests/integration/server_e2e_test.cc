@@ -2000,7 +2000,8 @@ TEST(ServerFlagsTest, OutOfRangeFlagsAreRefusedByName) {
       {"--session_idle_ttl_s=7200", "--session_idle_ttl_s=7200 is above --max_session_idle_ttl_s=3600"},
       {"--max_session_idle_ttl_s=0", "--max_session_idle_ttl_s=0 is outside"},
       {"--listen=127.0.0.1:0,127.0.0.1:0", "give exactly one HOST:PORT"},
-      // No TLS or tokens yet: an address other hosts reach needs --allow_insecure.
+      // Without TLS and authentication an address other hosts reach needs
+      // --allow_insecure (auth_e2e_test covers the server with them).
       {"--listen=0.0.0.0:0", "--listen=0.0.0.0:0 can be reached from other hosts"},
       {"--listen=[::]:0", "pass --allow_insecure on a network you control"},
       {"--listen=127.0.0.1.5:0", "can be reached from other hosts"},

@@ -18,7 +18,7 @@ See README.md beside the package.
 from .attend import AttendResult, AttendStream, Segment
 from .bf16 import bf16_to_float32, float32_to_bf16, round_to_bf16
 from .client import (READINESS_SERVICE, AppendResult, Client, LayerRows, Session, TlsConfig,
-                     connect)
+                     connect, load_token)
 from .errors import MlaOffloadError
 from .placement import Cluster, rendezvous_place, rendezvous_weight, statefulset_targets
 from .regions import HostRegion, RegionArray
@@ -27,6 +27,7 @@ from ._stubs import pb
 __all__ = [
     "READINESS_SERVICE", "AppendResult", "AttendResult", "AttendStream", "Client", "Cluster",
     "HostRegion", "LayerRows", "MlaOffloadError", "RegionArray", "Segment", "Session",
-    "TlsConfig", "bf16_to_float32", "connect", "float32_to_bf16", "pb", "rendezvous_place",
+    "TlsConfig", "bf16_to_float32", "connect", "float32_to_bf16", "load_token", "pb",
+    "rendezvous_place",
     "rendezvous_weight", "round_to_bf16", "statefulset_targets",
 ]

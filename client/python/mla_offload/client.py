@@ -12,6 +12,8 @@ Thread safety: a Client may be shared by threads; so may an AttendStream
 import dataclasses
 import math
 import numbers
+import os
+import pathlib
 import secrets
 from typing import Optional
 
@@ -109,21 +111,54 @@ def _whole_ttl_seconds(idle_ttl_seconds):
     return math.ceil(idle_ttl_seconds)
 
 
+def _is_loopback(target):
+    """Whether `target` names this host alone: a Unix socket or TCP loopback."""
+    if target.startswith(("unix:", "unix-abstract:")):
+        return True
+    host = target.removeprefix("dns:///").removeprefix("ipv4:").removeprefix("ipv6:")
+    host = host.rsplit(":", 1)[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def load_token(path=None, env="MLA_OFFLOAD_TOKEN"):
+    """The bearer token in file `path` (its one line), else in the
+    environment variable `env`; None when neither gives one."""
+    if path is not None:
+        token = pathlib.Path(path).read_text().strip()
+        if not token:
+            raise ValueError(f"{path} is empty")
+        return token
+    token = os.environ.get(env, "").strip() if env else ""
+    return token or None
+
+
 class Client:
     """A channel to one server. Use as a context manager, or call close().
 
     target: "HOST:PORT". tls: a TlsConfig for a TLS channel (None: plaintext),
     or channel_credentials: any grpc.ChannelCredentials (e.g. composed with
     call credentials) instead. metadata: (key, value) pairs sent with every
-    call (e.g. ("authorization", "Bearer ...")). timeout: the default
+    call. token: a bearer token (the server's --auth_tokens_file names its
+    tenant), sent as "authorization: Bearer TOKEN" with every call; never
+    put in an error or a log here, and refused (ValueError) over plaintext
+    to a target that is not on this host. load_token() reads one from a file
+    or $MLA_OFFLOAD_TOKEN. timeout: the default
     deadline of unary calls, in seconds. max_message_bytes: the largest
     message sent or received. channel_options: more gRPC channel arguments.
     """
 
     def __init__(self, target, *, tls=None, channel_credentials=None, metadata=(), timeout=30.0,
-                 max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES, channel_options=()):
+                 max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES, channel_options=(), token=None):
         if tls is not None and channel_credentials is not None:
             raise ValueError("pass tls or channel_credentials, not both")
+        if token is not None:
+            if not token or any(c <= " " or c > "~" for c in token):
+                raise ValueError("token: printable ASCII without spaces (a newline at the end "
+                                 "of the token file?)")
+            if tls is None and channel_credentials is None and not _is_loopback(target):
+                raise ValueError(f"a token over plaintext to {target}, which is not on this "
+                                 "host, would cross the network in the clear; pass tls")
+            metadata = tuple(metadata) + (("authorization", f"Bearer {token}"),)
         options = [
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
@@ -238,7 +273,8 @@ class Client:
         return self._call("CloseSession", request, timeout).kv_blocks_freed
 
     def list_sessions(self, timeout=None):
-        """pb.SessionInfo of every session the server holds."""
+        """pb.SessionInfo of the sessions the server holds: with tokens, those of
+        this token's tenant (an operator's: every tenant's, with its name)."""
         return list(self._call("ListSessions", pb.ListSessionsRequest(), timeout).sessions)
 
     def echo(self, payloads, timeout=None):

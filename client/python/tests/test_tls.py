@@ -1,7 +1,7 @@
 """TLS and call metadata from the client's side.
 
-The server has no TLS yet (the security issue), so the other end here is an
-in-process gRPC Python server with the same generated service, serving Echo
+test_auth.py runs the real server with TLS and tokens; the other end here
+is an in-process gRPC Python server with the same generated service, serving Echo
 and ListSessions over TLS with a self-signed test certificate for
 "mla-offload.test" (testdata/, valid until 2126). It checks what the client
 sends (TLS channel, name override, metadata), not what the real server
