@@ -2092,6 +2092,32 @@ TEST(ServerFlagsTest, MetricsTakeBasicAuthFromAFile) {
   EXPECT_TRUE(Metrics(*metrics).Get("mla_build_info").has_value());
 }
 
+// --metrics_tls_cert_file and --metrics_tls_key_file: /metrics over HTTPS
+// (curl checks the certificate, made here by openssl), and no plain HTTP
+// answer on that port.
+TEST(ServerFlagsTest, MetricsServeOverTls) {
+  const std::string dir = ::testing::TempDir();
+  const std::string cert = dir + "/e2e_metrics_cert.pem", key = dir + "/e2e_metrics_key.pem";
+  absl::StatusOr<client::CommandResult> made = client::RunCommand(
+      {"/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+       "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert});
+  ASSERT_TRUE(made.ok() && made->exit_code == 0) << (made.ok() ? made->err : made.status().ToString());
+  absl::StatusOr<std::unique_ptr<client::TestServer>> server = client::TestServer::Start(
+      {"--metrics_listen=127.0.0.1:0", "--metrics_tls_cert_file=" + cert,
+       "--metrics_tls_key_file=" + key});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->metrics_port();
+  ASSERT_GT(port, 0) << (*server)->Output();
+  EXPECT_THAT((*server)->Output(), HasSubstr(absl::StrCat("https://127.0.0.1:", port, "/metrics")));
+  absl::StatusOr<client::CommandResult> scraped = client::RunCommand(
+      {"/usr/bin/curl", "--silent", "--show-error", "--fail", "--max-time", "10", "--cacert", cert,
+       absl::StrCat("https://127.0.0.1:", port, "/metrics")});
+  ASSERT_TRUE(scraped.ok()) << scraped.status();
+  EXPECT_EQ(scraped->exit_code, 0) << scraped->err;
+  EXPECT_TRUE(Metrics(scraped->out).Get("mla_build_info").has_value()) << scraped->out;
+  EXPECT_FALSE(HttpGet(port, "/metrics").ok()) << "plain HTTP on the HTTPS port";
+}
+
 // Metrics settings that cannot work are refused at start, naming the flag.
 TEST(ServerFlagsTest, BadMetricsFlagsAreRefusedByName) {
   absl::StatusOr<std::string> binary = client::ServerBinary();
