@@ -2208,6 +2208,57 @@ TEST(ServerFlagsTest, BackendCudaWithoutADriverSaysSo) {
   EXPECT_THAT(result->err, ::testing::Not(HasSubstr("insufficient")));
 }
 
+// --max_unanswered_mb reaches the streams: a client that sends 100 steps of
+// 64 tokens (512 KiB each way) and reads no answer finds the stream waiting
+// for it (mla_stream_read_pauses_total) long before the server could have
+// taken them all; once it reads, every answer comes, in order and OK.
+TEST_F(ServerE2eTest, AStreamNotReadWaitsAtMaxUnansweredMb) {
+  StartServer({"--max_unanswered_mb=1"});
+  constexpr int kHeads = 8, kTokens = 64, kMessages = 100;
+  pb::CreateSessionRequest create;
+  create.set_model(kFlash);
+  create.set_num_heads(kHeads);
+  pb::CreateSessionResponse created;
+  ASSERT_TRUE(Call(*stub_, &pb::MlaOffload::Stub::CreateSession, create, &created).ok());
+  grpc::ClientContext context;
+  SetDeadline(context, absl::Seconds(120));
+  auto stream = stub_->Attend(&context);
+  std::thread writer([&] {
+    for (int m = 0; m < kMessages; ++m) {
+      pb::AttendRequest request;
+      request.set_request_id(m);
+      request.set_layer(0);  // V4-Flash layer 0: sliding window only
+      pb::Segment* segment = request.add_segments();
+      segment->set_session_id(created.session_id());
+      segment->set_position(m * kTokens);
+      segment->set_num_tokens(kTokens);
+      SetTensor(request.mutable_q(), pb::DTYPE_BF16, {kTokens, kHeads, kHeadDim},
+                Bytes(TestRows(Mix(m, 1), kTokens * kHeads)));
+      SetTensor(request.mutable_kv(), pb::DTYPE_BF16, {kTokens, kHeadDim},
+                Bytes(TestRows(Mix(m, 2), kTokens)));
+      if (!stream->Write(request)) return;
+    }
+    stream->WritesDone();
+  });
+  double pauses = 0;
+  for (const absl::Time give_up = absl::Now() + absl::Seconds(60);
+       pauses < 1 && absl::Now() < give_up; absl::SleepFor(absl::Milliseconds(20))) {
+    absl::StatusOr<std::string> text = HttpGet(server_->metrics_port(), "/metrics");
+    ASSERT_TRUE(text.ok()) << text.status();
+    pauses = Metrics(*text).Get("mla_stream_read_pauses_total").value_or(0);
+  }
+  EXPECT_GE(pauses, 1) << "the stream never waited for its client";
+  for (int m = 0; m < kMessages; ++m) {
+    pb::AttendResponse response;
+    ASSERT_TRUE(stream->Read(&response)) << "answer " << m;
+    EXPECT_EQ(response.request_id(), static_cast<uint64_t>(m));
+    EXPECT_EQ(response.status().code(), 0) << "message " << m << ": " << response.status().message();
+  }
+  writer.join();
+  const grpc::Status status = stream->Finish();
+  EXPECT_TRUE(status.ok()) << status.error_message();
+}
+
 TEST_F(ServerE2eTest, EchoReturnsEveryMessageUnchanged) {
   ASSERT_NO_FATAL_FAILURE(StartServer());
   grpc::ClientContext context;
