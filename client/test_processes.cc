@@ -58,7 +58,7 @@ absl::StatusOr<std::unique_ptr<TestServer>> TestServer::Start(
     const std::vector<std::string>& flags) {
   absl::StatusOr<std::string> binary = ServerBinary();
   if (!binary.ok()) return binary.status();
-  std::vector<std::string> args = {*binary,          "--listen=127.0.0.1:0", "--metrics_port=-1",
+  std::vector<std::string> args = {*binary,          "--listen=127.0.0.1:0", "--metrics_listen=",
                                    "--kv_cache_gb=0.05", "--max_position=8192", "--cpu_threads=2",
                                    "--drain_seconds=3"};
   args.insert(args.end(), flags.begin(), flags.end());
@@ -73,14 +73,17 @@ absl::StatusOr<std::unique_ptr<TestServer>> TestServer::Start(
   }
   std::unique_ptr<TestServer> server(new TestServer(*pid, fds[0]));
   const std::optional<std::string> line = server->WaitForLine("serving on", absl::Seconds(60));
-  // On loopback, or on every interface (reached through loopback).
-  static const std::regex kServing(R"(serving on (?:127\.0\.0\.1|0\.0\.0\.0):(\d+) )");
+  // On loopback (IPv4 or IPv6), or on every interface (reached through
+  // loopback).
+  static const std::regex kServing(R"(serving on (127\.0\.0\.1|0\.0\.0\.0|\[::1?\]):(\d+) )");
   std::smatch match;
   if (!line.has_value() || !std::regex_search(*line, match, kServing)) {
     return absl::InternalError(
         absl::StrCat("the server did not start; its output:\n", server->Output()));
   }
-  server->port_ = std::stoi(match[1]);
+  const std::string host = match[1];
+  server->host_ = host == "[::]" ? "[::1]" : host == "0.0.0.0" ? "127.0.0.1" : host;
+  server->port_ = std::stoi(match[2]);
   static const std::regex kMetrics(R"(metrics on port (\d+))");
   if (std::regex_search(*line, match, kMetrics)) server->metrics_port_ = std::stoi(match[1]);
   return server;
@@ -94,7 +97,7 @@ TestServer::~TestServer() {
   close(fd_);
 }
 
-std::string TestServer::target() const { return absl::StrCat("127.0.0.1:", port_); }
+std::string TestServer::target() const { return absl::StrCat(host_, ":", port_); }
 
 void TestServer::Signal(int signal) { kill(pid_, signal); }
 

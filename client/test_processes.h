@@ -42,7 +42,7 @@ class TestServer {
   int port() const { return port_; }
   // The /metrics port when the server was started with one (0 otherwise).
   int metrics_port() const { return metrics_port_; }
-  std::string target() const;  // "127.0.0.1:PORT"
+  std::string target() const;  // "127.0.0.1:PORT", or "[::1]:PORT" on IPv6
   pid_t pid() const { return pid_; }
 
   void Signal(int signal);
@@ -64,6 +64,7 @@ class TestServer {
   const int fd_;
   int port_ = 0;
   int metrics_port_ = 0;
+  std::string host_;
   std::optional<int> exit_status_;
   mutable std::mutex mutex_;
   std::condition_variable changed_;

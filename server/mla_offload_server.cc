@@ -2,7 +2,9 @@
 #include <csignal>
 #include <cstdio>
 #include <iostream>
+#include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -49,6 +51,13 @@ ABSL_FLAG(int, max_connection_age_grace_s, 30,
 ABSL_FLAG(int, min_client_ping_interval_s, 10,
           "Keepalive pings a client sends more often than this without data are strikes; the "
           "third closes its connection.");
+ABSL_FLAG(int, max_transport_memory_mb, 4096,
+          "MiB of memory gRPC may hold for all client connections together (its ResourceQuota: "
+          "read buffers, HTTP/2 state); 0: no bound. This gRPC (1.51) cannot limit the number "
+          "of connections; this bounds what they cost instead: near it gRPC shrinks the "
+          "flow-control windows and sends idle connections away (GOAWAY: clients reconnect), "
+          "and a message that does not fit ends its stream with RESOURCE_EXHAUSTED. Keep it "
+          "above a few of the largest messages (--max_message_mb).");
 ABSL_FLAG(bool, allow_insecure, false,
           "Serve on an address other hosts can reach without TLS and authentication: any "
           "client that reaches the port can then list, read, change and close every session "
@@ -116,7 +125,15 @@ ABSL_FLAG(int, max_queued_messages, 4096,
           "Attend messages that may wait for the engine; beyond it new ones get "
           "RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int, max_messages_in_flight, 8,
-          "Attend messages one stream may have read but not yet answered (read-ahead).");
+          "Attend messages one stream may have read but not yet answered (read-ahead; "
+          "--max_unanswered_mb bounds their bytes).");
+ABSL_FLAG(int, max_unanswered_mb, 64,
+          "MiB one Attend stream may hold unanswered: the bytes of its messages read and not yet "
+          "answered plus its answers not yet written. At the bound the stream's next message is "
+          "not read until answers are written, so a client that does not read its answers is "
+          "stopped by flow control instead of filling the server's memory (one message larger "
+          "than the bound is still taken when nothing else is unanswered). Echo holds one "
+          "message at a time.");
 ABSL_FLAG(int, session_idle_ttl_s, 600,
           "Sessions idle longer than this are closed (a session may ask for its own TTL).");
 ABSL_FLAG(int, max_session_idle_ttl_s, 3600,
@@ -131,10 +148,34 @@ ABSL_FLAG(int, max_region_gb_per_client, 64,
 ABSL_FLAG(int, region_grace_s, 30,
           "Same-host data plane: a client's regions are unregistered once it has held no Attend "
           "stream and no session it created for this long (a client that died leaves none).");
-ABSL_FLAG(int, metrics_port, 9464,
-          "Port of the Prometheus /metrics endpoint on the --listen host (0: any free port, "
-          "printed at start); -1 turns it off. The default is not Prometheus's own 9090, so "
-          "that both run on one host.");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
+          "Where to serve Prometheus's /metrics, HOST:PORT with a numeric host: 127.0.0.1:9464 "
+          "(loopback only, the default), 0.0.0.0:9464 (every IPv4 interface), [::1]:9464, "
+          "[::]:9464 (every interface, IPv4 too); port 0 picks a free port (printed at start); "
+          "empty turns metrics off. Metrics hold counts and timings, never session ids or "
+          "tensors; on a network others share, add --metrics_basic_auth_file and "
+          "--metrics_tls_cert_file. The default port is not Prometheus's own 9090, so that both "
+          "run on one host.");
+ABSL_FLAG(std::string, metrics_port, "",
+          "For scripts older than --metrics_listen, and read only when given: -1 turns metrics "
+          "off, a port (0..65535) replaces --metrics_listen's.");
+ABSL_FLAG(int, metrics_idle_timeout_s, 10,
+          "A metrics connection that sends nothing for this long (a stalled or slow scraper) is "
+          "closed. Two threads serve every connection without blocking, so a slow one never "
+          "holds up another scrape.");
+ABSL_FLAG(int, metrics_max_connections, 64,
+          "Metrics connections open at once; one client address may hold a quarter of them (at "
+          "least 1). Past that new connections are closed at once.");
+ABSL_FLAG(std::string, metrics_tls_cert_file, "",
+          "Serve /metrics over HTTPS with this PEM certificate (chain); needs "
+          "--metrics_tls_key_file. Read once at start.");
+ABSL_FLAG(std::string, metrics_tls_key_file, "",
+          "The PEM private key of --metrics_tls_cert_file.");
+ABSL_FLAG(std::string, metrics_basic_auth_file, "",
+          "Require HTTP basic auth on /metrics: a file holding one line USER:PASSWORD (read once "
+          "at start; a flag would show the password in the process list). Other requests get "
+          "401. Use it with TLS on a network others share: basic auth alone sends the password "
+          "in the clear.");
 ABSL_FLAG(bool, keep_freed_memory, true,
           "Keep freed host memory in the process (glibc mallopt: blocks up to 64 MiB from the "
           "heap, trimmed only above 1 GiB free) so that every Attend message's multi-MiB gRPC "
@@ -183,18 +224,21 @@ absl::Status CheckFlags() {
       {"batches_in_flight", absl::GetFlag(FLAGS_batches_in_flight), -1, 1},
       {"max_queued_messages", absl::GetFlag(FLAGS_max_queued_messages), 1, 1 << 24},
       {"max_messages_in_flight", absl::GetFlag(FLAGS_max_messages_in_flight), 1, 1024},
+      {"max_unanswered_mb", absl::GetFlag(FLAGS_max_unanswered_mb), 1, 1 << 16},
       {"session_idle_ttl_s", absl::GetFlag(FLAGS_session_idle_ttl_s), 1, 365 * 24 * 3600},
       {"max_session_idle_ttl_s", absl::GetFlag(FLAGS_max_session_idle_ttl_s), 1, 365 * 24 * 3600},
       {"max_regions_per_client", absl::GetFlag(FLAGS_max_regions_per_client), 1, 1 << 16},
       {"max_region_gb_per_client", absl::GetFlag(FLAGS_max_region_gb_per_client), 1, 1 << 20},
       {"region_grace_s", absl::GetFlag(FLAGS_region_grace_s), 1, 7 * 24 * 3600},
-      {"metrics_port", absl::GetFlag(FLAGS_metrics_port), -1, 65535},
+      {"metrics_idle_timeout_s", absl::GetFlag(FLAGS_metrics_idle_timeout_s), 1, 3600},
+      {"metrics_max_connections", absl::GetFlag(FLAGS_metrics_max_connections), 1, 1 << 16},
       {"drain_seconds", absl::GetFlag(FLAGS_drain_seconds), 0, 24 * 3600},
       {"max_streams_per_connection", absl::GetFlag(FLAGS_max_streams_per_connection), 1, 1 << 16},
       {"max_connection_idle_s", absl::GetFlag(FLAGS_max_connection_idle_s), 0, 365 * 24 * 3600},
       {"max_connection_age_s", absl::GetFlag(FLAGS_max_connection_age_s), 0, 365 * 24 * 3600},
       {"max_connection_age_grace_s", absl::GetFlag(FLAGS_max_connection_age_grace_s), 0, 24 * 3600},
       {"min_client_ping_interval_s", absl::GetFlag(FLAGS_min_client_ping_interval_s), 0, 3600},
+      {"max_transport_memory_mb", absl::GetFlag(FLAGS_max_transport_memory_mb), 0, 1 << 24},
       {"credentials_reload_s", absl::GetFlag(FLAGS_credentials_reload_s), 1, 24 * 3600},
       {"max_sessions_per_tenant", absl::GetFlag(FLAGS_max_sessions_per_tenant), 1, 1 << 24},
       {"max_kv_blocks_per_tenant", absl::GetFlag(FLAGS_max_kv_blocks_per_tenant), 0, int64_t{1} << 40},
@@ -249,8 +293,50 @@ absl::StatusOr<std::string> SplitListen(const std::vector<std::string>& listen,
   return tcp[0];
 }
 
+// The metrics endpoint's settings from the --metrics_* flags; nullopt when
+// metrics are off.
+absl::StatusOr<std::optional<metrics::HttpExporterOptions>> MetricsOptions() {
+  metrics::HttpExporterOptions options;
+  options.listen = absl::GetFlag(FLAGS_metrics_listen);
+  if (const std::string text = absl::GetFlag(FLAGS_metrics_port); !text.empty()) {
+    int port;
+    if (!absl::SimpleAtoi(text, &port) || port < -1 || port > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--metrics_port=", text, " is not -1 (off) or a port in 0..65535; or give "
+          "--metrics_listen=HOST:PORT"));
+    }
+    if (port == -1) return std::nullopt;
+    const size_t colon = options.listen.rfind(':');
+    if (colon == std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--metrics_port=", port, " replaces the port of --metrics_listen, which has none ('",
+          options.listen, "'): give the whole address as --metrics_listen=HOST:PORT"));
+    }
+    options.listen = absl::StrCat(options.listen.substr(0, colon), ":", port);
+  }
+  if (options.listen.empty()) return std::nullopt;
+  options.threads = 2;
+  options.idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_metrics_idle_timeout_s));
+  options.max_connections = absl::GetFlag(FLAGS_metrics_max_connections);
+  options.max_connections_per_ip = std::max(1, options.max_connections / 4);
+  options.tls_cert_file = absl::GetFlag(FLAGS_metrics_tls_cert_file);
+  options.tls_key_file = absl::GetFlag(FLAGS_metrics_tls_key_file);
+  if (const std::string path = absl::GetFlag(FLAGS_metrics_basic_auth_file); !path.empty()) {
+    absl::StatusOr<metrics::BasicAuthCredentials> credentials = metrics::ReadBasicAuthFile(path);
+    if (!credentials.ok()) {
+      return absl::Status(credentials.status().code(),
+                          absl::StrCat("--metrics_basic_auth_file: ", credentials.status().message()));
+    }
+    options.basic_auth_user = credentials->user;
+    options.basic_auth_password = credentials->password;
+  }
+  return options;
+}
+
 int Main() {
   if (absl::Status status = CheckFlags(); !status.ok()) return Fail(status);
+  absl::StatusOr<std::optional<metrics::HttpExporterOptions>> metrics_options = MetricsOptions();
+  if (!metrics_options.ok()) return Fail(metrics_options.status());
   std::vector<const ModelProfile*> models;
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_model), ',', absl::SkipEmpty())) {
     absl::StatusOr<const ModelProfile*> profile = FindModelProfile(name);
@@ -298,6 +384,8 @@ int Main() {
   options.connections.max_age_grace = absl::Seconds(absl::GetFlag(FLAGS_max_connection_age_grace_s));
   options.connections.min_ping_interval =
       absl::Seconds(absl::GetFlag(FLAGS_min_client_ping_interval_s));
+  options.connections.max_transport_memory_bytes =
+      int64_t{absl::GetFlag(FLAGS_max_transport_memory_mb)} << 20;
   options.engine.max_position = absl::GetFlag(FLAGS_max_position);
   options.engine.max_tokens_per_message = absl::GetFlag(FLAGS_max_tokens_per_message);
   options.engine.default_idle_ttl = absl::Seconds(absl::GetFlag(FLAGS_session_idle_ttl_s));
@@ -309,6 +397,7 @@ int Main() {
   options.scheduler.active_stream_window = absl::Milliseconds(absl::GetFlag(FLAGS_active_stream_ms));
   options.scheduler.max_queued_messages = absl::GetFlag(FLAGS_max_queued_messages);
   options.service.max_messages_in_flight = absl::GetFlag(FLAGS_max_messages_in_flight);
+  options.service.max_unanswered_bytes = int64_t{absl::GetFlag(FLAGS_max_unanswered_mb)} << 20;
   options.service.max_message_bytes = int64_t{absl::GetFlag(FLAGS_max_message_mb)} << 20;
   options.service.version = VersionText();
   options.service.devices = backend_text;
@@ -338,13 +427,9 @@ int Main() {
   const int port = server.port();
 
   metrics::HttpExporter exporter(&registry);
-  const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
-  if (metrics_port >= 0) {
-    const std::string host = listen.substr(0, listen.rfind(':'));
-    const std::string metrics_host = host == "localhost" ? "127.0.0.1" : host;
-    if (absl::Status status = exporter.Start(metrics_host.empty() ? "0.0.0.0" : metrics_host, metrics_port);
-        !status.ok()) {
-      return Fail(absl::Status(status.code(), absl::StrCat("--metrics_port: ", status.message())));
+  if (metrics_options->has_value()) {
+    if (absl::Status status = exporter.Start(**metrics_options); !status.ok()) {
+      return Fail(absl::Status(status.code(), absl::StrCat("--metrics_listen: ", status.message())));
     }
   }
   // Before the line that says the server is up: a SIGTERM that follows it at
@@ -361,7 +446,12 @@ int Main() {
     std::printf(", TLS%s", options.tls.client_ca_file.empty() ? "" : " with client certificates");
   }
   if (!options.auth.tokens_file.empty()) std::printf(", bearer tokens");
-  if (metrics_port >= 0) std::printf(", metrics on port %d", exporter.port());
+  if (metrics_options->has_value()) {
+    const std::string& metrics_listen = (*metrics_options)->listen;
+    std::printf(", metrics on port %d (%s://%s:%d/metrics)", exporter.port(),
+                (*metrics_options)->tls_cert_file.empty() ? "http" : "https",
+                metrics_listen.substr(0, metrics_listen.rfind(':')).c_str(), exporter.port());
+  }
   std::printf("\n");
   std::fflush(stdout);
 
@@ -397,7 +487,8 @@ int main(int argc, char** argv) {
       "(docs/threat-model.md). Health and reflection answer without a token.\n\n"
       "Health: grpc.health.v1 for two service names: \"\" (liveness: SERVING until the\n"
       "process exits) and \"mla_offload.v1.MlaOffload\" (readiness: NOT_SERVING from the\n"
-      "start of the drain on). Metrics: Prometheus text on http://HOST:--metrics_port/metrics.\n"
+      "start of the drain on). Metrics: Prometheus text on http://--metrics_listen/metrics\n"
+      "(127.0.0.1:9464 by default; HTTPS and basic auth by flags).\n"
       "SIGTERM drains, then stops.");
   absl::FlagsUsageConfig usage;
   usage.version_string = [] { return mla::VersionText() + "\n"; };

@@ -10,6 +10,7 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/resource_quota.h>
 
 #include "absl/strings/str_cat.h"
 #include "proto/mla_offload.grpc.pb.h"
@@ -124,6 +125,11 @@ absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 2);
   // Idle connections may be kept alive too, at that interval.
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  if (limits.max_transport_memory_bytes > 0) {
+    grpc::ResourceQuota quota("mla-offload connections");
+    quota.Resize(static_cast<size_t>(limits.max_transport_memory_bytes));
+    builder.SetResourceQuota(quota);
+  }
   builder.RegisterService(server->service_.get());
   const int transport_limit = TransportMessageLimit(options.service.max_message_bytes);
   builder.SetMaxReceiveMessageSize(transport_limit);

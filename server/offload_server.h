@@ -56,6 +56,12 @@ struct ConnectionLimits {
   // Keepalive pings (with or without calls) more often than this without
   // data count as strikes; the third strike closes the connection.
   absl::Duration min_ping_interval = absl::Seconds(10);
+  // gRPC's memory quota for every connection together (its ResourceQuota:
+  // read buffers, HTTP/2 state; 0: none). gRPC 1.51 has no bound on the
+  // number of connections; this is what bounds what they hold: near it gRPC
+  // shrinks the flow-control windows, sends idle connections away (GOAWAY)
+  // and then cancels streams (RESOURCE_EXHAUSTED), rather than growing.
+  int64_t max_transport_memory_bytes = int64_t{4} << 30;
 };
 
 struct OffloadServerOptions {

@@ -27,6 +27,8 @@ absl::StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::Create(metrics::Re
   metrics::HistogramFamily* batch_messages = nullptr;
   metrics::CounterFamily* tokens = nullptr;
   metrics::GaugeFamily* streams = nullptr;
+  metrics::GaugeFamily* unanswered = nullptr;
+  metrics::CounterFamily* pauses = nullptr;
   metrics::GaugeFamily* blocks = nullptr;
   metrics::GaugeFamily* sessions = nullptr;
   metrics::GaugeFamily* queued = nullptr;
@@ -55,6 +57,16 @@ absl::StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::Create(metrics::Re
            Assign(registry.AddCounter("mla_attend_tokens_total", "Query tokens attended."),
                   &tokens),
            Assign(registry.AddGauge("mla_attend_streams", "Attend streams open."), &streams),
+           Assign(registry.AddGauge("mla_stream_unanswered_bytes",
+                                    "Bytes of Attend and Echo messages read and not yet "
+                                    "answered, plus answers not yet written, over all streams "
+                                    "(--max_unanswered_mb bounds each stream's)."),
+                  &unanswered),
+           Assign(registry.AddCounter("mla_stream_read_pauses_total",
+                                      "Times a stream stopped reading its next message because "
+                                      "its unanswered bytes reached --max_unanswered_mb (a "
+                                      "client that reads its answers slowly, or not at all)."),
+                  &pauses),
            Assign(registry.AddHistogram("mla_batch_tokens", "Tokens per engine batch.", {},
                                         counts),
                   &batch_tokens),
@@ -92,6 +104,8 @@ absl::StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::Create(metrics::Re
            child(attend, {}, &m->total_seconds_),
            child(tokens, {}, &m->tokens_),
            child(streams, {}, &m->streams_),
+           child(unanswered, {}, &m->unanswered_bytes_),
+           child(pauses, {}, &m->read_pauses_),
            child(batch_tokens, {}, &m->batch_tokens_),
            child(batch_messages, {}, &m->batch_messages_),
            child(blocks, {"used"}, &m->blocks_used_),
@@ -154,6 +168,10 @@ void ServerMetrics::SetDeviceMemory(int64_t used, int64_t free) {
 void ServerMetrics::SetQueued(int messages) { queued_->Set(messages); }
 void ServerMetrics::StreamOpened() { streams_->Add(1); }
 void ServerMetrics::StreamClosed() { streams_->Add(-1); }
+void ServerMetrics::AddUnansweredBytes(int64_t delta) {
+  unanswered_bytes_->Add(static_cast<double>(delta));
+}
+void ServerMetrics::RecordReadPause() { read_pauses_->Increment(); }
 void ServerMetrics::SetDraining() { draining_->Set(1); }
 
 }  // namespace mla

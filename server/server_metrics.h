@@ -11,6 +11,11 @@
 //                                        answer
 //   attend_tokens_total                  query tokens attended
 //   attend_streams                       Attend streams open
+//   stream_unanswered_bytes              bytes of Attend and Echo messages read and not yet
+//                                        answered, plus answers not yet written, over all
+//                                        streams (each stream bounds its own share)
+//   stream_read_pauses_total             times a stream stopped reading because its
+//                                        unanswered bytes reached the bound
 //   batch_tokens, batch_messages         tokens and messages per engine batch (histograms)
 //   kv_blocks{state}                     KV cache blocks used and free
 //   kv_bytes{state}                      the same in bytes (584 a token, 64 tokens a block)
@@ -50,6 +55,10 @@ class ServerMetrics {
   void SetQueued(int messages);
   void StreamOpened();
   void StreamClosed();
+  // A stream's unanswered bytes changed by `delta`.
+  void AddUnansweredBytes(int64_t delta);
+  // A stream stopped reading at its bound of unanswered bytes.
+  void RecordReadPause();
   void SetDraining();
 
  private:
@@ -63,6 +72,8 @@ class ServerMetrics {
   metrics::Histogram* total_seconds_ = nullptr;
   metrics::Counter* tokens_ = nullptr;
   metrics::Gauge* streams_ = nullptr;
+  metrics::Gauge* unanswered_bytes_ = nullptr;
+  metrics::Counter* read_pauses_ = nullptr;
   metrics::Histogram* batch_tokens_ = nullptr;
   metrics::Histogram* batch_messages_ = nullptr;
   metrics::Gauge* blocks_used_ = nullptr;

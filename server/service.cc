@@ -117,9 +117,13 @@ int64_t AppendBlocks(const pb::AppendKVRequest& request) {
 }  // namespace
 
 // One Attend stream. Reads run ahead of writes by up to
-// max_messages_in_flight messages; answers are written in message order
-// whatever order the engine finishes them in. The reactor deletes itself
-// once gRPC is done with it and the engine holds no callback into it.
+// max_messages_in_flight messages, and only while the stream's unanswered
+// bytes (requests read and not yet answered, answers not yet written) are
+// below max_unanswered_bytes: a client that does not read its answers stops
+// the stream's reads, and gRPC's flow control then stops its writes. Answers
+// are written in message order whatever order the engine finishes them in.
+// The reactor deletes itself once gRPC is done with it and the engine holds
+// no callback into it.
 class MlaOffloadService::AttendReactor final
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
@@ -133,6 +137,7 @@ class MlaOffloadService::AttendReactor final
     service_.open_streams_.fetch_add(1);
     if (owner_.ok()) service_.region_owners_.StreamOpened(*owner_);
     reading_ = true;
+    if (service_.options_.before_read_attend) service_.options_.before_read_attend(0);
     StartRead(&read_buffer_);
   }
 
@@ -149,13 +154,17 @@ class MlaOffloadService::AttendReactor final
     // is queued: no other read can start, so no later message of this
     // stream can reach the scheduler before it.
     grpc::ByteBuffer received;
+    int64_t request_bytes;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       received.Swap(&read_buffer_);
+      request_bytes = static_cast<int64_t>(received.Length());
       sequence = next_sequence_++;
       ++unanswered_;
       ++engine_pending_;
+      request_bytes_ += request_bytes;
     }
+    service_.metrics_.AddUnansweredBytes(request_bytes);
     const int64_t limit = service_.options_.max_message_bytes;
     absl::StatusOr<wire::AttendRequestView> view =
         received.Length() > static_cast<size_t>(limit)
@@ -176,17 +185,17 @@ class MlaOffloadService::AttendReactor final
       status = service_.scheduler_.SubmitAttend(
           std::make_shared<const ReceivedAttend>(ReceivedAttend{
               *std::move(view), service_.scheduler_.Now(), *std::move(answer_regions)}),
-          [this, sequence, in_regions](AttendResult result) {
+          [this, sequence, request_bytes, in_regions](AttendResult result) {
             service_.metrics_.RecordAttend(result);
             service_.refusals_.Note("Attend", result.status);
-            Deliver(sequence, ResultResponse(result, in_regions));
+            Deliver(sequence, request_bytes, ResultResponse(result, in_regions));
           },
           stream_tag_);
     }
     if (!status.ok()) {
       service_.metrics_.RecordRequest("Attend", status.code());
       service_.refusals_.Note("Attend", status);
-      Deliver(sequence, ErrorResponse(request_id, status));
+      Deliver(sequence, request_bytes, ErrorResponse(request_id, status));
     }
     std::unique_lock<std::mutex> lock(mutex_);
     reading_ = false;
@@ -197,6 +206,8 @@ class MlaOffloadService::AttendReactor final
     std::unique_lock<std::mutex> lock(mutex_);
     writing_ = false;
     --unanswered_;
+    answer_bytes_ -= writing_bytes_;
+    service_.metrics_.AddUnansweredBytes(-writing_bytes_);
     if (!ok) Break();
     Proceed(lock);
   }
@@ -215,6 +226,10 @@ class MlaOffloadService::AttendReactor final
     stream_tag_->cancelled.store(true);
     std::unique_lock<std::mutex> lock(mutex_);
     done_ = true;
+    // Answers never to be written (gRPC has finished every write by now).
+    service_.metrics_.AddUnansweredBytes(-answer_bytes_);
+    answer_bytes_ = 0;
+    ready_.clear();
     const bool last = engine_pending_ == 0;
     lock.unlock();
     if (last) delete this;
@@ -259,11 +274,16 @@ class MlaOffloadService::AttendReactor final
     stream_tag_->cancelled.store(true);
   }
 
-  // An answer for message `sequence` is ready (from the engine thread, or
-  // from OnReadDone for a message that never reached the engine).
-  void Deliver(uint64_t sequence, grpc::ByteBuffer response) {
+  // An answer for message `sequence` (of `request_bytes`) is ready (from the
+  // engine thread, or from OnReadDone for a message that never reached the
+  // engine).
+  void Deliver(uint64_t sequence, int64_t request_bytes, grpc::ByteBuffer response) {
     std::unique_lock<std::mutex> lock(mutex_);
     --engine_pending_;
+    request_bytes_ -= request_bytes;
+    const int64_t answer_bytes = done_ ? 0 : static_cast<int64_t>(response.Length());
+    answer_bytes_ += answer_bytes;
+    service_.metrics_.AddUnansweredBytes(answer_bytes - request_bytes);
     if (done_) {
       const bool last = engine_pending_ == 0;
       lock.unlock();
@@ -278,6 +298,7 @@ class MlaOffloadService::AttendReactor final
   // or the end of the call. gRPC operations start after the lock is released.
   void Proceed(std::unique_lock<std::mutex>& lock) {
     bool start_write = false, start_read = false, finish = false;
+    uint64_t read_sequence = 0;
     grpc::Status final_status = grpc::Status::OK;
     if (broken_) {
       if (!finished_ && !writing_) {
@@ -288,13 +309,23 @@ class MlaOffloadService::AttendReactor final
       auto next = ready_.find(next_write_);
       if (!writing_ && next != ready_.end()) {
         write_buffer_ = std::move(next->second);
+        writing_bytes_ = static_cast<int64_t>(write_buffer_.Length());
         ready_.erase(next);
         ++next_write_;
         writing_ = start_write = true;
       }
       if (!reading_ && !reads_done_ &&
           unanswered_ < service_.options_.max_messages_in_flight) {
-        reading_ = start_read = true;
+        // A message larger than the bound is still read when nothing else
+        // is unanswered.
+        if (request_bytes_ + answer_bytes_ < service_.options_.max_unanswered_bytes) {
+          reading_ = start_read = true;
+          read_sequence = next_sequence_;
+          read_paused_ = false;
+        } else if (!read_paused_) {
+          read_paused_ = true;
+          service_.metrics_.RecordReadPause();
+        }
       }
       if (reads_done_ && unanswered_ == 0 && !writing_ && !finished_) {
         finished_ = finish = true;
@@ -302,7 +333,10 @@ class MlaOffloadService::AttendReactor final
     }
     lock.unlock();
     if (start_write) StartWrite(&write_buffer_);
-    if (start_read) StartRead(&read_buffer_);
+    if (start_read) {
+      if (service_.options_.before_read_attend) service_.options_.before_read_attend(read_sequence);
+      StartRead(&read_buffer_);
+    }
     if (finish) Finish(final_status);
   }
 
@@ -319,6 +353,10 @@ class MlaOffloadService::AttendReactor final
   uint64_t next_write_ = 0;     // sequence of the next answer to write
   int unanswered_ = 0;          // read, answer not yet written
   int engine_pending_ = 0;      // read, answer not yet delivered
+  int64_t request_bytes_ = 0;   // of the messages read, answer not yet delivered
+  int64_t answer_bytes_ = 0;    // of the answers delivered, not yet written
+  int64_t writing_bytes_ = 0;   // of the answer being written
+  bool read_paused_ = false;    // reads wait for writes (bytes at the bound)
   bool reading_ = false;
   bool writing_ = false;
   bool reads_done_ = false;
@@ -327,7 +365,9 @@ class MlaOffloadService::AttendReactor final
   bool done_ = false;
 };
 
-// Echo: writes every message back unchanged, one at a time. Counted among
+// Echo: writes every message back unchanged, one at a time: the next read
+// starts once the answer is written, so a stream holds at most one message
+// (a client that does not read stops it after one). Counted among
 // the open streams, so that a drain lets it end as it lets Attend streams.
 class MlaOffloadService::EchoReactor final
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
@@ -342,9 +382,12 @@ class MlaOffloadService::EchoReactor final
       Finish(grpc::Status::OK);
       return;
     }
+    bytes_ = static_cast<int64_t>(buffer_.Length());
+    service_.metrics_.AddUnansweredBytes(bytes_);
     StartWrite(&buffer_);
   }
   void OnWriteDone(bool ok) override {
+    service_.metrics_.AddUnansweredBytes(-bytes_);
     if (!ok) {
       Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client went away"));
       return;
@@ -362,6 +405,7 @@ class MlaOffloadService::EchoReactor final
   MlaOffloadService& service_;
   const Caller caller_;
   grpc::ByteBuffer buffer_;
+  int64_t bytes_ = 0;  // of the message in buffer_
 };
 
 // A stream refused before its first read (not authenticated, or past its

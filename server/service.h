@@ -7,9 +7,12 @@
 // builds its messages with proto/attend_codec.h, so tensor bytes go from the
 // received slices into the engine's launch buffers in one copy and the output
 // goes back as slices of the engine's output, with no copy. Each Attend
-// stream reads ahead up to `max_messages_in_flight` messages and writes the
-// answers in the order the messages came; a bad message is answered with its
-// status in the response and the stream goes on.
+// stream reads ahead up to `max_messages_in_flight` messages, and only while
+// its unanswered bytes stay below `max_unanswered_bytes` (a client that does
+// not read its answers is held by flow control, never buffered without
+// limit), and writes the answers in the order the messages came; a bad
+// message is answered with its status in the response and the stream goes
+// on. Echo holds one message at a time.
 //
 // Unary calls are raw methods too (proto/unary_codec.h), so that a request
 // that does not parse is answered INVALID_ARGUMENT naming what did not
@@ -80,6 +83,11 @@ namespace mla {
 
 struct ServiceOptions {
   int max_messages_in_flight = 8;  // per Attend stream
+  // Per Attend stream: the next message is not read while the bytes of the
+  // messages read and not yet answered plus the answers not yet written
+  // reach this (one message above it is still read when nothing else is
+  // unanswered).
+  int64_t max_unanswered_bytes = int64_t{64} << 20;
   // The largest request the service takes and answer it sends, per call and
   // per Attend message.
   int64_t max_message_bytes = int64_t{256} << 20;

@@ -26,6 +26,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <future>
 #include <memory>
@@ -487,6 +488,134 @@ TEST_F(ServiceTest, ADrainLetsOpenEchoStreamsFinish) {
   echo->WritesDone();
   EXPECT_TRUE(echo->Finish().ok());
   drain.join();
+}
+
+// The value of an unlabelled sample in the registry's text; -1 when absent.
+double MetricValue(const metrics::Registry& registry, const std::string& name) {
+  const std::string text = registry.RenderText();
+  const size_t at = text.find("\n" + name + " ");
+  if (at == std::string::npos) return -1;
+  return std::strtod(text.c_str() + at + name.size() + 2, nullptr);
+}
+
+// A client that sends many Attend messages and reads none of the answers:
+// the stream stops reading once its unanswered bytes reach the bound (the
+// server takes a bounded number of messages, not all of them, and holds a
+// bounded number of bytes), and the client's writes are then held by flow
+// control. Once the client reads, every answer comes, in order, and the
+// stream ends normally. gRPC's own buffers are made small on both ends so
+// that what the server takes is the service's doing.
+TEST_F(ServiceTest, AStreamWhoseAnswersAreNotReadStopsReadingAtItsByteBound) {
+  constexpr int64_t kBound = int64_t{2} << 20;
+  constexpr int kTokens = 16;
+  constexpr int kMessages = 100;
+  std::mutex mutex;
+  uint64_t reads_started = 0;
+  Start([&](OffloadServerOptions& options) {
+    options.service.max_unanswered_bytes = kBound;
+    options.service.max_messages_in_flight = 1024;  // only the bytes bound the read-ahead
+    options.transport.lookahead_bytes = 256 << 10;
+    options.transport.write_buffer_size = 64 << 10;
+    options.transport.bdp_probe = 0;
+    options.service.before_read_attend = [&](uint64_t sequence) {
+      std::lock_guard<std::mutex> lock(mutex);
+      reads_started = std::max(reads_started, sequence + 1);
+    };
+  });
+  const std::string session = CreateSession();
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 256 << 10);
+  args.SetMaxReceiveMessageSize(-1);
+  std::unique_ptr<pb::MlaOffload::Stub> stub = pb::MlaOffload::NewStub(grpc::CreateCustomChannel(
+      absl::StrCat("127.0.0.1:", server_->port()), grpc::InsecureChannelCredentials(), args));
+  grpc::ClientContext context;
+  Deadline(context, absl::Seconds(60));
+  auto stream = stub->Attend(&context);
+  // Each message: 16 tokens of q (128 KiB) and kv (16 KiB); each answer
+  // 128 KiB of out.
+  std::thread writer([&] {
+    for (int m = 0; m < kMessages; ++m) {
+      pb::AttendRequest request;
+      request.set_request_id(m);
+      request.set_layer(kSwaLayer);
+      pb::Segment* segment = request.add_segments();
+      segment->set_session_id(session);
+      segment->set_position(m * kTokens);
+      segment->set_num_tokens(kTokens);
+      SetTensor(request.mutable_q(), pb::DTYPE_BF16, {kTokens, kHeads, kHeadDim},
+                Bytes(TestRows(7000 + m, kTokens * kHeads)));
+      SetTensor(request.mutable_kv(), pb::DTYPE_BF16, {kTokens, kHeadDim},
+                Bytes(TestRows(9000 + m, kTokens)));
+      if (!stream->Write(request)) return;
+    }
+    stream->WritesDone();
+  });
+
+  // The stream pauses; then nothing it read waits for the engine.
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (MetricValue(registry_, "mla_stream_read_pauses_total") < 1 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_GE(MetricValue(registry_, "mla_stream_read_pauses_total"), 1)
+      << "the stream never stopped reading";
+  while (server_->scheduler().queued_messages() > 0 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  Barrier();
+  // Messages held unanswered: fewer than bound / 128 KiB + 1; written ones
+  // sit in gRPC's write buffer and the client's window (about 6 more).
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    EXPECT_LT(reads_started, 40u) << "the server read on although no answer was read";
+  }
+  const double held = MetricValue(registry_, "mla_stream_unanswered_bytes");
+  EXPECT_GT(held, 0);
+  EXPECT_LE(held, kBound + (int64_t{160} << 10));
+
+  for (int m = 0; m < kMessages; ++m) {
+    pb::AttendResponse response;
+    ASSERT_TRUE(stream->Read(&response)) << "answer " << m;
+    EXPECT_EQ(response.request_id(), static_cast<uint64_t>(m));
+    EXPECT_EQ(response.status().code(), 0) << "message " << m << ": " << response.status().message();
+  }
+  writer.join();
+  EXPECT_TRUE(stream->Finish().ok());
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    EXPECT_EQ(reads_started, static_cast<uint64_t>(kMessages) + 1) << "and the end of the stream";
+  }
+  EXPECT_EQ(MetricValue(registry_, "mla_stream_unanswered_bytes"), 0);
+}
+
+// gRPC 1.51 cannot bound the number of connections; its memory quota
+// bounds what they hold. A message that would take the connections past it
+// ends its stream with RESOURCE_EXHAUSTED (gRPC's ENHANCE_YOUR_CALM) instead
+// of growing the server, and the server goes on answering what fits (a
+// call may first meet the GOAWAY that gRPC sends connections without
+// streams under pressure: UNAVAILABLE, which a client retries).
+TEST_F(ServiceTest, PastTheTransportMemoryQuotaGrpcRefusesInsteadOfGrowing) {
+  Start([](OffloadServerOptions& options) {
+    options.connections.max_transport_memory_bytes = 1 << 20;
+  });
+  const auto echo = [this](size_t bytes) {
+    grpc::ClientContext context;
+    Deadline(context, absl::Seconds(30));
+    auto stream = stub_->Echo(&context);
+    pb::EchoMessage message;
+    message.set_payload(std::string(bytes, 'x'));
+    pb::EchoMessage back;
+    if (stream->Write(message) && stream->Read(&back)) stream->WritesDone();
+    return stream->Finish();
+  };
+  const grpc::Status refused = echo(3 << 20);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
+  grpc::Status small;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    small = echo(1000);
+    if (small.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+  }
+  EXPECT_TRUE(small.ok()) << small.error_code() << " " << small.error_message();
 }
 
 // ---- Regions (the same-host data plane).

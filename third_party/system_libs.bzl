@@ -35,20 +35,3 @@ pkg_config_library = repository_rule(
     local = True,
     doc = "A cc_library named :lib linking the given pkg-config modules.",
 )
-
-def _system_library_impl(ctx):
-    ctx.file("WORKSPACE", "workspace(name = %r)\n" % ctx.name)
-    ctx.file("BUILD", """
-cc_library(
-    name = "lib",
-    linkopts = {linkopts},
-    visibility = ["//visibility:public"],
-)
-""".format(linkopts = repr(ctx.attr.linkopts)))
-
-system_library = repository_rule(
-    implementation = _system_library_impl,
-    attrs = {"linkopts": attr.string_list(mandatory = True)},
-    local = True,
-    doc = "A cc_library named :lib for a system library that ships no pkg-config file.",
-)

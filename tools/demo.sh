@@ -21,7 +21,7 @@ if ! bazel build --noshow_progress //server:mla_offload_server //client:mla_demo
 fi
 
 log=$(mktemp)
-"$server" --listen=127.0.0.1:0 --metrics_port=0 --backend=cpu --kv_cache_gb=2 \
+"$server" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --backend=cpu --kv_cache_gb=2 \
   --max_position=65536 --drain_seconds=5 >"$log" 2>&1 &
 server_pid=$!
 trap 'kill "$server_pid" 2>/dev/null || true; rm -f "$log"' EXIT

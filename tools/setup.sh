@@ -23,7 +23,7 @@ build_packages=(
   bazel-bootstrap bazel-platforms bazel-rules-java g++ pkgconf
   # Libraries (headers from /usr/include, flags from pkg-config).
   libabsl-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
-  libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcivetweb-dev
+  libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libmicrohttpd-dev
   # Test summary, scripts, the Python stubs' genrule.
   python3
 )
@@ -37,8 +37,9 @@ test_packages=(
   python3-numpy python3-grpcio python3-protobuf python3-pytest
   # Load-test latency pictures.
   gnuplot-nox
-  # The TLS tests make their certificates (tests/support/make_test_certs.sh).
-  openssl
+  # The TLS tests make their certificates (tests/support/make_test_certs.sh);
+  # the metrics endpoint's TLS test scrapes with curl.
+  openssl curl
   # deploy/ (deploy/check.sh): the container image test (podman with runc,
   # a Debian base image made offline by mmdebstrap), the manifest checks'
   # venv, and YAML for the pod replay test.

@@ -111,7 +111,7 @@ target="127.0.0.1:$port"
 drain_seconds=30
 step "podman run $tag on $target (read-only root, no capabilities)"
 podman run -d --name "$name" --network host --read-only --cap-drop=ALL \
-  --security-opt=no-new-privileges "$tag" --listen="$target" --metrics_port="$metrics_port" \
+  --security-opt=no-new-privileges "$tag" --listen="$target" --metrics_listen="127.0.0.1:$metrics_port" \
   --kv_cache_gb=1 --drain_seconds="$drain_seconds" >/dev/null || fail "podman run failed"
 for _ in $(seq 150); do
   podman logs "$name" 2>&1 | grep -q "serving on" && break

@@ -67,14 +67,15 @@ def check_overlay(name, documents, image_entrypoint):
     c.expect(server.get("command") == image_entrypoint,
              f"command {server.get('command')} is not the image's ENTRYPOINT {image_entrypoint}")
 
-    # Ports: --listen's and --metrics_port's, named grpc and metrics.
+    # Ports: --listen's and --metrics_listen's, named grpc and metrics.
     ports = {p["name"]: p["containerPort"] for p in server.get("ports", [])}
     listen = flag(args, "listen") or ""
     grpc_port = int(listen.rsplit(":", 1)[1]) if ":" in listen else None
-    metrics_port = int(flag(args, "metrics_port") or -1)
+    metrics_listen = flag(args, "metrics_listen") or ""
+    metrics_port = int(metrics_listen.rsplit(":", 1)[1]) if ":" in metrics_listen else -1
     c.expect(ports.get("grpc") == grpc_port, f"port grpc {ports.get('grpc')} is not --listen's {grpc_port}")
     c.expect(ports.get("metrics") == metrics_port,
-             f"port metrics {ports.get('metrics')} is not --metrics_port {metrics_port}")
+             f"port metrics {ports.get('metrics')} is not --metrics_listen's {metrics_port}")
 
     # Probes: gRPC on the server's port; "" for liveness, the service's name
     # for readiness.

@@ -132,7 +132,7 @@ using ServerProcess = ::mla::client::TestServer;
 // to the same tests).
 absl::StatusOr<std::unique_ptr<ServerProcess>> StartServerProcess(
     const std::vector<std::string>& flags) {
-  std::vector<std::string> all = {"--metrics_port=0", absl::StrCat("--max_position=", kMaxPosition),
+  std::vector<std::string> all = {"--metrics_listen=127.0.0.1:0", absl::StrCat("--max_position=", kMaxPosition),
                                   absl::StrCat("--backend=", ServerBackend())};
   all.insert(all.end(), flags.begin(), flags.end());
   return ServerProcess::Start(all);
@@ -148,22 +148,37 @@ std::shared_ptr<grpc::Channel> NewChannel(const ServerProcess& server) {
 
 // ---- /metrics over a plain socket.
 
-absl::StatusOr<std::string> HttpGet(int port, absl::string_view path) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+// GET `path` from 127.0.0.1:port (or [::1]:port), with `headers` ("Name:
+// value\r\n" lines); the body of a 200 answer, else an error with the start
+// of the answer.
+absl::StatusOr<std::string> HttpGet(int port, absl::string_view path,
+                                    absl::string_view headers = "", bool ipv6 = false) {
+  const int fd = socket(ipv6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::InternalError("socket failed");
   timeval timeout{5, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  inet_pton(AF_INET, "127.0.0.1", &address.sin_addr);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+  sockaddr_storage storage{};
+  socklen_t length = sizeof(sockaddr_in);
+  if (ipv6) {
+    auto* address = reinterpret_cast<sockaddr_in6*>(&storage);
+    address->sin6_family = AF_INET6;
+    address->sin6_port = htons(static_cast<uint16_t>(port));
+    address->sin6_addr = in6addr_loopback;
+    length = sizeof(sockaddr_in6);
+  } else {
+    auto* address = reinterpret_cast<sockaddr_in*>(&storage);
+    address->sin_family = AF_INET;
+    address->sin_port = htons(static_cast<uint16_t>(port));
+    inet_pton(AF_INET, "127.0.0.1", &address->sin_addr);
+  }
+  if (connect(fd, reinterpret_cast<sockaddr*>(&storage), length) != 0) {
     close(fd);
     return absl::UnavailableError(absl::StrCat("connect to metrics port ", port, " failed"));
   }
   const std::string request =
-      absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+      absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: localhost\r\nConnection: close\r\n", headers,
+                   "\r\n");
   if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
       static_cast<ssize_t>(request.size())) {
     close(fd);
@@ -1979,6 +1994,8 @@ TEST(ServerFlagsTest, OutOfRangeFlagsAreRefusedByName) {
       {"--batch_wait_us=-1", "--batch_wait_us=-1 is outside"},
       {"--batches_in_flight=2", "--batches_in_flight=2 is outside -1..1"},
       {"--max_messages_in_flight=0", "--max_messages_in_flight=0 is outside"},
+      {"--max_unanswered_mb=0", "--max_unanswered_mb=0 is outside 1..65536"},
+      {"--max_transport_memory_mb=-1", "--max_transport_memory_mb=-1 is outside 0.."},
       {"--session_idle_ttl_s=0", "--session_idle_ttl_s=0 is outside"},
       {"--session_idle_ttl_s=7200", "--session_idle_ttl_s=7200 is above --max_session_idle_ttl_s=3600"},
       {"--max_session_idle_ttl_s=0", "--max_session_idle_ttl_s=0 is outside"},
@@ -2018,6 +2035,111 @@ TEST(ServerFlagsTest, AllowInsecureServesOnEveryInterface) {
   EXPECT_GT(info.kv_blocks_total(), 0);
 }
 
+// Whether this machine can listen on and reach ::1 (containers may lack it).
+bool HasIpv6Loopback() {
+  const int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in6 address{};
+  address.sin6_family = AF_INET6;
+  address.sin6_addr = in6addr_loopback;
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
+  close(fd);
+  return ok;
+}
+
+// gRPC and metrics both on IPv6 loopback (metrics have an address of their
+// own; they used to follow --listen's host, which civetweb could not bind).
+TEST(ServerFlagsTest, ServesGrpcAndMetricsOnIpv6Loopback) {
+  if (!HasIpv6Loopback()) GTEST_SKIP() << "this machine has no IPv6 loopback";
+  absl::StatusOr<std::unique_ptr<client::TestServer>> server =
+      client::TestServer::Start({"--listen=[::1]:0", "--metrics_listen=[::1]:0"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_EQ((*server)->target(), absl::StrCat("[::1]:", (*server)->port()));
+  std::unique_ptr<pb::MlaOffload::Stub> stub = pb::MlaOffload::NewStub(NewChannel(**server));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  pb::ServerInfo info;
+  const grpc::Status status = stub->GetServerInfo(&context, pb::GetServerInfoRequest(), &info);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  ASSERT_GT((*server)->metrics_port(), 0) << (*server)->Output();
+  absl::StatusOr<std::string> metrics =
+      HttpGet((*server)->metrics_port(), "/metrics", "", /*ipv6=*/true);
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_TRUE(Metrics(*metrics).Get("mla_build_info").has_value());
+}
+
+// --metrics_basic_auth_file: a scrape without the password is refused, one
+// with it answered; --metrics_port, kept for older scripts, still moves the
+// port.
+TEST(ServerFlagsTest, MetricsTakeBasicAuthFromAFile) {
+  const std::string file = ::testing::TempDir() + "/metrics_auth";
+  {
+    std::ofstream out(file);
+    out << "prometheus:s3cret\n";
+  }
+  absl::StatusOr<std::unique_ptr<client::TestServer>> server = client::TestServer::Start(
+      {"--metrics_listen=127.0.0.1:9", "--metrics_port=0", "--metrics_basic_auth_file=" + file});
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_GT((*server)->metrics_port(), 0) << (*server)->Output();
+  EXPECT_NE((*server)->metrics_port(), 9);
+  absl::StatusOr<std::string> refused = HttpGet((*server)->metrics_port(), "/metrics");
+  EXPECT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr(" 401 "));
+  // base64("prometheus:s3cret")
+  absl::StatusOr<std::string> metrics = HttpGet((*server)->metrics_port(), "/metrics",
+                                                "Authorization: Basic cHJvbWV0aGV1czpzM2NyZXQ=\r\n");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_TRUE(Metrics(*metrics).Get("mla_build_info").has_value());
+}
+
+// --metrics_tls_cert_file and --metrics_tls_key_file: /metrics over HTTPS
+// (curl checks the certificate, made here by openssl), and no plain HTTP
+// answer on that port.
+TEST(ServerFlagsTest, MetricsServeOverTls) {
+  const std::string dir = ::testing::TempDir();
+  const std::string cert = dir + "/e2e_metrics_cert.pem", key = dir + "/e2e_metrics_key.pem";
+  absl::StatusOr<client::CommandResult> made = client::RunCommand(
+      {"/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+       "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert});
+  ASSERT_TRUE(made.ok() && made->exit_code == 0) << (made.ok() ? made->err : made.status().ToString());
+  absl::StatusOr<std::unique_ptr<client::TestServer>> server = client::TestServer::Start(
+      {"--metrics_listen=127.0.0.1:0", "--metrics_tls_cert_file=" + cert,
+       "--metrics_tls_key_file=" + key});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->metrics_port();
+  ASSERT_GT(port, 0) << (*server)->Output();
+  EXPECT_THAT((*server)->Output(), HasSubstr(absl::StrCat("https://127.0.0.1:", port, "/metrics")));
+  absl::StatusOr<client::CommandResult> scraped = client::RunCommand(
+      {"/usr/bin/curl", "--silent", "--show-error", "--fail", "--max-time", "10", "--cacert", cert,
+       absl::StrCat("https://127.0.0.1:", port, "/metrics")});
+  ASSERT_TRUE(scraped.ok()) << scraped.status();
+  EXPECT_EQ(scraped->exit_code, 0) << scraped->err;
+  EXPECT_TRUE(Metrics(scraped->out).Get("mla_build_info").has_value()) << scraped->out;
+  EXPECT_FALSE(HttpGet(port, "/metrics").ok()) << "plain HTTP on the HTTPS port";
+}
+
+// Metrics settings that cannot work are refused at start, naming the flag.
+TEST(ServerFlagsTest, BadMetricsFlagsAreRefusedByName) {
+  absl::StatusOr<std::string> binary = client::ServerBinary();
+  ASSERT_TRUE(binary.ok()) << binary.status();
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--metrics_listen=localhost:0", "--metrics_listen: metrics address 'localhost:0'"},
+      {"--metrics_listen=::1:0", "an IPv6 one goes in brackets"},
+      {"--metrics_tls_cert_file=/nonexistent.pem", "give both or neither"},
+      {"--metrics_basic_auth_file=/nonexistent", "--metrics_basic_auth_file: cannot read"},
+      {"--metrics_port=x", "--metrics_port=x is not -1 (off) or a port"},
+      {"--metrics_idle_timeout_s=0", "--metrics_idle_timeout_s=0 is outside 1..3600"},
+  };
+  for (const auto& [flag, message] : cases) {
+    absl::StatusOr<client::CommandResult> result = client::RunCommand(
+        {*binary, "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0", flag});
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->exit_code, 1) << flag;
+    EXPECT_THAT(result->err, HasSubstr(message)) << flag;
+    EXPECT_THAT(result->out, ::testing::Not(HasSubstr("serving on"))) << flag;
+  }
+}
+
 // --version prints the version and the commit and exits 0; --help, which
 // explains every flag (the metrics port not Prometheus's own 9090), exits 0
 // too (Abseil's own handling exits 1); an unknown flag exits 1.
@@ -2034,12 +2156,12 @@ TEST(ServerFlagsTest, VersionAndHelpAnswerAndExitZero) {
   ASSERT_TRUE(help.ok()) << help.status();
   EXPECT_EQ(help->exit_code, 0);
   EXPECT_THAT(help->out, HasSubstr("--batches_in_flight"));
-  // Metrics do not take Prometheus's own port.
-  const size_t metrics = help->out.find("--metrics_port (");
+  // Metrics listen on loopback unless asked, and not on Prometheus's own port.
+  const size_t metrics = help->out.find("--metrics_listen (");
   ASSERT_NE(metrics, std::string::npos);
   const size_t at = help->out.find("default: ", metrics);
   ASSERT_NE(at, std::string::npos);
-  EXPECT_EQ(std::atoi(help->out.c_str() + at + 9), 9464);
+  EXPECT_EQ(help->out.substr(at + 9, 16), "\"127.0.0.1:9464\"");
   absl::StatusOr<client::CommandResult> bad = client::RunCommand({*binary, "--no_such_flag"});
   ASSERT_TRUE(bad.ok()) << bad.status();
   EXPECT_EQ(bad->exit_code, 1);
@@ -2084,6 +2206,57 @@ TEST(ServerFlagsTest, BackendCudaWithoutADriverSaysSo) {
   EXPECT_THAT(result->err, HasSubstr("no NVIDIA driver on this machine"));
   EXPECT_THAT(result->err, HasSubstr("use --backend=cpu"));
   EXPECT_THAT(result->err, ::testing::Not(HasSubstr("insufficient")));
+}
+
+// --max_unanswered_mb reaches the streams: a client that sends 100 steps of
+// 64 tokens (512 KiB each way) and reads no answer finds the stream waiting
+// for it (mla_stream_read_pauses_total) long before the server could have
+// taken them all; once it reads, every answer comes, in order and OK.
+TEST_F(ServerE2eTest, AStreamNotReadWaitsAtMaxUnansweredMb) {
+  StartServer({"--max_unanswered_mb=1"});
+  constexpr int kHeads = 8, kTokens = 64, kMessages = 100;
+  pb::CreateSessionRequest create;
+  create.set_model(kFlash);
+  create.set_num_heads(kHeads);
+  pb::CreateSessionResponse created;
+  ASSERT_TRUE(Call(*stub_, &pb::MlaOffload::Stub::CreateSession, create, &created).ok());
+  grpc::ClientContext context;
+  SetDeadline(context, absl::Seconds(120));
+  auto stream = stub_->Attend(&context);
+  std::thread writer([&] {
+    for (int m = 0; m < kMessages; ++m) {
+      pb::AttendRequest request;
+      request.set_request_id(m);
+      request.set_layer(0);  // V4-Flash layer 0: sliding window only
+      pb::Segment* segment = request.add_segments();
+      segment->set_session_id(created.session_id());
+      segment->set_position(m * kTokens);
+      segment->set_num_tokens(kTokens);
+      SetTensor(request.mutable_q(), pb::DTYPE_BF16, {kTokens, kHeads, kHeadDim},
+                Bytes(TestRows(Mix(m, 1), kTokens * kHeads)));
+      SetTensor(request.mutable_kv(), pb::DTYPE_BF16, {kTokens, kHeadDim},
+                Bytes(TestRows(Mix(m, 2), kTokens)));
+      if (!stream->Write(request)) return;
+    }
+    stream->WritesDone();
+  });
+  double pauses = 0;
+  for (const absl::Time give_up = absl::Now() + absl::Seconds(60);
+       pauses < 1 && absl::Now() < give_up; absl::SleepFor(absl::Milliseconds(20))) {
+    absl::StatusOr<std::string> text = HttpGet(server_->metrics_port(), "/metrics");
+    ASSERT_TRUE(text.ok()) << text.status();
+    pauses = Metrics(*text).Get("mla_stream_read_pauses_total").value_or(0);
+  }
+  EXPECT_GE(pauses, 1) << "the stream never waited for its client";
+  for (int m = 0; m < kMessages; ++m) {
+    pb::AttendResponse response;
+    ASSERT_TRUE(stream->Read(&response)) << "answer " << m;
+    EXPECT_EQ(response.request_id(), static_cast<uint64_t>(m));
+    EXPECT_EQ(response.status().code(), 0) << "message " << m << ": " << response.status().message();
+  }
+  writer.join();
+  const grpc::Status status = stream->Finish();
+  EXPECT_TRUE(status.ok()) << status.error_message();
 }
 
 TEST_F(ServerE2eTest, EchoReturnsEveryMessageUnchanged) {
