@@ -58,6 +58,12 @@ ABSL_FLAG(int, max_transport_memory_mb, 4096,
           "flow-control windows and sends idle connections away (GOAWAY: clients reconnect), "
           "and a message that does not fit ends its stream with RESOURCE_EXHAUSTED. Keep it "
           "above a few of the largest messages (--max_message_mb).");
+ABSL_FLAG(bool, health, true,
+          "Serve grpc.health.v1 (liveness and readiness probes), which answers without a "
+          "token. --nohealth leaves it out (then probe some other way, e.g. an exec probe).");
+ABSL_FLAG(bool, reflection, true,
+          "Serve gRPC server reflection (the public schema, for tools such as grpcurl), which "
+          "answers without a token. --noreflection leaves it out.");
 ABSL_FLAG(bool, allow_insecure, false,
           "Serve on an address other hosts can reach without TLS and authentication: any "
           "client that reaches the port can then list, read, change and close every session "
@@ -357,6 +363,8 @@ int Main() {
   OffloadServerOptions options;
   absl::StatusOr<std::string> tcp = SplitListen(absl::GetFlag(FLAGS_listen), options.unix_sockets);
   if (!tcp.ok()) return Fail(tcp.status());
+  options.health = absl::GetFlag(FLAGS_health);
+  options.reflection = absl::GetFlag(FLAGS_reflection);
   options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert_file);
   options.tls.key_file = absl::GetFlag(FLAGS_tls_key_file);
   options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
@@ -484,7 +492,8 @@ int main(int argc, char** argv) {
       "  mla_offload_server --listen=0.0.0.0:50051 --tls_cert_file=server.pem \\\n"
       "      --tls_key_file=server.key --auth_tokens_file=tokens\n\n"
       "Each token names a tenant; a tenant sees and uses only its own sessions\n"
-      "(docs/threat-model.md). Health and reflection answer without a token.\n\n"
+      "(docs/threat-model.md). Health and reflection answer without a token (--nohealth,\n"
+      "--noreflection leave them out).\n\n"
       "Health: grpc.health.v1 for two service names: \"\" (liveness: SERVING until the\n"
       "process exits) and \"mla_offload.v1.MlaOffload\" (readiness: NOT_SERVING from the\n"
       "start of the drain on). Metrics: Prometheus text on http://--metrics_listen/metrics\n"

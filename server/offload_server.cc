@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 
+#include <algorithm>
 #include <chrono>
 #include <future>
 #include <thread>
@@ -20,6 +21,19 @@ namespace {
 
 // The health name a readiness probe asks: the service's own.
 constexpr const char* kReadinessName = mla_offload::v1::MlaOffload::service_full_name();
+
+// Takes gRPC server reflection's plugin off a builder.
+class WithoutReflection : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    plugins->erase(std::remove_if(plugins->begin(), plugins->end(),
+                                  [](const std::unique_ptr<grpc::ServerBuilderPlugin>& plugin) {
+                                    return plugin->name() == "proto_server_reflection";
+                                  }),
+                   plugins->end());
+  }
+};
 
 }  // namespace
 
@@ -81,9 +95,12 @@ absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(
   published.get_future().wait();
   server->scheduler_ = std::move(scheduler);
 
-  grpc::EnableDefaultHealthCheckService(true);
+  grpc::EnableDefaultHealthCheckService(options.health);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  // The reflection library adds itself to every builder of the process (a
+  // static initialiser): left out by taking its plugin off this one.
+  if (!options.reflection) builder.SetOption(std::make_unique<WithoutReflection>());
   builder.AddListeningPort(options.listen, tcp_credentials, &server->port_);
   std::vector<int> unix_bound(options.unix_sockets.size(), 0);
   for (size_t i = 0; i < options.unix_sockets.size(); ++i) {
@@ -149,9 +166,11 @@ absl::StatusOr<std::unique_ptr<OffloadServer>> OffloadServer::Start(
                                                  " (is its directory there and writable?)"));
     }
   }
-  grpc::HealthCheckServiceInterface& health = *server->server_->GetHealthCheckService();
-  health.SetServingStatus("", true);
-  health.SetServingStatus(kReadinessName, true);
+  if (grpc::HealthCheckServiceInterface* health = server->server_->GetHealthCheckService();
+      health != nullptr) {
+    health->SetServingStatus("", true);
+    health->SetServingStatus(kReadinessName, true);
+  }
   return server;
 }
 
@@ -160,7 +179,10 @@ void OffloadServer::Drain(absl::Duration drain) {
   service_->StartDraining();
   // Only readiness: a liveness probe that failed now would have the pod
   // killed in the middle of its drain.
-  server_->GetHealthCheckService()->SetServingStatus(kReadinessName, false);
+  if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+      health != nullptr) {
+    health->SetServingStatus(kReadinessName, false);
+  }
   while (service_->open_streams() > 0 && std::chrono::system_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

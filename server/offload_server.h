@@ -78,6 +78,12 @@ struct OffloadServerOptions {
   TlsOptions tls;  // on the TCP port
   // Tokens; client_certificates is set from tls.client_ca_file.
   AuthOptions auth;
+  // grpc.health.v1 and gRPC server reflection, which answer every caller
+  // without a token (probes, tools): each can be left out. Health is a
+  // setting of the process's gRPC library, so the last server started in a
+  // process decides (the server binary starts one).
+  bool health = true;
+  bool reflection = true;
 };
 
 class OffloadServer {

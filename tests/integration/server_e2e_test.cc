@@ -29,6 +29,7 @@
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -2257,6 +2258,61 @@ TEST_F(ServerE2eTest, AStreamNotReadWaitsAtMaxUnansweredMb) {
   writer.join();
   const grpc::Status status = stream->Finish();
   EXPECT_TRUE(status.ok()) << status.error_message();
+}
+
+// Whether gRPC server reflection answers: one ServerReflectionInfo exchange
+// asking for the list of services (list_services, field 7, empty); the
+// call's status, and in `answered` whether a response came.
+grpc::Status AskReflection(const std::shared_ptr<grpc::Channel>& channel, bool* answered) {
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  SetDeadline(context, absl::Seconds(5));
+  grpc::CompletionQueue queue;
+  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call = stub.PrepareCall(
+      &context, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &queue);
+  void* tag = nullptr;
+  bool ok = false;
+  const auto step = [&](int id) {
+    queue.Next(&tag, &ok);
+    EXPECT_EQ(tag, reinterpret_cast<void*>(id));
+    return ok;
+  };
+  call->StartCall(reinterpret_cast<void*>(1));
+  step(1);
+  const std::string request("\x3a\x00", 2);
+  grpc::Slice slice(request);
+  grpc::ByteBuffer out(&slice, 1), in;
+  call->Write(out, reinterpret_cast<void*>(2));
+  step(2);
+  call->Read(&in, reinterpret_cast<void*>(3));
+  *answered = step(3);
+  call->WritesDone(reinterpret_cast<void*>(4));
+  step(4);
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(5));
+  step(5);
+  queue.Shutdown();
+  while (queue.Next(&tag, &ok)) {
+  }
+  return status;
+}
+
+// Health and reflection answer without a token by default, and
+// --nohealth / --noreflection leave each out (UNIMPLEMENTED), the
+// service itself unchanged.
+TEST_F(ServerE2eTest, HealthAndReflectionCanBeLeftOut) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  HealthCheckResponse response;
+  EXPECT_TRUE(HealthCheck(&response).ok());
+  bool answered = false;
+  EXPECT_TRUE(AskReflection(channel_, &answered).ok());
+  EXPECT_TRUE(answered) << "reflection did not list the services";
+  server_.reset();
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--nohealth", "--noreflection"}));
+  EXPECT_EQ(HealthCheck(&response).error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_EQ(AskReflection(channel_, &answered).error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_FALSE(answered);
+  EXPECT_NO_FATAL_FAILURE(Info());
 }
 
 TEST_F(ServerE2eTest, EchoReturnsEveryMessageUnchanged) {
