@@ -383,7 +383,7 @@ MlaOffloadService::MlaOffloadService(Scheduler& scheduler, ServerMetrics& metric
       metrics_(metrics),
       options_(options),
       regions_(options.regions),
-      tenants_(options.tenants) {}
+      tenants_(options.tenants, /*authenticated=*/options.auth != nullptr) {}
 
 absl::StatusOr<Caller> MlaOffloadService::CallerOf(const grpc::CallbackServerContext& context) const {
   if (options_.auth == nullptr) return Caller{};

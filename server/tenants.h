@@ -6,7 +6,8 @@
 // (SessionNotFound), so that existence never leaks; an operator may list
 // and close every tenant's sessions, but attends and appends only to its
 // own. Without authentication every caller is the one tenant "", which
-// holds every session, so nothing changes for a server on loopback.
+// holds every session, so nothing changes for a server on loopback. With
+// authentication a session id this book does not know is NOT_FOUND too.
 //
 // Limits: a call that would take a tenant past one is RESOURCE_EXHAUSTED,
 // naming the limit, the server flag that sets it and what to do, and the
@@ -43,11 +44,16 @@ struct TenantLimits {
 
 class Tenants {
  public:
-  explicit Tenants(const TenantLimits& limits) : limits_(limits) {}
+  // `authenticated`: callers are authenticated tenants (the server has
+  // tokens or client certificates).
+  Tenants(const TenantLimits& limits, bool authenticated)
+      : limits_(limits), authenticated_(authenticated) {}
 
-  // OK when `caller` may use session `session_id` (its own, or any with
-  // `operator_may` and an operator caller, or one this book does not know:
-  // then the engine answers); otherwise SessionNotFound.
+  // OK when `caller` may use session `session_id`: its own, or any with
+  // `operator_may` and an operator caller; otherwise (another tenant's, or
+  // one this book does not know) SessionNotFound, the engine's answer for an
+  // unknown id, so that no path can use a session without an owner. Without
+  // authentication always OK (the engine answers).
   absl::Status CheckAccess(const Caller& caller, const std::string& session_id,
                            bool operator_may) const;
   // Whether `caller` sees `session_id` in ListSessions.
@@ -77,6 +83,7 @@ class Tenants {
   int64_t BlocksOf(const std::string& tenant, const std::vector<SessionSummary>& sessions) const;
 
   const TenantLimits limits_;
+  const bool authenticated_;
   mutable std::mutex mutex_;
   std::map<std::string, std::string> owners_;  // tenant, by session id
   std::map<std::string, int> sessions_;        // count, by tenant
