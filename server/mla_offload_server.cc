@@ -75,15 +75,17 @@ ABSL_FLAG(int, credentials_reload_s, 10,
           "How often --tls_cert_file, --tls_key_file, --tls_client_ca_file and "
           "--auth_tokens_file are read again for changes.");
 ABSL_FLAG(int, max_sessions_per_tenant, 1024,
-          "Sessions one tenant may hold at once (without authentication the whole server is "
-          "one tenant); CreateSession past it is RESOURCE_EXHAUSTED.");
+          "Sessions one tenant may hold at once; CreateSession past it is RESOURCE_EXHAUSTED. "
+          "Only with authentication (--auth_tokens_file or --tls_client_ca_file): without it "
+          "the server is one tenant, bounded by --kv_cache_gb alone.");
 ABSL_FLAG(int64_t, max_kv_blocks_per_tenant, 0,
           "KV blocks (64 tokens each) one tenant's sessions may hold; a CreateSession or "
           "AppendKV that would pass it is RESOURCE_EXHAUSTED (blocks that decode steps add are "
-          "counted, not refused). 0: only the pool's size; set it when tenants share a server.");
+          "counted, not refused). 0: only the pool's size; set it when tenants share a server. "
+          "Only with authentication.");
 ABSL_FLAG(int, max_streams_per_tenant, 1024,
           "Attend and Echo streams one tenant may have open at once; more are refused "
-          "RESOURCE_EXHAUSTED.");
+          "RESOURCE_EXHAUSTED. Only with authentication.");
 ABSL_FLAG(std::string, backend, "cpu",
           "Compute backend: cpu (any machine) or cuda (an NVIDIA Hopper GPU).");
 ABSL_FLAG(int, device, 0, "GPU ordinal for --backend=cuda.");

@@ -489,6 +489,33 @@ TEST_F(ServiceTest, ADrainLetsOpenEchoStreamsFinish) {
   drain.join();
 }
 
+// Without authentication the server is one tenant: the per-tenant limits
+// do not apply (the pool bounds it, as before tenants), so a loopback server
+// takes more sessions, KV blocks and streams than they say.
+TEST_F(ServiceTest, WithoutAuthenticationThePerTenantLimitsDoNotApply) {
+  Start([](OffloadServerOptions& options) {
+    options.service.tenants.max_sessions = 1;
+    options.service.tenants.max_kv_blocks = 1;
+    options.service.tenants.max_streams = 1;
+  });
+  for (int i = 0; i < 3; ++i) EXPECT_FALSE(CreateSession().empty());
+  EXPECT_EQ(List().sessions_size(), 3);
+  grpc::ClientContext first_context, second_context;
+  Deadline(first_context, absl::Seconds(30));
+  Deadline(second_context, absl::Seconds(30));
+  auto first = stub_->Echo(&first_context);
+  auto second = stub_->Echo(&second_context);
+  for (auto* echo : {first.get(), second.get()}) {
+    pb::EchoMessage message, back;
+    message.set_payload("two streams");
+    ASSERT_TRUE(echo->Write(message));
+    ASSERT_TRUE(echo->Read(&back));
+    EXPECT_EQ(back.payload(), "two streams");
+    echo->WritesDone();
+    EXPECT_TRUE(echo->Finish().ok());
+  }
+}
+
 // ---- Regions (the same-host data plane).
 
 // Bytes of a region for a reference.

@@ -6,10 +6,7 @@
 namespace mla {
 namespace {
 
-// "tenant 'a'", or "this server" without authentication (one tenant).
-std::string Who(const std::string& tenant) {
-  return tenant.empty() ? "this server" : absl::StrCat("tenant '", tenant, "'");
-}
+std::string Who(const std::string& tenant) { return absl::StrCat("tenant '", tenant, "'"); }
 
 }  // namespace
 
@@ -52,6 +49,7 @@ int64_t Tenants::BlocksOf(const std::string& tenant,
 
 absl::Status Tenants::AdmitSession(const std::string& tenant, int64_t new_blocks,
                                    absl::FunctionRef<std::vector<SessionSummary>()> sessions) const {
+  if (!authenticated_) return absl::OkStatus();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     const auto it = sessions_.find(tenant);
@@ -68,7 +66,7 @@ absl::Status Tenants::AdmitSession(const std::string& tenant, int64_t new_blocks
 
 absl::Status Tenants::AdmitBlocks(const std::string& tenant, int64_t new_blocks,
                                   absl::FunctionRef<std::vector<SessionSummary>()> sessions) const {
-  if (limits_.max_kv_blocks <= 0 || new_blocks <= 0) return absl::OkStatus();
+  if (!authenticated_ || limits_.max_kv_blocks <= 0 || new_blocks <= 0) return absl::OkStatus();
   const std::vector<SessionSummary> list = sessions();
   std::lock_guard<std::mutex> lock(mutex_);
   const int64_t held = BlocksOf(tenant, list);
@@ -109,6 +107,7 @@ void Tenants::KeepOnly(const std::vector<SessionSummary>& live) {
 }
 
 absl::Status Tenants::StreamOpened(const std::string& tenant) {
+  if (!authenticated_) return absl::OkStatus();
   std::lock_guard<std::mutex> lock(mutex_);
   int& open = streams_[tenant];
   if (open >= limits_.max_streams) {

@@ -9,7 +9,11 @@
 // holds every session, so nothing changes for a server on loopback. With
 // authentication a session id this book does not know is NOT_FOUND too.
 //
-// Limits: a call that would take a tenant past one is RESOURCE_EXHAUSTED,
+// Limits apply only with authentication: an unauthenticated server is one
+// tenant, bounded by its pool and its server-wide limits as it was before
+// tenants (a loopback benchmark may hold more sessions and streams than one
+// tenant may). With authentication a call that would take a tenant past
+// one is RESOURCE_EXHAUSTED,
 // naming the limit, the server flag that sets it and what to do, and the
 // caller checks before it changes anything. KV blocks are those of the
 // tenant's sessions as the engine reports them (SessionSummary::blocks); a
@@ -36,6 +40,7 @@
 
 namespace mla {
 
+// Per authenticated tenant; unused without authentication.
 struct TenantLimits {
   int max_sessions = 1024;    // sessions a tenant holds at once
   int64_t max_kv_blocks = 0;  // KV blocks of its sessions; 0: only the pool's size
@@ -75,7 +80,8 @@ class Tenants {
   void KeepOnly(const std::vector<SessionSummary>& live);
 
   // RESOURCE_EXHAUSTED at the stream limit; otherwise counts the stream
-  // until StreamClosed.
+  // until StreamClosed. Admit* and StreamOpened are always OK without
+  // authentication.
   absl::Status StreamOpened(const std::string& tenant);
   void StreamClosed(const std::string& tenant);
 

@@ -88,5 +88,25 @@ TEST(TenantsTest, StreamLimit) {
   EXPECT_TRUE(tenants.StreamOpened("alpha").ok());
 }
 
+// Without authentication the server is one tenant, "", that holds every
+// session: unknown ids are the engine's to answer, and the per-tenant limits
+// do not apply (the pool bounds the server, as before tenants).
+TEST(TenantsTest, WithoutAuthenticationNothingIsRefused) {
+  TenantLimits limits;
+  limits.max_sessions = 1;
+  limits.max_kv_blocks = 10;
+  limits.max_streams = 1;
+  Tenants tenants(limits, /*authenticated=*/false);
+  const Caller anyone;
+  EXPECT_TRUE(tenants.CheckAccess(anyone, "unknown", false).ok());
+  const auto sessions = [] { return std::vector<SessionSummary>{Summary("s1", 10)}; };
+  tenants.SessionCreated("", "s1");
+  EXPECT_TRUE(tenants.CheckAccess(anyone, "s1", false).ok());
+  EXPECT_TRUE(tenants.AdmitSession("", 4, sessions).ok());
+  EXPECT_TRUE(tenants.AdmitBlocks("", 4, sessions).ok());
+  ASSERT_TRUE(tenants.StreamOpened("").ok());
+  EXPECT_TRUE(tenants.StreamOpened("").ok());
+}
+
 }  // namespace
 }  // namespace mla
