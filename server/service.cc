@@ -235,11 +235,13 @@ class MlaOffloadService::AttendReactor final
             "new stream");
       }
     }
-    for (const wire::SegmentView& segment : view.segments) {
-      if (absl::Status status =
-              service_.tenants_.CheckAccess(caller_, segment.session_id, /*operator_may=*/false);
+    for (size_t s = 0; s < view.segments.size(); ++s) {
+      if (absl::Status status = service_.tenants_.CheckAccess(caller_, view.segments[s].session_id,
+                                                              /*operator_may=*/false);
           !status.ok()) {
-        return status;
+        // Worded as the attend planner words a session it does not know
+        // (attend_plan.cc), so that another tenant's session reads as none.
+        return absl::Status(status.code(), absl::StrCat("segments[", s, "]: ", status.message()));
       }
     }
     return absl::OkStatus();
