@@ -36,6 +36,9 @@ std::string BoundedMessage(absl::string_view message) {
                       message.size() - kMaxStatusMessageBytes, " more bytes)");
 }
 
+// The draining refusal of a method a draining server still serves.
+constexpr absl::string_view kServedWhileDraining;
+
 grpc::Status ToGrpc(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), BoundedMessage(status.message()));
 }
@@ -474,21 +477,30 @@ grpc::ServerUnaryReactor* MlaOffloadService::FinishNow(grpc::CallbackServerConte
   return reactor;
 }
 
+absl::StatusOr<Caller> MlaOffloadService::AdmitUnary(const grpc::CallbackServerContext& context,
+                                                     const char* method, size_t request_bytes,
+                                                     absl::string_view draining_refusal) const {
+  absl::StatusOr<Caller> caller = CallerOf(context);
+  if (!caller.ok()) return caller.status();
+  if (!draining_refusal.empty() && draining()) return absl::UnavailableError(draining_refusal);
+  const int64_t limit = options_.max_message_bytes;
+  if (request_bytes > static_cast<size_t>(limit)) {
+    return TooLarge(absl::StrCat("this ", method, " request"), request_bytes, limit);
+  }
+  return caller;
+}
+
 template <typename Request, typename Response>
 grpc::ServerUnaryReactor* MlaOffloadService::RunUnary(grpc::CallbackServerContext* context,
                                                       const char* method,
+                                                      absl::string_view draining_refusal,
                                                       const grpc::ByteBuffer* request_bytes,
                                                       grpc::ByteBuffer* response_bytes,
                                                       Queue queue,
                                                       Work<Request, Response> work) {
-  absl::StatusOr<Caller> caller = CallerOf(*context);
+  absl::StatusOr<Caller> caller =
+      AdmitUnary(*context, method, request_bytes->Length(), draining_refusal);
   if (!caller.ok()) return FinishNow(context, method, caller.status());
-  const int64_t limit = options_.max_message_bytes;
-  if (request_bytes->Length() > static_cast<size_t>(limit)) {
-    return FinishNow(context, method,
-                     TooLarge(absl::StrCat("this ", method, " request"), request_bytes->Length(),
-                              limit));
-  }
   auto request = std::make_shared<Request>();
   if (absl::Status parsed = wire::ParseUnaryMessage(*request_bytes, request.get()); !parsed.ok()) {
     return FinishNow(context, method, parsed);
@@ -542,13 +554,10 @@ grpc::ServerUnaryReactor* MlaOffloadService::GetServerInfo(grpc::CallbackServerC
 grpc::ServerUnaryReactor* MlaOffloadService::CreateSession(grpc::CallbackServerContext* context,
                                                            const grpc::ByteBuffer* request,
                                                            grpc::ByteBuffer* response) {
-  if (draining()) {
-    return FinishNow(context, "CreateSession",
-                     absl::UnavailableError("the server is draining and takes no new sessions; "
-                                            "create the session on another server"));
-  }
   return RunUnary<pb::CreateSessionRequest, pb::CreateSessionResponse>(
-      context, "CreateSession", request, response, Queue::kFifo,
+      context, "CreateSession",
+      "the server is draining and takes no new sessions; create the session on another server",
+      request, response, Queue::kFifo,
       [this](Engine& engine, grpc::CallbackServerContext& call, const Caller& caller,
              const pb::CreateSessionRequest& request, pb::CreateSessionResponse& response) {
         if (absl::Status admitted = tenants_.AdmitSession(
@@ -583,12 +592,8 @@ grpc::ServerUnaryReactor* MlaOffloadService::CreateSession(grpc::CallbackServerC
 grpc::ServerUnaryReactor* MlaOffloadService::AppendKV(grpc::CallbackServerContext* context,
                                                       const grpc::ByteBuffer* request,
                                                       grpc::ByteBuffer* response) {
-  if (draining()) {
-    return FinishNow(context, "AppendKV",
-                     absl::UnavailableError("the server is draining and takes no new prompts"));
-  }
   return RunUnary<pb::AppendKVRequest, pb::AppendKVResponse>(
-      context, "AppendKV", request, response, Queue::kFifo,
+      context, "AppendKV", "the server is draining and takes no new prompts", request, response, Queue::kFifo,
       [this](Engine& engine, grpc::CallbackServerContext&, const Caller& caller,
              const pb::AppendKVRequest& request, pb::AppendKVResponse& response) {
         if (absl::Status status =
@@ -615,7 +620,7 @@ grpc::ServerUnaryReactor* MlaOffloadService::CloseSession(grpc::CallbackServerCo
                                                           const grpc::ByteBuffer* request,
                                                           grpc::ByteBuffer* response) {
   return RunUnary<pb::CloseSessionRequest, pb::CloseSessionResponse>(
-      context, "CloseSession", request, response, Queue::kFifo,
+      context, "CloseSession", kServedWhileDraining, request, response, Queue::kFifo,
       [this](Engine& engine, grpc::CallbackServerContext&, const Caller& caller,
              const pb::CloseSessionRequest& request, pb::CloseSessionResponse& response) {
         if (absl::Status status =
@@ -635,7 +640,7 @@ grpc::ServerUnaryReactor* MlaOffloadService::ListSessions(grpc::CallbackServerCo
                                                           const grpc::ByteBuffer* request,
                                                           grpc::ByteBuffer* response) {
   return RunUnary<pb::ListSessionsRequest, pb::ListSessionsResponse>(
-      context, "ListSessions", request, response, Queue::kNext,
+      context, "ListSessions", kServedWhileDraining, request, response, Queue::kNext,
       [this](Engine& engine, grpc::CallbackServerContext&, const Caller& caller,
              const pb::ListSessionsRequest&, pb::ListSessionsResponse& response) {
         for (const SessionSummary& summary : engine.ListSessions(scheduler_.Now())) {
@@ -669,17 +674,12 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* MlaOffloadService::
 
 template <typename Request, typename Response>
 grpc::ServerUnaryReactor* MlaOffloadService::AnswerNow(
-    grpc::CallbackServerContext* context, const char* method,
+    grpc::CallbackServerContext* context, const char* method, absl::string_view draining_refusal,
     const grpc::ByteBuffer* request_bytes, grpc::ByteBuffer* response_bytes,
     absl::FunctionRef<absl::Status(const Caller&, const Request&, Response&)> work) {
-  absl::StatusOr<Caller> caller = CallerOf(*context);
+  absl::StatusOr<Caller> caller =
+      AdmitUnary(*context, method, request_bytes->Length(), draining_refusal);
   if (!caller.ok()) return FinishNow(context, method, caller.status());
-  const int64_t limit = options_.max_message_bytes;
-  if (request_bytes->Length() > static_cast<size_t>(limit)) {
-    return FinishNow(context, method,
-                     TooLarge(absl::StrCat("this ", method, " request"), request_bytes->Length(),
-                              limit));
-  }
   Request request;
   Response response;
   absl::Status status = wire::ParseUnaryMessage(*request_bytes, &request);
@@ -691,12 +691,8 @@ grpc::ServerUnaryReactor* MlaOffloadService::AnswerNow(
 grpc::ServerUnaryReactor* MlaOffloadService::RegisterRegion(grpc::CallbackServerContext* context,
                                                             const grpc::ByteBuffer* request,
                                                             grpc::ByteBuffer* response) {
-  if (draining()) {
-    return FinishNow(context, "RegisterRegion",
-                     absl::UnavailableError("the server is draining and takes no new regions"));
-  }
   return AnswerNow<pb::RegisterRegionRequest, pb::RegisterRegionResponse>(
-      context, "RegisterRegion", request, response,
+      context, "RegisterRegion", "the server is draining and takes no new regions", request, response,
       [&](const Caller& caller, const pb::RegisterRegionRequest& request,
           pb::RegisterRegionResponse& response) {
         absl::StatusOr<std::string> owner = RegionOwnerOf(*context, caller.tenant);
@@ -722,7 +718,7 @@ grpc::ServerUnaryReactor* MlaOffloadService::UnregisterRegion(grpc::CallbackServ
                                                               const grpc::ByteBuffer* request,
                                                               grpc::ByteBuffer* response) {
   return AnswerNow<pb::UnregisterRegionRequest, pb::UnregisterRegionResponse>(
-      context, "UnregisterRegion", request, response,
+      context, "UnregisterRegion", kServedWhileDraining, request, response,
       [&](const Caller& caller, const pb::UnregisterRegionRequest& request,
           pb::UnregisterRegionResponse&) {
         absl::StatusOr<std::string> owner = RegionOwnerOf(*context, caller.tenant);
@@ -735,7 +731,7 @@ grpc::ServerUnaryReactor* MlaOffloadService::ListRegions(grpc::CallbackServerCon
                                                          const grpc::ByteBuffer* request,
                                                          grpc::ByteBuffer* response) {
   return AnswerNow<pb::ListRegionsRequest, pb::ListRegionsResponse>(
-      context, "ListRegions", request, response,
+      context, "ListRegions", kServedWhileDraining, request, response,
       [&](const Caller& caller, const pb::ListRegionsRequest&, pb::ListRegionsResponse& response) {
         absl::StatusOr<std::string> owner = RegionOwnerOf(*context, caller.tenant);
         if (!owner.ok()) return owner.status();

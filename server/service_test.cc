@@ -26,7 +26,9 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -34,6 +36,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -44,6 +47,7 @@
 #include "kernels/model_profile.h"
 #include "proto/mla_offload.grpc.pb.h"
 #include "server/metrics/registry.h"
+#include "server/auth.h"
 #include "server/offload_server.h"
 #include "server/testing/engine_hold.h"
 #include "server/testing/regions.h"
@@ -713,6 +717,72 @@ TEST_F(RegionServiceTest, CudaIpcIsUnimplementedAndADrainTakesNoRegions) {
   server_->service().StartDraining();
   EXPECT_EQ(Register(memory).status().code(), absl::StatusCode::kUnavailable);
   EXPECT_TRUE(Regions().empty());
+}
+
+// ---- Authentication (tenants by bearer token).
+
+constexpr char kAlphaToken[] = "alpha-token";
+
+class AuthServiceTest : public RegionServiceTest {
+ protected:
+  // The server with a tokens file of one tenant, alpha, then `change`.
+  void StartWithTokens(const std::function<void(OffloadServerOptions&)>& change = nullptr) {
+    const char* dir = std::getenv("TEST_TMPDIR");
+    const std::string path =
+        absl::StrCat(dir != nullptr ? dir : "/tmp", "/",
+                     ::testing::UnitTest::GetInstance()->current_test_info()->name(), ".tokens");
+    const Sha256Digest hash = Sha256(kAlphaToken);
+    std::ofstream(path) << "alpha "
+                        << absl::BytesToHexString(absl::string_view(
+                               reinterpret_cast<const char*>(hash.data()), hash.size()))
+                        << "\n";
+    Start([&](OffloadServerOptions& options) {
+      options.auth.tokens_file = path;
+      if (change) change(options);
+    });
+  }
+
+  // A context for a call as alpha, or with no token.
+  static void Authorise(grpc::ClientContext& context, bool as_alpha) {
+    Deadline(context, absl::Seconds(10));
+    if (as_alpha) context.AddMetadata("authorization", absl::StrCat("Bearer ", kAlphaToken));
+  }
+};
+
+// A draining server authenticates first: a caller without a token is told
+// UNAUTHENTICATED (what it must fix), one with a token UNAVAILABLE.
+TEST_F(AuthServiceTest, ADrainAuthenticatesBeforeItRefuses) {
+  StartWithTokens();
+  server_->service().StartDraining();
+  SharedMemory memory(4096);
+  for (bool as_alpha : {false, true}) {
+    const grpc::StatusCode expected =
+        as_alpha ? grpc::StatusCode::UNAVAILABLE : grpc::StatusCode::UNAUTHENTICATED;
+    pb::CreateSessionRequest create;
+    create.set_model(kFlash);
+    create.set_num_heads(kHeads);
+    pb::CreateSessionResponse created;
+    grpc::ClientContext create_context;
+    Authorise(create_context, as_alpha);
+    EXPECT_EQ(stub_->CreateSession(&create_context, create, &created).error_code(), expected);
+
+    pb::AppendKVRequest append;
+    append.set_session_id("00000000000000000000000000000000");
+    append.set_num_positions(1);
+    pb::AppendKVResponse appended;
+    grpc::ClientContext append_context;
+    Authorise(append_context, as_alpha);
+    EXPECT_EQ(stub_->AppendKV(&append_context, append, &appended).error_code(), expected);
+
+    pb::RegisterRegionRequest region;
+    region.set_kind(pb::REGION_KIND_SYSTEM_SHM);
+    region.set_name(memory.name());
+    region.set_byte_size(memory.bytes());
+    pb::RegisterRegionResponse registered;
+    grpc::ClientContext region_context;
+    Authorise(region_context, as_alpha);
+    EXPECT_EQ(stub_->RegisterRegion(&region_context, region, &registered).error_code(), expected);
+  }
 }
 
 // The host's first IPv4 address that is not a loopback one; empty if none.
