@@ -130,6 +130,12 @@ ABSL_FLAG(int, max_regions_per_client, 64,
 ABSL_FLAG(int, max_region_gb_per_client, 64,
           "Same-host data plane: GiB (2^30 bytes) of regions one client may hold registered at "
           "once (the server maps them: address space, not memory of its own).");
+ABSL_FLAG(bool, allow_cuda_ipc, true,
+          "Same-host data plane: take CUDA IPC regions (GPU memory of a client process). A "
+          "CUDA IPC handle is a bearer credential: any same-host caller that learns one can "
+          "have the server read and write that process's GPU memory. On a host shared by "
+          "tenants that do not trust each other, pass --allow_cuda_ipc=false (RegisterRegion "
+          "of REGION_KIND_CUDA_IPC is then PERMISSION_DENIED).");
 ABSL_FLAG(int, region_grace_s, 30,
           "Same-host data plane: a client's regions are unregistered once it has held no Attend "
           "stream and no session it created for this long (a client that died leaves none).");
@@ -318,6 +324,7 @@ int Main() {
   options.service.regions.max_bytes_per_owner =
       int64_t{absl::GetFlag(FLAGS_max_region_gb_per_client)} << 30;
   options.service.regions.grace = absl::Seconds(absl::GetFlag(FLAGS_region_grace_s));
+  options.service.allow_cuda_ipc = absl::GetFlag(FLAGS_allow_cuda_ipc);
   options.service.tenants.max_sessions = absl::GetFlag(FLAGS_max_sessions_per_tenant);
   options.service.tenants.max_kv_blocks = absl::GetFlag(FLAGS_max_kv_blocks_per_tenant);
   options.service.tenants.max_streams = absl::GetFlag(FLAGS_max_streams_per_tenant);

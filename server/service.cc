@@ -701,6 +701,13 @@ grpc::ServerUnaryReactor* MlaOffloadService::RegisterRegion(grpc::CallbackServer
         if (request.kind() == pb::REGION_KIND_SYSTEM_SHM) {
           id = regions_.RegisterSharedMemory(*owner, request.name(), request.byte_size());
         } else if (request.kind() == pb::REGION_KIND_CUDA_IPC) {
+          if (!options_.allow_cuda_ipc) {
+            return absl::PermissionDeniedError(
+                "this server takes no CUDA IPC regions (--allow_cuda_ipc=false: on a shared host "
+                "a handle would let whoever presents it have the server read and write another "
+                "process's GPU memory); register a REGION_KIND_SYSTEM_SHM region or send the "
+                "tensors inline");
+          }
           id = regions_.RegisterCudaIpc(*owner, request.cuda_ipc_handle(), request.device_uuid(),
                                         request.byte_size());
         } else {

@@ -94,6 +94,10 @@ struct ServiceOptions {
   // the service.
   const Authenticator* auth = nullptr;
   TenantLimits tenants;
+  // Whether RegisterRegion takes CUDA IPC handles (--allow_cuda_ipc): a
+  // handle lets whoever presents it have the server read and write the
+  // exporting process's GPU memory.
+  bool allow_cuda_ipc = true;
   // For tests, to force interleavings: called on the gRPC thread that read
   // message `sequence` (0, 1, ...) of an Attend stream after it was parsed
   // and before it is queued, and on whichever thread starts the read of

@@ -719,6 +719,24 @@ TEST_F(RegionServiceTest, CudaIpcIsUnimplementedAndADrainTakesNoRegions) {
   EXPECT_TRUE(Regions().empty());
 }
 
+// --allow_cuda_ipc=false: a CUDA IPC handle is refused before the backend
+// sees it (here the CPU backend, which would say UNIMPLEMENTED), naming the
+// flag; shared memory regions are still taken.
+TEST_F(RegionServiceTest, CudaIpcIsRefusedWhenNotAllowed) {
+  Start([](OffloadServerOptions& options) { options.service.allow_cuda_ipc = false; });
+  pb::RegisterRegionRequest request;
+  request.set_kind(pb::REGION_KIND_CUDA_IPC);
+  request.set_cuda_ipc_handle(std::string(64, '\0'));
+  request.set_device_uuid("GPU-00000000-0000-0000-0000-000000000000");
+  request.set_byte_size(4096);
+  pb::RegisterRegionResponse response;
+  const grpc::Status status = Call(&pb::MlaOffload::Stub::RegisterRegion, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("--allow_cuda_ipc=false"));
+  SharedMemory memory(4096);
+  EXPECT_TRUE(Register(memory).ok());
+}
+
 // ---- Authentication (tenants by bearer token).
 
 constexpr char kAlphaToken[] = "alpha-token";
