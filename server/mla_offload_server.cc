@@ -126,9 +126,11 @@ ABSL_FLAG(int, max_session_idle_ttl_s, 3600,
           "that no client pins KV blocks for longer). At least --session_idle_ttl_s.");
 ABSL_FLAG(int, max_regions_per_client, 64,
           "Same-host data plane: shared-memory regions one client (mla-client-id, else its "
-          "connection) may hold registered at once; RegisterRegion past it is RESOURCE_EXHAUSTED.");
+          "connection; with authentication, within its tenant) may hold registered at once; "
+          "RegisterRegion past it is RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int, max_region_gb_per_client, 64,
-          "Same-host data plane: GiB (2^30 bytes) of regions one client may hold registered at "
+          "Same-host data plane: GiB (2^30 bytes) of regions one client (within its tenant, with "
+          "authentication) may hold registered at "
           "once (the server maps them: address space, not memory of its own).");
 ABSL_FLAG(bool, allow_cuda_ipc, true,
           "Same-host data plane: take CUDA IPC regions (GPU memory of a client process). A "

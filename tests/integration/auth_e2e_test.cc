@@ -238,10 +238,12 @@ TEST_F(AuthTest, ATenantCannotSeeAttendAppendToOrCloseAnotherTenantsSession) {
   EXPECT_TRUE(alpha->CloseSession(id).ok());
 }
 
-// With authentication a region belongs to the tenant: its clients (each
-// with its own mla-client-id) share it, another tenant cannot see or
-// unregister it.
-TEST_F(AuthTest, RegionsBelongToTheTenant) {
+// With authentication a region belongs to its tenant and its client (each
+// client::Client sends an mla-client-id of its own): another client of the
+// same tenant can neither see nor unregister it, and another tenant cannot
+// either; so --max_regions_per_client counts per client within a tenant,
+// and a client's stream keeps only that client's regions registered.
+TEST_F(AuthTest, RegionsBelongToTheTenantAndTheClient) {
   ASSERT_NO_FATAL_FAILURE(Start());
   std::unique_ptr<client::Client> alpha = As("alpha-token-1");
   std::unique_ptr<client::Client> alpha_too = As("alpha-token-1");
@@ -258,7 +260,9 @@ TEST_F(AuthTest, RegionsBelongToTheTenant) {
     }
     return ids;
   };
-  EXPECT_THAT(ids(*alpha_too), ::testing::ElementsAre((*region)->id()));
+  EXPECT_THAT(ids(*alpha), ::testing::ElementsAre((*region)->id()));
+  EXPECT_THAT(ids(*alpha_too), ::testing::IsEmpty());
+  EXPECT_EQ(alpha_too->UnregisterRegion((*region)->id()).code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(ids(*beta), ::testing::IsEmpty());
   EXPECT_EQ(beta->UnregisterRegion((*region)->id()).code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(ids(*alpha), ::testing::ElementsAre((*region)->id()));
