@@ -104,19 +104,6 @@ int64_t SessionBlocks(const Engine& engine, const std::string& model) {
   return 0;
 }
 
-// The compressed pages an AppendKV may add: per layer, the pages its rows
-// reach past those before its first row (the engine checks the rows).
-int64_t AppendBlocks(const pb::AppendKVRequest& request) {
-  int64_t blocks = 0;
-  for (const pb::LayerRows& layer : request.layers()) {
-    if (!layer.has_compressed_kv() || layer.compressed_kv().shape_size() == 0) continue;
-    const int64_t first = std::max<int64_t>(layer.first_compressed_row(), 0);
-    const int64_t rows = std::clamp<int64_t>(layer.compressed_kv().shape(0), 0, INT32_MAX);
-    blocks += PagesFor(first + rows) - PagesFor(first);
-  }
-  return blocks;
-}
-
 }  // namespace
 
 // One Attend stream. Reads run ahead of writes by up to
@@ -601,14 +588,13 @@ grpc::ServerUnaryReactor* MlaOffloadService::AppendKV(grpc::CallbackServerContex
             !status.ok()) {
           return status;
         }
-        if (absl::Status admitted = tenants_.AdmitBlocks(
-                caller.tenant, AppendBlocks(request),
-                [&] { return engine.ListSessions(scheduler_.Now()); });
-            !admitted.ok()) {
-          return admitted;
-        }
-        absl::StatusOr<AppendResult> result =
-            engine.AppendKV(wire::AppendKVView(request), scheduler_.Now());
+        // The pages the planner finds missing for the new rows: the
+        // session's pages count, not the request's shapes.
+        absl::StatusOr<AppendResult> result = engine.AppendKV(
+            wire::AppendKVView(request), scheduler_.Now(), [&](int64_t new_pages) {
+              return tenants_.AdmitBlocks(caller.tenant, new_pages,
+                                          [&] { return engine.ListSessions(scheduler_.Now()); });
+            });
         if (!result.ok()) return result.status();
         response.set_next_position(result->next_position);
         response.set_kv_blocks_used(result->session_blocks);

@@ -47,6 +47,7 @@
 #include "kernels/model_profile.h"
 #include "proto/mla_offload.grpc.pb.h"
 #include "server/metrics/registry.h"
+#include "server/session.h"
 #include "server/auth.h"
 #include "server/offload_server.h"
 #include "server/testing/engine_hold.h"
@@ -801,6 +802,45 @@ TEST_F(AuthServiceTest, ADrainAuthenticatesBeforeItRefuses) {
     Authorise(region_context, as_alpha);
     EXPECT_EQ(stub_->RegisterRegion(&region_context, region, &registered).error_code(), expected);
   }
+}
+
+// A tenant exactly at --max_kv_blocks_per_tenant may still append what adds
+// no page: the count is the pages the planner finds missing, not what the
+// request's shapes would suggest (here compressed_kv rows on an SWA-only
+// layer, which hold no bytes and which the engine takes as no rows).
+TEST_F(AuthServiceTest, AnAppendKVThatAddsNoPageIsTakenAtTheBlockLimit) {
+  const ModelProfile& profile = **FindModelProfile(kFlash);
+  StartWithTokens([&](OffloadServerOptions& options) {
+    options.service.tenants.max_kv_blocks = int64_t{profile.num_attention_layers()} * kSwaRingBlocks;
+  });
+  pb::CreateSessionRequest create;
+  create.set_model(kFlash);
+  create.set_num_heads(kHeads);
+  pb::CreateSessionResponse created;
+  grpc::ClientContext create_context;
+  Authorise(create_context, true);
+  ASSERT_TRUE(stub_->CreateSession(&create_context, create, &created).ok());
+
+  pb::AppendKVRequest append;
+  append.set_session_id(created.session_id());
+  append.set_first_position(0);
+  append.set_num_positions(1);
+  for (int layer = 0; layer < profile.num_attention_layers(); ++layer) {
+    pb::LayerRows* rows = append.add_layers();
+    rows->set_layer(layer);
+    SetTensor(rows->mutable_swa_kv(), pb::DTYPE_BF16, {1, kHeadDim}, Bytes(TestRows(layer, 1)));
+    if (layer == kSwaLayer) {
+      rows->set_first_compressed_row(0);
+      SetTensor(rows->mutable_compressed_kv(), pb::DTYPE_BF16, {5, 0}, "");
+    }
+  }
+  pb::AppendKVResponse appended;
+  grpc::ClientContext append_context;
+  Authorise(append_context, true);
+  const grpc::Status status = stub_->AppendKV(&append_context, append, &appended);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(appended.next_position(), 1);
+  EXPECT_EQ(appended.kv_blocks_used(), int64_t{profile.num_attention_layers()} * kSwaRingBlocks);
 }
 
 // The host's first IPv4 address that is not a loopback one; empty if none.
