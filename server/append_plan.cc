@@ -45,7 +45,8 @@ absl::Status CheckLayerRows(const wire::LayerRowsView& rows, const AppendPlan& p
 
 }  // namespace
 
-absl::StatusOr<AppendPlan> AppendPlanner::Plan(const wire::AppendKVRequestView& input) {
+absl::StatusOr<AppendPlan> AppendPlanner::Plan(const wire::AppendKVRequestView& input,
+                                               AdmitPages admit) {
   absl::StatusOr<Session*> session = sessions_.Find(input.session_id);
   if (!session.ok()) return session.status();
   if (absl::Status status = CheckPositions(input, **session); !status.ok()) return status;
@@ -65,6 +66,7 @@ absl::StatusOr<AppendPlan> AppendPlanner::Plan(const wire::AppendKVRequestView& 
     if (absl::Status status = CheckLayerRows(rows, plan); !status.ok()) return status;
     plan.pages.Need(plan.session->layers[rows.layer], plan.RowsAfter(rows.layer));
   }
+  if (absl::Status status = admit(plan.pages.missing()); !status.ok()) return status;
   if (absl::Status status = plan.pages.Take(pool_); !status.ok()) return status;
   return plan;
 }

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -50,13 +51,21 @@ struct AppendPlan {
   int32_t SwaFrom() const { return std::max(first, end - kSwaRingRows); }
 };
 
+// May an append take `new_pages` more compressed pages (a tenant's KV block
+// limit)? Its error is the append's, with nothing changed.
+using AdmitPages = absl::FunctionRef<absl::Status(int64_t new_pages)>;
+inline absl::Status AdmitAnyPages(int64_t) { return absl::OkStatus(); }
+
 class AppendPlanner {
  public:
   AppendPlanner(SessionTable& sessions, KvBlockPool& pool, int32_t max_position)
       : sessions_(sessions), pool_(pool), max_position_(max_position) {}
 
-  // The plan of `input`, or why it may not run, with nothing changed.
-  absl::StatusOr<AppendPlan> Plan(const wire::AppendKVRequestView& input);
+  // The plan of `input`, or why it may not run, with nothing changed;
+  // `admit` is asked about the pages the plan adds (those its layers miss
+  // for their new rows) after every check and before any is taken.
+  absl::StatusOr<AppendPlan> Plan(const wire::AppendKVRequestView& input,
+                                  AdmitPages admit = AdmitAnyPages);
   // The plan's launch succeeded: every layer of its session advances.
   static AppendResult Commit(const AppendPlan& plan, absl::Time now);
   // The plan's launch failed: the pages it took go back to the pool.

@@ -157,7 +157,12 @@ void Authenticator::ReloadLoop() {
 
 absl::Status Authenticator::ReloadNow() {
   if (options_.tokens_file.empty()) return absl::OkStatus();
+  // One reload at a time, from the read to the install: otherwise a reload
+  // that read an older file could install it over a newer one (and bring
+  // back a revoked token).
+  std::lock_guard<std::mutex> reloading(reload_mutex_);
   absl::StatusOr<std::string> text = ReadWholeFile(options_.tokens_file);
+  if (options_.after_read_for_test) options_.after_read_for_test();
   std::lock_guard<std::mutex> lock(mutex_);
   if (!text.ok()) {
     // Mid-rotation (a rename), or removed: the tokens stay as they were.

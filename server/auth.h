@@ -28,7 +28,8 @@
 // Reloading: the tokens file is read again every `reload_interval` (by a
 // thread of the Authenticator) and whenever ReloadNow is called; a changed
 // file that parses replaces the tokens at once (calls after that see only
-// the new ones), a changed file that does not parse keeps the old tokens and
+// the new ones; reloads run one at a time, so the file read last is the one
+// installed last), a changed file that does not parse keeps the old tokens and
 // is logged once with the line that is wrong. Nothing here logs a token or
 // a hash.
 //
@@ -39,6 +40,7 @@
 #include <array>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -84,6 +86,9 @@ struct AuthOptions {
   std::string tokens_file;                 // empty: no tokens
   bool client_certificates = false;        // mutual TLS names tenants
   absl::Duration reload_interval = absl::Seconds(10);
+  // For tests, to force an interleaving: called by every reload after it
+  // has read the tokens file and before it parses and installs it.
+  std::function<void()> after_read_for_test;
 };
 
 class Authenticator {
@@ -115,6 +120,7 @@ class Authenticator {
   void ReloadLoop();
 
   const AuthOptions options_;
+  std::mutex reload_mutex_;  // held by ReloadNow from its read to its install; before mutex_
   mutable std::mutex mutex_;
   std::shared_ptr<const std::vector<TokenLine>> tokens_;  // guarded by mutex_
   std::string last_text_;                                 // guarded by mutex_: the file as last read

@@ -1,9 +1,11 @@
 #include "server/auth.h"
 
+#include <atomic>
 #include <cstdio>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -169,6 +171,46 @@ TEST(AuthenticatorTest, RotatedFileReplacesTokensAndABadOneKeepsThem) {
   // The reload thread may have read it first; then ReloadNow saw no change.
   if (!bad.ok()) EXPECT_THAT(bad.message(), HasSubstr("keeping the tokens read before"));
   EXPECT_TRUE(a.Authenticate("Bearer new-token", std::nullopt).ok());
+}
+
+// Two reloads that overlap: the first has read a file that the second's
+// newer one (which revokes old-token) replaced before the first installs
+// it. Reloads run one at a time, read to install, so the newer file is the
+// one that stays: the revoked token does not come back. (Before, the
+// second reload installed the newer tokens and the first then installed
+// the older ones over them.)
+TEST(AuthenticatorTest, OverlappingReloadsInstallTheNewerFileLast) {
+  const std::string path = TempPath("overlapping_tokens");
+  WriteFile(path, absl::StrCat("beta ", HexSha256("beta-token"), "\n"));
+  std::atomic<bool> first{true};
+  std::thread second;
+  std::atomic<bool> second_done{false};
+  Authenticator* raw = nullptr;
+  AuthOptions options;
+  options.tokens_file = path;
+  options.reload_interval = absl::Hours(1);
+  options.after_read_for_test = [&] {
+    if (!first.exchange(false)) return;
+    // The first reload has read the older file; the newer one replaces it
+    // and a second reload starts. It cannot finish while the first holds
+    // the reload; give it the time it would need if it could.
+    WriteFile(path, absl::StrCat("alpha ", HexSha256("new-token"), "\n"));
+    second = std::thread([&] {
+      raw->ReloadNow().IgnoreError();
+      second_done.store(true);
+    });
+    for (int i = 0; i < 50 && !second_done.load(); ++i) absl::SleepFor(absl::Milliseconds(10));
+  };
+  absl::StatusOr<std::unique_ptr<Authenticator>> auth = Authenticator::Create(options);
+  ASSERT_TRUE(auth.ok()) << auth.status();
+  raw = auth->get();
+  WriteFile(path, absl::StrCat("alpha ", HexSha256("old-token"), "\n"));
+  EXPECT_TRUE(raw->ReloadNow().ok());
+  ASSERT_TRUE(second.joinable());
+  second.join();
+  EXPECT_TRUE(raw->Authenticate("Bearer new-token", std::nullopt).ok());
+  EXPECT_EQ(raw->Authenticate("Bearer old-token", std::nullopt).status().code(),
+            absl::StatusCode::kUnauthenticated);
 }
 
 }  // namespace

@@ -95,9 +95,9 @@ std::vector<std::string> Engine::ExpireIdle(absl::Time now) {
 }
 
 absl::StatusOr<AppendResult> Engine::AppendKV(const wire::AppendKVRequestView& input,
-                                              absl::Time now) {
+                                              absl::Time now, AdmitPages admit) {
   Finish();
-  absl::StatusOr<AppendPlan> plan = append_planner_.Plan(input);
+  absl::StatusOr<AppendPlan> plan = append_planner_.Plan(input, admit);
   if (!plan.ok()) return plan.status();
   if (absl::Status status = launcher_->Append(*plan); !status.ok()) {
     // Nothing written counts (no position advanced); the pages go back.

@@ -102,7 +102,10 @@ class Engine {
 
   absl::StatusOr<CreateSessionResult> CreateSession(const wire::CreateSessionRequestView& input,
                                                     absl::Time now);
-  absl::StatusOr<AppendResult> AppendKV(const wire::AppendKVRequestView& input, absl::Time now);
+  // `admit` is asked about the compressed pages the append adds, once it
+  // is known to be valid (AppendPlanner::Plan).
+  absl::StatusOr<AppendResult> AppendKV(const wire::AppendKVRequestView& input, absl::Time now,
+                                        AdmitPages admit = AdmitAnyPages);
   // Frees the session's blocks; returns how many.
   absl::StatusOr<int64_t> CloseSession(const std::string& session_id);
   std::vector<SessionSummary> ListSessions(absl::Time now) const;

@@ -90,15 +90,17 @@ ABSL_FLAG(int, credentials_reload_s, 10,
           "How often --tls_cert_file, --tls_key_file, --tls_client_ca_file and "
           "--auth_tokens_file are read again for changes.");
 ABSL_FLAG(int, max_sessions_per_tenant, 1024,
-          "Sessions one tenant may hold at once (without authentication the whole server is "
-          "one tenant); CreateSession past it is RESOURCE_EXHAUSTED.");
+          "Sessions one tenant may hold at once; CreateSession past it is RESOURCE_EXHAUSTED. "
+          "Only with authentication (--auth_tokens_file or --tls_client_ca_file): without it "
+          "the server is one tenant, bounded by --kv_cache_gb alone.");
 ABSL_FLAG(int64_t, max_kv_blocks_per_tenant, 0,
           "KV blocks (64 tokens each) one tenant's sessions may hold; a CreateSession or "
           "AppendKV that would pass it is RESOURCE_EXHAUSTED (blocks that decode steps add are "
-          "counted, not refused). 0: only the pool's size; set it when tenants share a server.");
+          "counted, not refused). 0: only the pool's size; set it when tenants share a server. "
+          "Only with authentication.");
 ABSL_FLAG(int, max_streams_per_tenant, 1024,
           "Attend and Echo streams one tenant may have open at once; more are refused "
-          "RESOURCE_EXHAUSTED.");
+          "RESOURCE_EXHAUSTED. Only with authentication.");
 ABSL_FLAG(std::string, backend, "cpu",
           "Compute backend: cpu (any machine) or cuda (an NVIDIA Hopper GPU).");
 ABSL_FLAG(int, device, 0, "GPU ordinal for --backend=cuda.");
@@ -147,10 +149,18 @@ ABSL_FLAG(int, max_session_idle_ttl_s, 3600,
           "that no client pins KV blocks for longer). At least --session_idle_ttl_s.");
 ABSL_FLAG(int, max_regions_per_client, 64,
           "Same-host data plane: shared-memory regions one client (mla-client-id, else its "
-          "connection) may hold registered at once; RegisterRegion past it is RESOURCE_EXHAUSTED.");
+          "connection; with authentication, within its tenant) may hold registered at once; "
+          "RegisterRegion past it is RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int, max_region_gb_per_client, 64,
-          "Same-host data plane: GiB (2^30 bytes) of regions one client may hold registered at "
+          "Same-host data plane: GiB (2^30 bytes) of regions one client (within its tenant, with "
+          "authentication) may hold registered at "
           "once (the server maps them: address space, not memory of its own).");
+ABSL_FLAG(bool, allow_cuda_ipc, true,
+          "Same-host data plane: take CUDA IPC regions (GPU memory of a client process). A "
+          "CUDA IPC handle is a bearer credential: any same-host caller that learns one can "
+          "have the server read and write that process's GPU memory. On a host shared by "
+          "tenants that do not trust each other, pass --allow_cuda_ipc=false (RegisterRegion "
+          "of REGION_KIND_CUDA_IPC is then PERMISSION_DENIED).");
 ABSL_FLAG(int, region_grace_s, 30,
           "Same-host data plane: a client's regions are unregistered once it has held no Attend "
           "stream and no session it created for this long (a client that died leaves none).");
@@ -413,6 +423,7 @@ int Main() {
   options.service.regions.max_bytes_per_owner =
       int64_t{absl::GetFlag(FLAGS_max_region_gb_per_client)} << 30;
   options.service.regions.grace = absl::Seconds(absl::GetFlag(FLAGS_region_grace_s));
+  options.service.allow_cuda_ipc = absl::GetFlag(FLAGS_allow_cuda_ipc);
   options.service.tenants.max_sessions = absl::GetFlag(FLAGS_max_sessions_per_tenant);
   options.service.tenants.max_kv_blocks = absl::GetFlag(FLAGS_max_kv_blocks_per_tenant);
   options.service.tenants.max_streams = absl::GetFlag(FLAGS_max_streams_per_tenant);

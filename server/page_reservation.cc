@@ -12,9 +12,14 @@ void PageReservation::Need(LayerKv& layer, int64_t rows) {
   if (missing > 0) wants_.push_back({&layer, missing, 0});
 }
 
-absl::Status PageReservation::Take(KvBlockPool& pool) {
+int64_t PageReservation::missing() const {
   int64_t total = 0;
   for (const Want& want : wants_) total += want.missing;
+  return total;
+}
+
+absl::Status PageReservation::Take(KvBlockPool& pool) {
+  const int64_t total = missing();
   if (total == 0) return absl::OkStatus();
   absl::StatusOr<std::vector<int32_t>> pages = pool.Allocate(total);
   if (!pages.ok()) return pages.status();

@@ -29,6 +29,8 @@ class PageReservation {
   // After the request, `layer` holds `rows` compressed rows; one Need a
   // layer, before Take.
   void Need(LayerKv& layer, int64_t rows);
+  // The pages Take will take: those every Need misses.
+  int64_t missing() const;
   // Takes the pages every Need misses and attaches them; once.
   absl::Status Take(KvBlockPool& pool);
   // Detaches the pages Take attached and frees them.

@@ -105,13 +105,17 @@ absl::StatusOr<std::string> RegionOwnerOf(const grpc::ServerContextBase& context
         "--listen=unix:PATH); this call came from ",
         EchoClientText(peer), ": send the tensors inline instead"));
   }
-  if (!tenant.empty()) return absl::StrCat("tenant:", tenant);
   const auto& metadata = context.client_metadata();
   const auto id = metadata.find(wire::kClientIdMetadata);
-  if (id == metadata.end()) return peer;
-  const absl::string_view value(id->second.data(), id->second.size());
-  if (absl::Status status = CheckClientId(value); !status.ok()) return status;
-  return absl::StrCat("client:", value);
+  std::string client = peer;
+  if (id != metadata.end()) {
+    const absl::string_view value(id->second.data(), id->second.size());
+    if (absl::Status status = CheckClientId(value); !status.ok()) return status;
+    client = absl::StrCat("client:", value);
+  }
+  // A tenant name holds no "/": the two parts cannot run into each other.
+  if (tenant.empty()) return client;
+  return absl::StrCat("tenant:", tenant, "/", client);
 }
 
 bool UsesRegions(const wire::AttendRequestView& request) {

@@ -13,6 +13,13 @@
 // socket. Any other peer is PERMISSION_DENIED: it can neither register nor
 // reference a region, whatever id it sends.
 //
+// With authentication a region's owner is the tenant and the client
+// together: another tenant cannot reach it whatever mla-client-id it sends,
+// and another client of the same tenant cannot either; the per-client
+// region limits (--max_regions_per_client, --max_region_gb_per_client)
+// count per client within a tenant, and a client's streams and sessions
+// keep only that client's regions registered.
+//
 // Thread safety: the functions are reentrant; RegionOwners is thread-safe.
 #ifndef MLA_OFFLOAD_SERVER_REGION_ACCESS_H_
 #define MLA_OFFLOAD_SERVER_REGION_ACCESS_H_
@@ -40,8 +47,9 @@ namespace mla {
 // "ipv6:[::1]:5000", "unix:") is on this host.
 bool IsSameHostPeer(absl::string_view peer);
 
-// The region owner of a call by `tenant` ("" without authentication):
-// "tenant:<tenant>", else "client:<id>" or the peer address.
+// The region owner of a call by `tenant` ("" without authentication): the
+// client, "client:<id>" or else the peer address, after "tenant:<tenant>/"
+// with authentication.
 // PERMISSION_DENIED for a peer not on this host, INVALID_ARGUMENT for a
 // malformed mla-client-id.
 absl::StatusOr<std::string> RegionOwnerOf(const grpc::ServerContextBase& context,

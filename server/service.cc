@@ -36,6 +36,9 @@ std::string BoundedMessage(absl::string_view message) {
                       message.size() - kMaxStatusMessageBytes, " more bytes)");
 }
 
+// The draining refusal of a method a draining server still serves.
+constexpr absl::string_view kServedWhileDraining;
+
 grpc::Status ToGrpc(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), BoundedMessage(status.message()));
 }
@@ -99,19 +102,6 @@ int64_t SessionBlocks(const Engine& engine, const std::string& model) {
     if (profile->name == model) return int64_t{profile->num_attention_layers()} * kSwaRingBlocks;
   }
   return 0;
-}
-
-// The compressed pages an AppendKV may add: per layer, the pages its rows
-// reach past those before its first row (the engine checks the rows).
-int64_t AppendBlocks(const pb::AppendKVRequest& request) {
-  int64_t blocks = 0;
-  for (const pb::LayerRows& layer : request.layers()) {
-    if (!layer.has_compressed_kv() || layer.compressed_kv().shape_size() == 0) continue;
-    const int64_t first = std::max<int64_t>(layer.first_compressed_row(), 0);
-    const int64_t rows = std::clamp<int64_t>(layer.compressed_kv().shape(0), 0, INT32_MAX);
-    blocks += PagesFor(first + rows) - PagesFor(first);
-  }
-  return blocks;
 }
 
 }  // namespace
@@ -250,11 +240,13 @@ class MlaOffloadService::AttendReactor final
             "new stream");
       }
     }
-    for (const wire::SegmentView& segment : view.segments) {
-      if (absl::Status status =
-              service_.tenants_.CheckAccess(caller_, segment.session_id, /*operator_may=*/false);
+    for (size_t s = 0; s < view.segments.size(); ++s) {
+      if (absl::Status status = service_.tenants_.CheckAccess(caller_, view.segments[s].session_id,
+                                                              /*operator_may=*/false);
           !status.ok()) {
-        return status;
+        // Worded as the attend planner words a session it does not know
+        // (attend_plan.cc), so that another tenant's session reads as none.
+        return absl::Status(status.code(), absl::StrCat("segments[", s, "]: ", status.message()));
       }
     }
     return absl::OkStatus();
@@ -427,7 +419,7 @@ MlaOffloadService::MlaOffloadService(Scheduler& scheduler, ServerMetrics& metric
       metrics_(metrics),
       options_(options),
       regions_(options.regions),
-      tenants_(options.tenants) {}
+      tenants_(options.tenants, /*authenticated=*/options.auth != nullptr) {}
 
 absl::StatusOr<Caller> MlaOffloadService::CallerOf(const grpc::CallbackServerContext& context) const {
   if (options_.auth == nullptr) return Caller{};
@@ -516,21 +508,30 @@ grpc::ServerUnaryReactor* MlaOffloadService::FinishNow(grpc::CallbackServerConte
   return reactor;
 }
 
+absl::StatusOr<Caller> MlaOffloadService::AdmitUnary(const grpc::CallbackServerContext& context,
+                                                     const char* method, size_t request_bytes,
+                                                     absl::string_view draining_refusal) const {
+  absl::StatusOr<Caller> caller = CallerOf(context);
+  if (!caller.ok()) return caller.status();
+  if (!draining_refusal.empty() && draining()) return absl::UnavailableError(draining_refusal);
+  const int64_t limit = options_.max_message_bytes;
+  if (request_bytes > static_cast<size_t>(limit)) {
+    return TooLarge(absl::StrCat("this ", method, " request"), request_bytes, limit);
+  }
+  return caller;
+}
+
 template <typename Request, typename Response>
 grpc::ServerUnaryReactor* MlaOffloadService::RunUnary(grpc::CallbackServerContext* context,
                                                       const char* method,
+                                                      absl::string_view draining_refusal,
                                                       const grpc::ByteBuffer* request_bytes,
                                                       grpc::ByteBuffer* response_bytes,
                                                       Queue queue,
                                                       Work<Request, Response> work) {
-  absl::StatusOr<Caller> caller = CallerOf(*context);
+  absl::StatusOr<Caller> caller =
+      AdmitUnary(*context, method, request_bytes->Length(), draining_refusal);
   if (!caller.ok()) return FinishNow(context, method, caller.status());
-  const int64_t limit = options_.max_message_bytes;
-  if (request_bytes->Length() > static_cast<size_t>(limit)) {
-    return FinishNow(context, method,
-                     TooLarge(absl::StrCat("this ", method, " request"), request_bytes->Length(),
-                              limit));
-  }
   auto request = std::make_shared<Request>();
   if (absl::Status parsed = wire::ParseUnaryMessage(*request_bytes, request.get()); !parsed.ok()) {
     return FinishNow(context, method, parsed);
@@ -584,13 +585,10 @@ grpc::ServerUnaryReactor* MlaOffloadService::GetServerInfo(grpc::CallbackServerC
 grpc::ServerUnaryReactor* MlaOffloadService::CreateSession(grpc::CallbackServerContext* context,
                                                            const grpc::ByteBuffer* request,
                                                            grpc::ByteBuffer* response) {
-  if (draining()) {
-    return FinishNow(context, "CreateSession",
-                     absl::UnavailableError("the server is draining and takes no new sessions; "
-                                            "create the session on another server"));
-  }
   return RunUnary<pb::CreateSessionRequest, pb::CreateSessionResponse>(
-      context, "CreateSession", request, response, Queue::kFifo,
+      context, "CreateSession",
+      "the server is draining and takes no new sessions; create the session on another server",
+      request, response, Queue::kFifo,
       [this](Engine& engine, grpc::CallbackServerContext& call, const Caller& caller,
              const pb::CreateSessionRequest& request, pb::CreateSessionResponse& response) {
         if (absl::Status admitted = tenants_.AdmitSession(
@@ -625,12 +623,8 @@ grpc::ServerUnaryReactor* MlaOffloadService::CreateSession(grpc::CallbackServerC
 grpc::ServerUnaryReactor* MlaOffloadService::AppendKV(grpc::CallbackServerContext* context,
                                                       const grpc::ByteBuffer* request,
                                                       grpc::ByteBuffer* response) {
-  if (draining()) {
-    return FinishNow(context, "AppendKV",
-                     absl::UnavailableError("the server is draining and takes no new prompts"));
-  }
   return RunUnary<pb::AppendKVRequest, pb::AppendKVResponse>(
-      context, "AppendKV", request, response, Queue::kFifo,
+      context, "AppendKV", "the server is draining and takes no new prompts", request, response, Queue::kFifo,
       [this](Engine& engine, grpc::CallbackServerContext&, const Caller& caller,
              const pb::AppendKVRequest& request, pb::AppendKVResponse& response) {
         if (absl::Status status =
@@ -638,14 +632,13 @@ grpc::ServerUnaryReactor* MlaOffloadService::AppendKV(grpc::CallbackServerContex
             !status.ok()) {
           return status;
         }
-        if (absl::Status admitted = tenants_.AdmitBlocks(
-                caller.tenant, AppendBlocks(request),
-                [&] { return engine.ListSessions(scheduler_.Now()); });
-            !admitted.ok()) {
-          return admitted;
-        }
-        absl::StatusOr<AppendResult> result =
-            engine.AppendKV(wire::AppendKVView(request), scheduler_.Now());
+        // The pages the planner finds missing for the new rows: the
+        // session's pages count, not the request's shapes.
+        absl::StatusOr<AppendResult> result = engine.AppendKV(
+            wire::AppendKVView(request), scheduler_.Now(), [&](int64_t new_pages) {
+              return tenants_.AdmitBlocks(caller.tenant, new_pages,
+                                          [&] { return engine.ListSessions(scheduler_.Now()); });
+            });
         if (!result.ok()) return result.status();
         response.set_next_position(result->next_position);
         response.set_kv_blocks_used(result->session_blocks);
@@ -657,7 +650,7 @@ grpc::ServerUnaryReactor* MlaOffloadService::CloseSession(grpc::CallbackServerCo
                                                           const grpc::ByteBuffer* request,
                                                           grpc::ByteBuffer* response) {
   return RunUnary<pb::CloseSessionRequest, pb::CloseSessionResponse>(
-      context, "CloseSession", request, response, Queue::kFifo,
+      context, "CloseSession", kServedWhileDraining, request, response, Queue::kFifo,
       [this](Engine& engine, grpc::CallbackServerContext&, const Caller& caller,
              const pb::CloseSessionRequest& request, pb::CloseSessionResponse& response) {
         if (absl::Status status =
@@ -677,7 +670,7 @@ grpc::ServerUnaryReactor* MlaOffloadService::ListSessions(grpc::CallbackServerCo
                                                           const grpc::ByteBuffer* request,
                                                           grpc::ByteBuffer* response) {
   return RunUnary<pb::ListSessionsRequest, pb::ListSessionsResponse>(
-      context, "ListSessions", request, response, Queue::kNext,
+      context, "ListSessions", kServedWhileDraining, request, response, Queue::kNext,
       [this](Engine& engine, grpc::CallbackServerContext&, const Caller& caller,
              const pb::ListSessionsRequest&, pb::ListSessionsResponse& response) {
         for (const SessionSummary& summary : engine.ListSessions(scheduler_.Now())) {
@@ -711,17 +704,12 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* MlaOffloadService::
 
 template <typename Request, typename Response>
 grpc::ServerUnaryReactor* MlaOffloadService::AnswerNow(
-    grpc::CallbackServerContext* context, const char* method,
+    grpc::CallbackServerContext* context, const char* method, absl::string_view draining_refusal,
     const grpc::ByteBuffer* request_bytes, grpc::ByteBuffer* response_bytes,
     absl::FunctionRef<absl::Status(const Caller&, const Request&, Response&)> work) {
-  absl::StatusOr<Caller> caller = CallerOf(*context);
+  absl::StatusOr<Caller> caller =
+      AdmitUnary(*context, method, request_bytes->Length(), draining_refusal);
   if (!caller.ok()) return FinishNow(context, method, caller.status());
-  const int64_t limit = options_.max_message_bytes;
-  if (request_bytes->Length() > static_cast<size_t>(limit)) {
-    return FinishNow(context, method,
-                     TooLarge(absl::StrCat("this ", method, " request"), request_bytes->Length(),
-                              limit));
-  }
   Request request;
   Response response;
   absl::Status status = wire::ParseUnaryMessage(*request_bytes, &request);
@@ -733,12 +721,8 @@ grpc::ServerUnaryReactor* MlaOffloadService::AnswerNow(
 grpc::ServerUnaryReactor* MlaOffloadService::RegisterRegion(grpc::CallbackServerContext* context,
                                                             const grpc::ByteBuffer* request,
                                                             grpc::ByteBuffer* response) {
-  if (draining()) {
-    return FinishNow(context, "RegisterRegion",
-                     absl::UnavailableError("the server is draining and takes no new regions"));
-  }
   return AnswerNow<pb::RegisterRegionRequest, pb::RegisterRegionResponse>(
-      context, "RegisterRegion", request, response,
+      context, "RegisterRegion", "the server is draining and takes no new regions", request, response,
       [&](const Caller& caller, const pb::RegisterRegionRequest& request,
           pb::RegisterRegionResponse& response) {
         absl::StatusOr<std::string> owner = RegionOwnerOf(*context, caller.tenant);
@@ -747,6 +731,13 @@ grpc::ServerUnaryReactor* MlaOffloadService::RegisterRegion(grpc::CallbackServer
         if (request.kind() == pb::REGION_KIND_SYSTEM_SHM) {
           id = regions_.RegisterSharedMemory(*owner, request.name(), request.byte_size());
         } else if (request.kind() == pb::REGION_KIND_CUDA_IPC) {
+          if (!options_.allow_cuda_ipc) {
+            return absl::PermissionDeniedError(
+                "this server takes no CUDA IPC regions (--allow_cuda_ipc=false: on a shared host "
+                "a handle would let whoever presents it have the server read and write another "
+                "process's GPU memory); register a REGION_KIND_SYSTEM_SHM region or send the "
+                "tensors inline");
+          }
           id = regions_.RegisterCudaIpc(*owner, request.cuda_ipc_handle(), request.device_uuid(),
                                         request.byte_size());
         } else {
@@ -764,7 +755,7 @@ grpc::ServerUnaryReactor* MlaOffloadService::UnregisterRegion(grpc::CallbackServ
                                                               const grpc::ByteBuffer* request,
                                                               grpc::ByteBuffer* response) {
   return AnswerNow<pb::UnregisterRegionRequest, pb::UnregisterRegionResponse>(
-      context, "UnregisterRegion", request, response,
+      context, "UnregisterRegion", kServedWhileDraining, request, response,
       [&](const Caller& caller, const pb::UnregisterRegionRequest& request,
           pb::UnregisterRegionResponse&) {
         absl::StatusOr<std::string> owner = RegionOwnerOf(*context, caller.tenant);
@@ -777,7 +768,7 @@ grpc::ServerUnaryReactor* MlaOffloadService::ListRegions(grpc::CallbackServerCon
                                                          const grpc::ByteBuffer* request,
                                                          grpc::ByteBuffer* response) {
   return AnswerNow<pb::ListRegionsRequest, pb::ListRegionsResponse>(
-      context, "ListRegions", request, response,
+      context, "ListRegions", kServedWhileDraining, request, response,
       [&](const Caller& caller, const pb::ListRegionsRequest&, pb::ListRegionsResponse& response) {
         absl::StatusOr<std::string> owner = RegionOwnerOf(*context, caller.tenant);
         if (!owner.ok()) return owner.status();

@@ -102,6 +102,10 @@ struct ServiceOptions {
   // the service.
   const Authenticator* auth = nullptr;
   TenantLimits tenants;
+  // Whether RegisterRegion takes CUDA IPC handles (--allow_cuda_ipc): a
+  // handle lets whoever presents it have the server read and write the
+  // exporting process's GPU memory.
+  bool allow_cuda_ipc = true;
   // For tests, to force interleavings: called on the gRPC thread that read
   // message `sequence` (0, 1, ...) of an Attend stream after it was parsed
   // and before it is queued, and on whichever thread starts the read of
@@ -191,23 +195,31 @@ class MlaOffloadService final : public MlaOffloadBase {
   // RESOURCE_EXHAUSTED at the tenant's stream limit.
   absl::StatusOr<Caller> OpenStream(const grpc::CallbackServerContext& context);
 
-  // Authenticates the call, parses the request, runs `work` on the engine
-  // thread (unless the call's deadline passed first), then finishes the
-  // call with the response or the status.
+  // The caller of a unary call of `method` with a request of
+  // `request_bytes`: UNAUTHENTICATED first, then, while the server drains,
+  // UNAVAILABLE with `draining_refusal` (unless it is empty: the method is
+  // served while draining), then RESOURCE_EXHAUSTED for a request too large.
+  // An unauthenticated caller learns only that it must authenticate.
+  absl::StatusOr<Caller> AdmitUnary(const grpc::CallbackServerContext& context, const char* method,
+                                    size_t request_bytes, absl::string_view draining_refusal) const;
+  // Admits the call (AdmitUnary), parses the request, runs `work` on the
+  // engine thread (unless the call's deadline passed first), then finishes
+  // the call with the response or the status.
   template <typename Request, typename Response>
   grpc::ServerUnaryReactor* RunUnary(grpc::CallbackServerContext* context, const char* method,
+                                     absl::string_view draining_refusal,
                                      const grpc::ByteBuffer* request_bytes,
                                      grpc::ByteBuffer* response_bytes, Queue queue,
                                      Work<Request, Response> work);
   // Finishes a unary call at once with `status` (counted in the metrics).
   grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context, const char* method,
                                    const absl::Status& status);
-  // Authenticates the call, parses the request, runs `work` on this gRPC
-  // thread (for calls that need no engine) and finishes the call with the
-  // response or the status.
+  // Admits the call (AdmitUnary), parses the request, runs `work` on this
+  // gRPC thread (for calls that need no engine) and finishes the call with
+  // the response or the status.
   template <typename Request, typename Response>
   grpc::ServerUnaryReactor* AnswerNow(
-      grpc::CallbackServerContext* context, const char* method,
+      grpc::CallbackServerContext* context, const char* method, absl::string_view draining_refusal,
       const grpc::ByteBuffer* request_bytes, grpc::ByteBuffer* response_bytes,
       absl::FunctionRef<absl::Status(const Caller&, const Request&, Response&)> work);
 

@@ -28,6 +28,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -35,6 +36,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -45,6 +47,8 @@
 #include "kernels/model_profile.h"
 #include "proto/mla_offload.grpc.pb.h"
 #include "server/metrics/registry.h"
+#include "server/session.h"
+#include "server/auth.h"
 #include "server/offload_server.h"
 #include "server/testing/engine_hold.h"
 #include "server/testing/regions.h"
@@ -618,6 +622,33 @@ TEST_F(ServiceTest, PastTheTransportMemoryQuotaGrpcRefusesInsteadOfGrowing) {
   EXPECT_TRUE(small.ok()) << small.error_code() << " " << small.error_message();
 }
 
+// Without authentication the server is one tenant: the per-tenant limits
+// do not apply (the pool bounds it, as before tenants), so a loopback server
+// takes more sessions, KV blocks and streams than they say.
+TEST_F(ServiceTest, WithoutAuthenticationThePerTenantLimitsDoNotApply) {
+  Start([](OffloadServerOptions& options) {
+    options.service.tenants.max_sessions = 1;
+    options.service.tenants.max_kv_blocks = 1;
+    options.service.tenants.max_streams = 1;
+  });
+  for (int i = 0; i < 3; ++i) EXPECT_FALSE(CreateSession().empty());
+  EXPECT_EQ(List().sessions_size(), 3);
+  grpc::ClientContext first_context, second_context;
+  Deadline(first_context, absl::Seconds(30));
+  Deadline(second_context, absl::Seconds(30));
+  auto first = stub_->Echo(&first_context);
+  auto second = stub_->Echo(&second_context);
+  for (auto* echo : {first.get(), second.get()}) {
+    pb::EchoMessage message, back;
+    message.set_payload("two streams");
+    ASSERT_TRUE(echo->Write(message));
+    ASSERT_TRUE(echo->Read(&back));
+    EXPECT_EQ(back.payload(), "two streams");
+    echo->WritesDone();
+    EXPECT_TRUE(echo->Finish().ok());
+  }
+}
+
 // ---- Regions (the same-host data plane).
 
 // Bytes of a region for a reference.
@@ -815,6 +846,129 @@ TEST_F(RegionServiceTest, CudaIpcIsUnimplementedAndADrainTakesNoRegions) {
   server_->service().StartDraining();
   EXPECT_EQ(Register(memory).status().code(), absl::StatusCode::kUnavailable);
   EXPECT_TRUE(Regions().empty());
+}
+
+// --allow_cuda_ipc=false: a CUDA IPC handle is refused before the backend
+// sees it (here the CPU backend, which would say UNIMPLEMENTED), naming the
+// flag; shared memory regions are still taken.
+TEST_F(RegionServiceTest, CudaIpcIsRefusedWhenNotAllowed) {
+  Start([](OffloadServerOptions& options) { options.service.allow_cuda_ipc = false; });
+  pb::RegisterRegionRequest request;
+  request.set_kind(pb::REGION_KIND_CUDA_IPC);
+  request.set_cuda_ipc_handle(std::string(64, '\0'));
+  request.set_device_uuid("GPU-00000000-0000-0000-0000-000000000000");
+  request.set_byte_size(4096);
+  pb::RegisterRegionResponse response;
+  const grpc::Status status = Call(&pb::MlaOffload::Stub::RegisterRegion, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("--allow_cuda_ipc=false"));
+  SharedMemory memory(4096);
+  EXPECT_TRUE(Register(memory).ok());
+}
+
+// ---- Authentication (tenants by bearer token).
+
+constexpr char kAlphaToken[] = "alpha-token";
+
+class AuthServiceTest : public RegionServiceTest {
+ protected:
+  // The server with a tokens file of one tenant, alpha, then `change`.
+  void StartWithTokens(const std::function<void(OffloadServerOptions&)>& change = nullptr) {
+    const char* dir = std::getenv("TEST_TMPDIR");
+    const std::string path =
+        absl::StrCat(dir != nullptr ? dir : "/tmp", "/",
+                     ::testing::UnitTest::GetInstance()->current_test_info()->name(), ".tokens");
+    const Sha256Digest hash = Sha256(kAlphaToken);
+    std::ofstream(path) << "alpha "
+                        << absl::BytesToHexString(absl::string_view(
+                               reinterpret_cast<const char*>(hash.data()), hash.size()))
+                        << "\n";
+    Start([&](OffloadServerOptions& options) {
+      options.auth.tokens_file = path;
+      if (change) change(options);
+    });
+  }
+
+  // A context for a call as alpha, or with no token.
+  static void Authorise(grpc::ClientContext& context, bool as_alpha) {
+    Deadline(context, absl::Seconds(10));
+    if (as_alpha) context.AddMetadata("authorization", absl::StrCat("Bearer ", kAlphaToken));
+  }
+};
+
+// A draining server authenticates first: a caller without a token is told
+// UNAUTHENTICATED (what it must fix), one with a token UNAVAILABLE.
+TEST_F(AuthServiceTest, ADrainAuthenticatesBeforeItRefuses) {
+  StartWithTokens();
+  server_->service().StartDraining();
+  SharedMemory memory(4096);
+  for (bool as_alpha : {false, true}) {
+    const grpc::StatusCode expected =
+        as_alpha ? grpc::StatusCode::UNAVAILABLE : grpc::StatusCode::UNAUTHENTICATED;
+    pb::CreateSessionRequest create;
+    create.set_model(kFlash);
+    create.set_num_heads(kHeads);
+    pb::CreateSessionResponse created;
+    grpc::ClientContext create_context;
+    Authorise(create_context, as_alpha);
+    EXPECT_EQ(stub_->CreateSession(&create_context, create, &created).error_code(), expected);
+
+    pb::AppendKVRequest append;
+    append.set_session_id("00000000000000000000000000000000");
+    append.set_num_positions(1);
+    pb::AppendKVResponse appended;
+    grpc::ClientContext append_context;
+    Authorise(append_context, as_alpha);
+    EXPECT_EQ(stub_->AppendKV(&append_context, append, &appended).error_code(), expected);
+
+    pb::RegisterRegionRequest region;
+    region.set_kind(pb::REGION_KIND_SYSTEM_SHM);
+    region.set_name(memory.name());
+    region.set_byte_size(memory.bytes());
+    pb::RegisterRegionResponse registered;
+    grpc::ClientContext region_context;
+    Authorise(region_context, as_alpha);
+    EXPECT_EQ(stub_->RegisterRegion(&region_context, region, &registered).error_code(), expected);
+  }
+}
+
+// A tenant exactly at --max_kv_blocks_per_tenant may still append what adds
+// no page: the count is the pages the planner finds missing, not what the
+// request's shapes would suggest (here compressed_kv rows on an SWA-only
+// layer, which hold no bytes and which the engine takes as no rows).
+TEST_F(AuthServiceTest, AnAppendKVThatAddsNoPageIsTakenAtTheBlockLimit) {
+  const ModelProfile& profile = **FindModelProfile(kFlash);
+  StartWithTokens([&](OffloadServerOptions& options) {
+    options.service.tenants.max_kv_blocks = int64_t{profile.num_attention_layers()} * kSwaRingBlocks;
+  });
+  pb::CreateSessionRequest create;
+  create.set_model(kFlash);
+  create.set_num_heads(kHeads);
+  pb::CreateSessionResponse created;
+  grpc::ClientContext create_context;
+  Authorise(create_context, true);
+  ASSERT_TRUE(stub_->CreateSession(&create_context, create, &created).ok());
+
+  pb::AppendKVRequest append;
+  append.set_session_id(created.session_id());
+  append.set_first_position(0);
+  append.set_num_positions(1);
+  for (int layer = 0; layer < profile.num_attention_layers(); ++layer) {
+    pb::LayerRows* rows = append.add_layers();
+    rows->set_layer(layer);
+    SetTensor(rows->mutable_swa_kv(), pb::DTYPE_BF16, {1, kHeadDim}, Bytes(TestRows(layer, 1)));
+    if (layer == kSwaLayer) {
+      rows->set_first_compressed_row(0);
+      SetTensor(rows->mutable_compressed_kv(), pb::DTYPE_BF16, {5, 0}, "");
+    }
+  }
+  pb::AppendKVResponse appended;
+  grpc::ClientContext append_context;
+  Authorise(append_context, true);
+  const grpc::Status status = stub_->AppendKV(&append_context, append, &appended);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(appended.next_position(), 1);
+  EXPECT_EQ(appended.kv_blocks_used(), int64_t{profile.num_attention_layers()} * kSwaRingBlocks);
 }
 
 // The host's first IPv4 address that is not a loopback one; empty if none.

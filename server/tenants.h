@@ -6,9 +6,14 @@
 // (SessionNotFound), so that existence never leaks; an operator may list
 // and close every tenant's sessions, but attends and appends only to its
 // own. Without authentication every caller is the one tenant "", which
-// holds every session, so nothing changes for a server on loopback.
+// holds every session, so nothing changes for a server on loopback. With
+// authentication a session id this book does not know is NOT_FOUND too.
 //
-// Limits: a call that would take a tenant past one is RESOURCE_EXHAUSTED,
+// Limits apply only with authentication: an unauthenticated server is one
+// tenant, bounded by its pool and its server-wide limits as it was before
+// tenants (a loopback benchmark may hold more sessions and streams than one
+// tenant may). With authentication a call that would take a tenant past
+// one is RESOURCE_EXHAUSTED,
 // naming the limit, the server flag that sets it and what to do, and the
 // caller checks before it changes anything. KV blocks are those of the
 // tenant's sessions as the engine reports them (SessionSummary::blocks); a
@@ -35,6 +40,7 @@
 
 namespace mla {
 
+// Per authenticated tenant; unused without authentication.
 struct TenantLimits {
   int max_sessions = 1024;    // sessions a tenant holds at once
   int64_t max_kv_blocks = 0;  // KV blocks of its sessions; 0: only the pool's size
@@ -43,11 +49,16 @@ struct TenantLimits {
 
 class Tenants {
  public:
-  explicit Tenants(const TenantLimits& limits) : limits_(limits) {}
+  // `authenticated`: callers are authenticated tenants (the server has
+  // tokens or client certificates).
+  Tenants(const TenantLimits& limits, bool authenticated)
+      : limits_(limits), authenticated_(authenticated) {}
 
-  // OK when `caller` may use session `session_id` (its own, or any with
-  // `operator_may` and an operator caller, or one this book does not know:
-  // then the engine answers); otherwise SessionNotFound.
+  // OK when `caller` may use session `session_id`: its own, or any with
+  // `operator_may` and an operator caller; otherwise (another tenant's, or
+  // one this book does not know) SessionNotFound, the engine's answer for an
+  // unknown id, so that no path can use a session without an owner. Without
+  // authentication always OK (the engine answers).
   absl::Status CheckAccess(const Caller& caller, const std::string& session_id,
                            bool operator_may) const;
   // Whether `caller` sees `session_id` in ListSessions.
@@ -69,7 +80,8 @@ class Tenants {
   void KeepOnly(const std::vector<SessionSummary>& live);
 
   // RESOURCE_EXHAUSTED at the stream limit; otherwise counts the stream
-  // until StreamClosed.
+  // until StreamClosed. Admit* and StreamOpened are always OK without
+  // authentication.
   absl::Status StreamOpened(const std::string& tenant);
   void StreamClosed(const std::string& tenant);
 
@@ -77,6 +89,7 @@ class Tenants {
   int64_t BlocksOf(const std::string& tenant, const std::vector<SessionSummary>& sessions) const;
 
   const TenantLimits limits_;
+  const bool authenticated_;
   mutable std::mutex mutex_;
   std::map<std::string, std::string> owners_;  // tenant, by session id
   std::map<std::string, int> sessions_;        // count, by tenant

@@ -20,7 +20,7 @@ SessionSummary Summary(const std::string& id, int64_t blocks) {
 }
 
 TEST(TenantsTest, ForeignSessionsReadAsUnknownOnes) {
-  Tenants tenants({});
+  Tenants tenants({}, /*authenticated=*/true);
   tenants.SessionCreated("alpha", "s1");
   const Caller alpha{"alpha", false}, beta{"beta", false}, ops{"ops", true};
   EXPECT_TRUE(tenants.CheckAccess(alpha, "s1", false).ok());
@@ -28,8 +28,10 @@ TEST(TenantsTest, ForeignSessionsReadAsUnknownOnes) {
   EXPECT_EQ(foreign, SessionNotFound("s1"));
   EXPECT_EQ(tenants.CheckAccess(ops, "s1", false), SessionNotFound("s1"));
   EXPECT_TRUE(tenants.CheckAccess(ops, "s1", /*operator_may=*/true).ok());
-  // Unknown here: the engine answers.
-  EXPECT_TRUE(tenants.CheckAccess(beta, "s2", false).ok());
+  // Unknown to the book: refused as the engine would refuse it, so that no
+  // session exists without an owner.
+  EXPECT_EQ(tenants.CheckAccess(beta, "s2", false), SessionNotFound("s2"));
+  EXPECT_EQ(tenants.CheckAccess(ops, "s2", /*operator_may=*/true), SessionNotFound("s2"));
   EXPECT_TRUE(tenants.Visible(alpha, "s1"));
   EXPECT_FALSE(tenants.Visible(beta, "s1"));
   EXPECT_TRUE(tenants.Visible(ops, "s1"));
@@ -41,7 +43,7 @@ TEST(TenantsTest, ForeignSessionsReadAsUnknownOnes) {
 TEST(TenantsTest, SessionLimitCountsUntilClosedOrExpired) {
   TenantLimits limits;
   limits.max_sessions = 2;
-  Tenants tenants(limits);
+  Tenants tenants(limits, /*authenticated=*/true);
   const auto none = [] { return std::vector<SessionSummary>(); };
   tenants.SessionCreated("alpha", "s1");
   tenants.SessionCreated("alpha", "s2");
@@ -61,7 +63,7 @@ TEST(TenantsTest, SessionLimitCountsUntilClosedOrExpired) {
 TEST(TenantsTest, BlockLimitCountsTheTenantsOwnSessions) {
   TenantLimits limits;
   limits.max_kv_blocks = 100;
-  Tenants tenants(limits);
+  Tenants tenants(limits, /*authenticated=*/true);
   tenants.SessionCreated("alpha", "a");
   tenants.SessionCreated("beta", "b");
   const auto sessions = [] { return std::vector<SessionSummary>{Summary("a", 90), Summary("b", 90)}; };
@@ -76,7 +78,7 @@ TEST(TenantsTest, BlockLimitCountsTheTenantsOwnSessions) {
 TEST(TenantsTest, StreamLimit) {
   TenantLimits limits;
   limits.max_streams = 1;
-  Tenants tenants(limits);
+  Tenants tenants(limits, /*authenticated=*/true);
   ASSERT_TRUE(tenants.StreamOpened("alpha").ok());
   const absl::Status refused = tenants.StreamOpened("alpha");
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
@@ -84,6 +86,26 @@ TEST(TenantsTest, StreamLimit) {
   EXPECT_TRUE(tenants.StreamOpened("beta").ok());
   tenants.StreamClosed("alpha");
   EXPECT_TRUE(tenants.StreamOpened("alpha").ok());
+}
+
+// Without authentication the server is one tenant, "", that holds every
+// session: unknown ids are the engine's to answer, and the per-tenant limits
+// do not apply (the pool bounds the server, as before tenants).
+TEST(TenantsTest, WithoutAuthenticationNothingIsRefused) {
+  TenantLimits limits;
+  limits.max_sessions = 1;
+  limits.max_kv_blocks = 10;
+  limits.max_streams = 1;
+  Tenants tenants(limits, /*authenticated=*/false);
+  const Caller anyone;
+  EXPECT_TRUE(tenants.CheckAccess(anyone, "unknown", false).ok());
+  const auto sessions = [] { return std::vector<SessionSummary>{Summary("s1", 10)}; };
+  tenants.SessionCreated("", "s1");
+  EXPECT_TRUE(tenants.CheckAccess(anyone, "s1", false).ok());
+  EXPECT_TRUE(tenants.AdmitSession("", 4, sessions).ok());
+  EXPECT_TRUE(tenants.AdmitBlocks("", 4, sessions).ok());
+  ASSERT_TRUE(tenants.StreamOpened("").ok());
+  EXPECT_TRUE(tenants.StreamOpened("").ok());
 }
 
 }  // namespace

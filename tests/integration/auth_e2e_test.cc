@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/host_region.h"
@@ -199,15 +200,26 @@ TEST_F(AuthTest, ATenantCannotSeeAttendAppendToOrCloseAnotherTenantsSession) {
 
   EXPECT_THAT(Ids(*beta), ::testing::ElementsAre(theirs->session_id()));
   EXPECT_THAT(Ids(*alpha), ::testing::ElementsAre(id));
-  // Another tenant's session reads exactly as one that does not exist.
-  const absl::Status unknown = beta->CloseSession("00000000000000000000000000000000").status();
-  ASSERT_EQ(unknown.code(), absl::StatusCode::kNotFound);
-  for (const absl::Status& status :
-       {beta->AppendKV(id, 0, 1, {}).status(), beta->CloseSession(id).status(),
-        AttendOnce(*beta, id), ops->AppendKV(id, 0, 1, {}).status(), AttendOnce(*ops, id)}) {
-    EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
-    EXPECT_THAT(status.message(), HasSubstr("session '" + id + "' does not exist"));
-  }
+  // Another tenant's session reads exactly as one that does not exist: the
+  // same code and the same whole message, the id aside, for every call that
+  // names a session.
+  const std::string unknown = "00000000000000000000000000000000";
+  ASSERT_EQ(unknown.size(), id.size());
+  const auto same = [&](const char* call, const absl::Status& foreign, const absl::Status& none) {
+    EXPECT_EQ(foreign.code(), absl::StatusCode::kNotFound) << call << ": " << foreign;
+    EXPECT_EQ(none.code(), absl::StatusCode::kNotFound) << call << ": " << none;
+    EXPECT_EQ(std::string(foreign.message()),
+              absl::StrReplaceAll(none.message(), {{unknown, id}}))
+        << call;
+    EXPECT_THAT(foreign.message(), HasSubstr("session '" + id + "' does not exist")) << call;
+  };
+  same("AppendKV", beta->AppendKV(id, 0, 1, {}).status(),
+       beta->AppendKV(unknown, 0, 1, {}).status());
+  same("CloseSession", beta->CloseSession(id).status(), beta->CloseSession(unknown).status());
+  same("Attend", AttendOnce(*beta, id), AttendOnce(*beta, unknown));
+  same("AppendKV by the operator", ops->AppendKV(id, 0, 1, {}).status(),
+       ops->AppendKV(unknown, 0, 1, {}).status());
+  same("Attend by the operator", AttendOnce(*ops, id), AttendOnce(*ops, unknown));
   // Still alpha's, as it was.
   absl::StatusOr<std::vector<pb::SessionInfo>> listed = alpha->ListSessions();
   ASSERT_TRUE(listed.ok());
@@ -226,10 +238,12 @@ TEST_F(AuthTest, ATenantCannotSeeAttendAppendToOrCloseAnotherTenantsSession) {
   EXPECT_TRUE(alpha->CloseSession(id).ok());
 }
 
-// With authentication a region belongs to the tenant: its clients (each
-// with its own mla-client-id) share it, another tenant cannot see or
-// unregister it.
-TEST_F(AuthTest, RegionsBelongToTheTenant) {
+// With authentication a region belongs to its tenant and its client (each
+// client::Client sends an mla-client-id of its own): another client of the
+// same tenant can neither see nor unregister it, and another tenant cannot
+// either; so --max_regions_per_client counts per client within a tenant,
+// and a client's stream keeps only that client's regions registered.
+TEST_F(AuthTest, RegionsBelongToTheTenantAndTheClient) {
   ASSERT_NO_FATAL_FAILURE(Start());
   std::unique_ptr<client::Client> alpha = As("alpha-token-1");
   std::unique_ptr<client::Client> alpha_too = As("alpha-token-1");
@@ -246,7 +260,9 @@ TEST_F(AuthTest, RegionsBelongToTheTenant) {
     }
     return ids;
   };
-  EXPECT_THAT(ids(*alpha_too), ::testing::ElementsAre((*region)->id()));
+  EXPECT_THAT(ids(*alpha), ::testing::ElementsAre((*region)->id()));
+  EXPECT_THAT(ids(*alpha_too), ::testing::IsEmpty());
+  EXPECT_EQ(alpha_too->UnregisterRegion((*region)->id()).code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(ids(*beta), ::testing::IsEmpty());
   EXPECT_EQ(beta->UnregisterRegion((*region)->id()).code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(ids(*alpha), ::testing::ElementsAre((*region)->id()));
