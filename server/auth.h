@@ -61,6 +61,9 @@ namespace mla {
 struct Caller {
   std::string tenant;        // "" when authentication is off
   bool is_operator = false;  // may list and close every tenant's sessions
+  // What the service holds for the call while it runs (its connection's
+  // place, server/connection_gate.h); shared by the Caller's copies.
+  std::shared_ptr<const void> connection;
 };
 
 using Sha256Digest = std::array<uint8_t, 32>;

@@ -38,6 +38,10 @@ ABSL_FLAG(std::vector<std::string>, listen, {"127.0.0.1:50051"},
           "HOST other hosts can reach (0.0.0.0, [::], a network address) needs TLS "
           "(--tls_cert_file) and authentication (--auth_tokens_file or --tls_client_ca_file), "
           "or --allow_insecure.");
+ABSL_FLAG(int, max_connections, 1024,
+          "Client connections that may have calls running at once; a call from another "
+          "connection meanwhile is RESOURCE_EXHAUSTED (0: no limit). gRPC itself caps no "
+          "connections: idle ones cost little and close after --max_connection_idle_s.");
 ABSL_FLAG(int, max_streams_per_connection, 256,
           "Streams and calls one client connection may have open at once; more wait for one "
           "to end (HTTP/2 MAX_CONCURRENT_STREAMS).");
@@ -259,6 +263,7 @@ absl::Status CheckFlags() {
       {"max_sessions_per_tenant", absl::GetFlag(FLAGS_max_sessions_per_tenant), 1, 1 << 24},
       {"max_kv_blocks_per_tenant", absl::GetFlag(FLAGS_max_kv_blocks_per_tenant), 0, int64_t{1} << 40},
       {"max_streams_per_tenant", absl::GetFlag(FLAGS_max_streams_per_tenant), 1, 1 << 24},
+      {"max_connections", absl::GetFlag(FLAGS_max_connections), 0, 1 << 24},
   };
   for (const IntFlag& flag : int_flags) {
     if (flag.value < flag.low || flag.value > flag.high) {
@@ -415,6 +420,7 @@ int Main() {
   options.scheduler.active_stream_window = absl::Milliseconds(absl::GetFlag(FLAGS_active_stream_ms));
   options.scheduler.max_queued_messages = absl::GetFlag(FLAGS_max_queued_messages);
   options.service.max_messages_in_flight = absl::GetFlag(FLAGS_max_messages_in_flight);
+  options.service.max_connections = absl::GetFlag(FLAGS_max_connections);
   options.service.max_unanswered_bytes = int64_t{absl::GetFlag(FLAGS_max_unanswered_mb)} << 20;
   options.service.max_message_bytes = int64_t{absl::GetFlag(FLAGS_max_message_mb)} << 20;
   options.service.version = VersionText();

@@ -419,7 +419,8 @@ MlaOffloadService::MlaOffloadService(Scheduler& scheduler, ServerMetrics& metric
       metrics_(metrics),
       options_(options),
       regions_(options.regions),
-      tenants_(options.tenants, /*authenticated=*/options.auth != nullptr) {}
+      tenants_(options.tenants, /*authenticated=*/options.auth != nullptr),
+      connections_(options.max_connections) {}
 
 absl::StatusOr<Caller> MlaOffloadService::CallerOf(const grpc::CallbackServerContext& context) const {
   if (options_.auth == nullptr) return Caller{};
@@ -429,8 +430,17 @@ absl::StatusOr<Caller> MlaOffloadService::CallerOf(const grpc::CallbackServerCon
 absl::StatusOr<Caller> MlaOffloadService::OpenStream(const grpc::CallbackServerContext& context) {
   absl::StatusOr<Caller> caller = CallerOf(context);
   if (!caller.ok()) return caller.status();
+  if (absl::Status status = EnterConnection(context, *caller); !status.ok()) return status;
   if (absl::Status status = tenants_.StreamOpened(caller->tenant); !status.ok()) return status;
   return caller;
+}
+
+absl::Status MlaOffloadService::EnterConnection(const grpc::CallbackServerContext& context,
+                                                Caller& caller) {
+  absl::StatusOr<ConnectionGate::Ticket> ticket = connections_.Enter(context.peer());
+  if (!ticket.ok()) return ticket.status();
+  caller.connection = std::make_shared<ConnectionGate::Ticket>(*std::move(ticket));
+  return absl::OkStatus();
 }
 
 void MlaOffloadService::Sweep(const Engine& engine) {
@@ -510,7 +520,7 @@ grpc::ServerUnaryReactor* MlaOffloadService::FinishNow(grpc::CallbackServerConte
 
 absl::StatusOr<Caller> MlaOffloadService::AdmitUnary(const grpc::CallbackServerContext& context,
                                                      const char* method, size_t request_bytes,
-                                                     absl::string_view draining_refusal) const {
+                                                     absl::string_view draining_refusal) {
   absl::StatusOr<Caller> caller = CallerOf(context);
   if (!caller.ok()) return caller.status();
   if (!draining_refusal.empty() && draining()) return absl::UnavailableError(draining_refusal);
@@ -518,6 +528,7 @@ absl::StatusOr<Caller> MlaOffloadService::AdmitUnary(const grpc::CallbackServerC
   if (request_bytes > static_cast<size_t>(limit)) {
     return TooLarge(absl::StrCat("this ", method, " request"), request_bytes, limit);
   }
+  if (absl::Status status = EnterConnection(context, *caller); !status.ok()) return status;
   return caller;
 }
 

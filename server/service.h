@@ -72,6 +72,7 @@
 #include "absl/functional/function_ref.h"
 #include "proto/mla_offload.grpc.pb.h"
 #include "server/auth.h"
+#include "server/connection_gate.h"
 #include "server/log.h"
 #include "server/region_access.h"
 #include "server/region_registry.h"
@@ -82,6 +83,9 @@
 namespace mla {
 
 struct ServiceOptions {
+  // Client connections that may hold calls at once (ConnectionGate); 0: no
+  // limit.
+  int max_connections = 1024;
   int max_messages_in_flight = 8;  // per Attend stream
   // Per Attend stream: the next message is not read while the bytes of the
   // messages read and not yet answered plus the answers not yet written
@@ -192,7 +196,8 @@ class MlaOffloadService final : public MlaOffloadBase {
   absl::StatusOr<Caller> CallerOf(const grpc::CallbackServerContext& context) const;
   // The caller of a stream, counted among its tenant's open streams until
   // the stream's reactor calls tenants_.StreamClosed; UNAUTHENTICATED, or
-  // RESOURCE_EXHAUSTED at the tenant's stream limit.
+  // RESOURCE_EXHAUSTED past --max_connections or at the tenant's stream
+  // limit.
   absl::StatusOr<Caller> OpenStream(const grpc::CallbackServerContext& context);
 
   // The caller of a unary call of `method` with a request of
@@ -200,8 +205,13 @@ class MlaOffloadService final : public MlaOffloadBase {
   // UNAVAILABLE with `draining_refusal` (unless it is empty: the method is
   // served while draining), then RESOURCE_EXHAUSTED for a request too large.
   // An unauthenticated caller learns only that it must authenticate.
+  // Last, the connection's place (EnterConnection).
   absl::StatusOr<Caller> AdmitUnary(const grpc::CallbackServerContext& context, const char* method,
-                                    size_t request_bytes, absl::string_view draining_refusal) const;
+                                    size_t request_bytes, absl::string_view draining_refusal);
+  // Holds, in `caller`, the call's connection's place among those with
+  // calls running (ConnectionGate); RESOURCE_EXHAUSTED past
+  // --max_connections.
+  absl::Status EnterConnection(const grpc::CallbackServerContext& context, Caller& caller);
   // Admits the call (AdmitUnary), parses the request, runs `work` on the
   // engine thread (unless the call's deadline passed first), then finishes
   // the call with the response or the status.
@@ -234,6 +244,7 @@ class MlaOffloadService final : public MlaOffloadBase {
   RegionRegistry regions_;
   RegionOwners region_owners_;
   Tenants tenants_;
+  ConnectionGate connections_;
 };
 
 }  // namespace mla

@@ -2213,6 +2213,41 @@ TEST(ServerFlagsTest, BackendCudaWithoutADriverSaysSo) {
 // 64 tokens (512 KiB each way) and reads no answer finds the stream waiting
 // for it (mla_stream_read_pauses_total) long before the server could have
 // taken them all; once it reads, every answer comes, in order and OK.
+// --max_connections: while one connection holds a stream, a call from
+// another is RESOURCE_EXHAUSTED naming the flag and creates nothing; once
+// the stream ends the other connection is served.
+TEST_F(ServerE2eTest, ConnectionsPastMaxConnectionsAreRefusedWhileOthersWork) {
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--max_connections=1"}));
+  grpc::ClientContext held_context;
+  SetDeadline(held_context, absl::Seconds(30));
+  auto held = stub_->Echo(&held_context);
+  pb::EchoMessage message, back;
+  message.set_payload("holding");
+  ASSERT_TRUE(held->Write(message));
+  ASSERT_TRUE(held->Read(&back));
+  // Another connection (NewChannel does not share subchannels).
+  std::unique_ptr<pb::MlaOffload::Stub> other = pb::MlaOffload::NewStub(NewChannel(*server_));
+  pb::CreateSessionRequest request;
+  request.set_model(kFlash);
+  request.set_num_heads(8);
+  pb::CreateSessionResponse response;
+  ExpectStatus(Call(*other, &pb::MlaOffload::Stub::CreateSession, request, &response),
+               grpc::StatusCode::RESOURCE_EXHAUSTED, "--max_connections",
+               "a second connection while the first holds a stream");
+  EXPECT_EQ(Info().sessions(), 0) << "the refused call created a session";
+  held->WritesDone();
+  EXPECT_TRUE(held->Finish().ok());
+  grpc::Status status;
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    grpc::ClientContext context;
+    SetDeadline(context, absl::Seconds(5));
+    status = other->CreateSession(&context, request, &response);
+    if (status.ok()) break;
+    absl::SleepFor(absl::Milliseconds(20));  // the stream's end reaches the server
+  }
+  EXPECT_TRUE(status.ok()) << status.error_message();
+}
+
 TEST_F(ServerE2eTest, AStreamNotReadWaitsAtMaxUnansweredMb) {
   StartServer({"--max_unanswered_mb=1"});
   constexpr int kHeads = 8, kTokens = 64, kMessages = 100;
