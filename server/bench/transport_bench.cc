@@ -799,8 +799,12 @@ absl::StatusOr<std::pair<std::string, std::string>> StartHolder(const std::strin
     out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
     if (!out.good()) return absl::InternalError(absl::StrCat("writing ", file, " failed"));
   }
+  // Close-on-exec: a later holder must not inherit this one's stdin (its
+  // end of the pipe would keep it from ever seeing the bench close it).
   int to_child[2], from_child[2];
-  if (pipe(to_child) != 0 || pipe(from_child) != 0) return absl::InternalError("pipe failed");
+  if (pipe2(to_child, O_CLOEXEC) != 0 || pipe2(from_child, O_CLOEXEC) != 0) {
+    return absl::InternalError("pipe2 failed");
+  }
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, to_child[0], 0);
