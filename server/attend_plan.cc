@@ -265,6 +265,13 @@ absl::StatusOr<AttendPlan> AttendPlanner::Plan(const ReceivedAttend& received,
   for (size_t s = 0; s < input.segments.size(); ++s) {
     if (plan.inserts[s]) plan.pages.Need(plan.sessions[s]->layers[input.layer], plan.rows_after[s]);
   }
+  if (received.admit_pages && plan.pages.missing() > 0) {
+    if (absl::Status status = received.admit_pages(
+            plan.pages.missing(), [&] { return sessions_.List(received.arrival); });
+        !status.ok()) {
+      return status;
+    }
+  }
   if (absl::Status status = plan.pages.Take(pool_); !status.ok()) return status;
   for (size_t s = 0; s < input.segments.size(); ++s) {
     if (plan.inserts[s]) written.insert(SessionLayer{plan.sessions[s], input.layer});

@@ -6,10 +6,13 @@
 #define MLA_OFFLOAD_SERVER_REQUESTS_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
@@ -67,6 +70,13 @@ struct AnswerRegions {
   RegionSlice lse;
 };
 
+// Asked, when set, about the KV pages an Attend message's new compressed
+// rows would add (`new_pages`, more than 0) before any is taken, with the
+// sessions as they are (`sessions`): the service's per-tenant KV block
+// limit. An error refuses the message, which then changes nothing.
+using AdmitAttendPages = std::function<absl::Status(
+    int64_t new_pages, absl::FunctionRef<std::vector<SessionSummary>()> sessions)>;
+
 // One Attend message as the engine runs it: the parsed wire message, whose
 // tensors point into the received slices (or into the client's regions)
 // that they keep alive, when the service received it (on the scheduler's
@@ -75,6 +85,7 @@ struct ReceivedAttend {
   wire::AttendRequestView request;
   absl::Time arrival;
   std::optional<AnswerRegions> answer_regions;
+  AdmitAttendPages admit_pages;  // null: any
 };
 
 // The answer to one Attend message. On success `out` ([T, H, 512] bf16) and,

@@ -173,8 +173,9 @@ class MlaOffloadService::AttendReactor final
       if (service_.options_.before_queue_attend) service_.options_.before_queue_attend(sequence);
       const bool in_regions = answer_regions->has_value();
       status = service_.scheduler_.SubmitAttend(
-          std::make_shared<const ReceivedAttend>(ReceivedAttend{
-              *std::move(view), service_.scheduler_.Now(), *std::move(answer_regions)}),
+          std::make_shared<const ReceivedAttend>(
+              ReceivedAttend{*std::move(view), service_.scheduler_.Now(),
+                             *std::move(answer_regions), AdmitPages()}),
           [this, sequence, request_bytes, in_regions](AttendResult result) {
             service_.metrics_.RecordAttend(result);
             service_.refusals_.Note("Attend", result.status);
@@ -250,6 +251,17 @@ class MlaOffloadService::AttendReactor final
       }
     }
     return absl::OkStatus();
+  }
+
+  // The tenant's KV block limit for the pages a message's new compressed
+  // rows take (Tenants::AdmitBlocks); null without authentication, where
+  // the pool alone bounds them.
+  AdmitAttendPages AdmitPages() const {
+    if (service_.options_.auth == nullptr) return nullptr;
+    return [&tenants = service_.tenants_, tenant = caller_.tenant](
+               int64_t new_pages, absl::FunctionRef<std::vector<SessionSummary>()> sessions) {
+      return tenants.AdmitBlocks(tenant, new_pages, sessions);
+    };
   }
 
   // The message's region references resolved for this stream's client

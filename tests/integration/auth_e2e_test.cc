@@ -352,6 +352,64 @@ TEST_F(AuthTest, KvBlockLimitRefusesAnAppendThatWouldPassIt) {
   EXPECT_EQ(appended->next_position(), 3);
 }
 
+// The pages decoding adds count against the same limit: an Attend step
+// whose new compressed row would take a page past it is refused, naming
+// the flag, and takes nothing; a step that needs no page still runs.
+TEST_F(AuthTest, KvBlockLimitRefusesAnAttendStepThatWouldPassIt) {
+  absl::StatusOr<const ModelProfile*> profile = FindModelProfile("deepseek-v4-flash");
+  ASSERT_TRUE(profile.ok());
+  const int layers = (*profile)->num_attention_layers();
+  const int64_t ring_blocks = int64_t{layers} * 4;  // a new session's SWA rings
+  ASSERT_NO_FATAL_FAILURE(Start({absl::StrCat("--max_kv_blocks_per_tenant=", ring_blocks)}));
+  std::unique_ptr<client::Client> alpha = As("alpha-token-1");
+  absl::StatusOr<pb::CreateSessionResponse> session = alpha->CreateSession(Flash());
+  ASSERT_TRUE(session.ok()) << session.status();
+  const std::string id = session->session_id();
+  // Three positions of every layer: no compressed row yet (ratio 4 needs 4).
+  std::vector<std::vector<uint16_t>> storage(layers);
+  std::vector<client::LayerRowsInput> rows(layers);
+  int c4a = -1, swa = -1;
+  for (int layer = 0; layer < layers; ++layer) {
+    storage[layer] = TestRows(layer, 3);
+    rows[layer].layer = layer;
+    rows[layer].swa_kv = storage[layer];
+    const int ratio = (*profile)->compress_ratio(layer);
+    if (ratio == 4 && c4a < 0) c4a = layer;
+    if (ratio == 0 && swa < 0) swa = layer;
+  }
+  ASSERT_TRUE(c4a >= 0 && swa >= 0);
+  ASSERT_TRUE(alpha->AppendKV(id, 0, 3, rows).ok());
+  absl::StatusOr<std::unique_ptr<client::AttendStream>> stream = alpha->OpenAttendStream();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  const std::vector<uint16_t> q(8 * client::kHeadDim, 0);
+  const std::vector<uint16_t> kv = TestRows(77, 1), compressed = TestRows(78, 1);
+  const std::vector<int32_t> topk = {0};
+  client::AttendInput step;
+  step.layer = c4a;
+  // Position 3 completes compressed row 0: its page would pass the limit.
+  step.segments.push_back({id, 3, 1, 0, 1});
+  step.q = q;
+  step.kv = kv;
+  step.compressed_kv = compressed;
+  step.topk = topk;
+  ASSERT_TRUE((*stream)->Send(step).ok());
+  const absl::Status refused = (*stream)->Receive().status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("--max_kv_blocks_per_tenant"));
+  absl::StatusOr<std::vector<pb::SessionInfo>> listed = alpha->ListSessions();
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].kv_blocks(), ring_blocks) << "the refused step took a page";
+  client::AttendInput plain;
+  plain.layer = swa;
+  plain.segments.push_back({id, 3, 1, 0, 0});
+  plain.q = q;
+  plain.kv = kv;
+  ASSERT_TRUE((*stream)->Send(plain).ok());
+  const absl::StatusOr<client::AttendResult> answered = (*stream)->Receive();
+  EXPECT_TRUE(answered.ok()) << answered.status();
+}
+
 TEST_F(AuthTest, StreamLimitPerTenant) {
   ASSERT_NO_FATAL_FAILURE(Start({"--max_streams_per_tenant=1"}));
   std::unique_ptr<client::Client> alpha = As("alpha-token-1");
