@@ -17,11 +17,11 @@
 // naming the limit, the server flag that sets it and what to do, and the
 // caller checks before it changes anything. KV blocks are those of the
 // tenant's sessions as the engine reports them (SessionSummary::blocks); a
-// CreateSession or an AppendKV that would pass the limit is refused, while
-// the compressed pages that Attend messages add as a sequence decodes (one
-// page per 64 compressed rows) are counted, not refused, so that a decode
-// step never fails halfway through a model: they count against the tenant's
-// next CreateSession and AppendKV.
+// CreateSession, an AppendKV or an Attend message (the pages its new
+// compressed rows need, ReceivedAttend::admit_pages) that would pass the
+// limit is refused. The messages of one batch are each checked against the
+// blocks before the batch, so one batch may pass the limit by its own
+// pages.
 //
 // Thread-safe.
 #ifndef MLA_OFFLOAD_SERVER_TENANTS_H_
