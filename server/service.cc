@@ -396,6 +396,7 @@ class MlaOffloadService::EchoReactor final
       Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client went away"));
       return;
     }
+    service_.metrics_.RecordRequest("Echo", absl::StatusCode::kOk);
     buffer_.Clear();
     StartRead(&buffer_);
   }

@@ -2371,6 +2371,8 @@ TEST_F(ServerE2eTest, EchoReturnsEveryMessageUnchanged) {
   pb::EchoMessage extra;
   EXPECT_FALSE(stream->Read(&extra));
   EXPECT_TRUE(stream->Finish().ok());
+  // Each message echoed counts as a request (docs/operations.md).
+  EXPECT_EQ(ScrapeMetrics().Requests("Echo", "OK"), 3.0);
 }
 
 // Eight messages written without waiting (consecutive layers of one step,
