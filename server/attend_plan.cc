@@ -293,10 +293,7 @@ absl::Status AttendPlanner::CheckSegments(const wire::AttendRequestView& input, 
   for (size_t s = 0; s < input.segments.size(); ++s) {
     const wire::SegmentView& segment = input.segments[s];
     absl::StatusOr<Session*> session = sessions_.Find(segment.session_id);
-    if (!session.ok()) {
-      return absl::Status(session.status().code(),
-                          absl::StrCat("segments[", s, "]: ", session.status().message()));
-    }
+    if (!session.ok()) return InSegment(s, session.status());
     if (!seen.insert(*session).second) {
       return absl::InvalidArgumentError(absl::StrCat(
           "segments[", s, "]: session ", EchoClientText(segment.session_id),

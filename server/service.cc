@@ -245,9 +245,9 @@ class MlaOffloadService::AttendReactor final
       if (absl::Status status = service_.tenants_.CheckAccess(caller_, view.segments[s].session_id,
                                                               /*operator_may=*/false);
           !status.ok()) {
-        // Worded as the attend planner words a session it does not know
-        // (attend_plan.cc), so that another tenant's session reads as none.
-        return absl::Status(status.code(), absl::StrCat("segments[", s, "]: ", status.message()));
+        // Worded as the planner words a session it does not know, so that
+        // another tenant's session reads as none.
+        return InSegment(s, status);
       }
     }
     return absl::OkStatus();

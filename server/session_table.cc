@@ -61,6 +61,10 @@ absl::Status ReadSinks(const wire::CreateSessionRequestView& input, const ModelP
 
 }  // namespace
 
+absl::Status InSegment(size_t s, const absl::Status& status) {
+  return absl::Status(status.code(), absl::StrCat("segments[", s, "]: ", status.message()));
+}
+
 absl::Status SessionNotFound(absl::string_view id) {
   return absl::NotFoundError(absl::StrCat(
       "session '", EchoClientText(id), "' does not exist (closed, expired after its idle TTL, or never "

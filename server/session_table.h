@@ -15,6 +15,7 @@
 #ifndef MLA_OFFLOAD_SERVER_SESSION_TABLE_H_
 #define MLA_OFFLOAD_SERVER_SESSION_TABLE_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -34,6 +35,10 @@ namespace mla {
 // answer for a session that does not exist, and for one another tenant
 // holds (server/tenants.h), so that the two read the same.
 absl::Status SessionNotFound(absl::string_view id);
+// `status` (a session's refusal) for segment `s` of an Attend message: its
+// code, and "segments[s]: " before its message. The planner's words for a
+// session it does not know, and the service's for another tenant's.
+absl::Status InSegment(size_t s, const absl::Status& status);
 
 class SessionTable {
  public:
