@@ -275,8 +275,8 @@ void Engine::FinishLaunches(RunningBatch& run) {
     // backend, for CommitWave to clear.
     run.failed |= run.launches[g].ok() && !answer.ok();
     const int heads = group.num_heads;
-    int64_t offset = 0;  // tokens of the group's plans before this one
-    for (const AttendPlan* plan : group.plans) {
+    for (size_t i = 0; i < group.plans.size(); ++i) {
+      const AttendPlan* plan = group.plans[i];
       AttendResult& result = run.results[plan->index];
       result.timing.upload_us = times.upload_us;
       result.timing.prologue_us = times.prologue_us;
@@ -293,13 +293,12 @@ void Engine::FinishLaunches(RunningBatch& run) {
           result.out = regions->out.data;
           result.lse = regions->lse.data;
         } else {
-          result.out = answer->out + offset * heads * kRowBytes;
-          if (plan->input->return_lse) result.lse = answer->lse + offset * heads * 4;
+          result.out = answer->out[i];
+          if (plan->input->return_lse) result.lse = answer->lse[i];
           result.keep_alive = answer->memory;
         }
         run.ran[plan - run.plans.data()] = true;
       }
-      offset += plan->num_tokens;
     }
   }
 }

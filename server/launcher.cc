@@ -126,7 +126,7 @@ class Launcher::GroupLaunch {
   // After Wait: whether the backend finished it, and the time of each step.
   const absl::Status& status() const { return status_; }
   const LaunchTimes& times() const { return times_; }
-  GroupAnswer answer() const { return {output_, out_host_, lse_host_}; }
+  GroupAnswer answer() const;
 
  private:
   using Step = absl::Status (GroupLaunch::*)();
@@ -190,6 +190,12 @@ class Launcher::GroupLaunch {
   // Some plan is answered into its regions; every plan is.
   const bool any_regions_;
   const bool all_regions_;
+  // Where each plan's answer starts in the answer memory, in tokens (-1 for
+  // one answered into regions), and the tokens it holds: on a host backend
+  // the decode's whole output (the group's layout), else the inline plans'
+  // answers alone, one after the other.
+  std::vector<int64_t> answer_at_;
+  int64_t answer_tokens_ = 0;
   // One plan, answered into regions the decode writes directly (host
   // memory on a host backend, device memory on a device).
   const bool direct_answer_;
@@ -323,12 +329,20 @@ absl::Status Launcher::GroupLaunch::Stage() {
   if (absl::Status status = launcher_.Stage(packed_, staging_slot_); !status.ok()) return status;
   // Answer memory for the inline answers, and for the decode's output on a
   // host backend that does not write it into the regions itself.
-  if (!all_regions_ || (host_ && !direct_answer_)) {
-    absl::StatusOr<std::shared_ptr<uint8_t>> output = launcher_.answers_.Take(out_bytes_);
+  for (size_t i = 0; i < group_.plans.size(); ++i) {
+    const bool in_regions = group_.plans[i]->answer_regions != nullptr;
+    answer_at_.push_back(in_regions ? -1 : host_ ? shape_.starts[i].token : answer_tokens_);
+    if (!in_regions && !host_) answer_tokens_ += group_.plans[i]->num_tokens;
+  }
+  if (host_ && !direct_answer_) answer_tokens_ = shape_.tokens;
+  if (answer_tokens_ > 0) {
+    const int64_t rows = answer_tokens_ * group_.num_heads;
+    absl::StatusOr<std::shared_ptr<uint8_t>> output =
+        launcher_.answers_.Take(rows * (kRowBytes + 4));
     if (!output.ok()) return output.status();
     output_ = *std::move(output);
     out_host_ = output_.get();
-    lse_host_ = out_host_ + q_bytes_;
+    lse_host_ = out_host_ + rows * kRowBytes;
   }
   compressed_.Open(packed_);
   positions_ = packed_.Raw(positions_p_);
@@ -614,6 +628,16 @@ absl::Status Launcher::GroupLaunch::ReadBack() {
   return ReadBackByPlan();
 }
 
+GroupAnswer Launcher::GroupLaunch::answer() const {
+  GroupAnswer answer;
+  answer.memory = output_;
+  for (int64_t at : answer_at_) {
+    answer.out.push_back(at < 0 ? nullptr : out_host_ + at * group_.num_heads * kRowBytes);
+    answer.lse.push_back(at < 0 ? nullptr : lse_host_ + at * group_.num_heads * 4);
+  }
+  return answer;
+}
+
 absl::Status Launcher::GroupLaunch::ReadBackByPlan() {
   const int64_t row_bytes = int64_t{group_.num_heads} * kRowBytes;
   const int64_t lse_bytes = int64_t{group_.num_heads} * 4;
@@ -626,8 +650,8 @@ absl::Status Launcher::GroupLaunch::ReadBackByPlan() {
       out = plan.answer_regions->out.data;
       lse = plan.answer_regions->lse.data;
     } else if (!host_) {
-      out = out_host_ + t * row_bytes;
-      if (plan.input->return_lse) lse = lse_host_ + t * lse_bytes;
+      out = out_host_ + answer_at_[i] * row_bytes;
+      if (plan.input->return_lse) lse = lse_host_ + answer_at_[i] * lse_bytes;
     }
     // The copies run on the device when a region is device memory.
     if (out != nullptr) {

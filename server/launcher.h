@@ -64,6 +64,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -81,13 +82,14 @@
 
 namespace mla {
 
-// What one group's launch answers: out ([N, H, 512] bf16) then lse
-// ([N, H] f32) of the group's N tokens, in the order of its plans, in host
-// memory that `memory` keeps alive.
+// What one group's launch answers: the out and lse of each plan answered
+// inline, in host memory that `memory` keeps alive.
 struct GroupAnswer {
   std::shared_ptr<uint8_t> memory;
-  const uint8_t* out = nullptr;
-  const uint8_t* lse = nullptr;
+  // Per plan, in the group's order: where its out ([T, H, 512] bf16) and lse
+  // ([T, H] f32) lie; null for a plan answered into its regions.
+  std::vector<const uint8_t*> out;
+  std::vector<const uint8_t*> lse;
 };
 
 // Time of each step of a group's launch, in microseconds; 0 for a step that
