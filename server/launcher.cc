@@ -144,7 +144,7 @@ class Launcher::GroupLaunch {
   void Copy(const wire::TensorView& tensor, size_t at, bool parallel);
   // The q of plan `i` when it lies in one piece that the device copies from
   // directly (ComputeBackend::CopiesDirectlyFrom: a pinned or a device
-  // region), else null: staged on the host.
+  // region), else null: staged on the host. Asked once a plan (direct_q_).
   const uint8_t* DirectQuery(int64_t i) const;
   // Enqueues the queries' copy to the device: the staged ones in runs of
   // neighbouring plans, the others each from where it lies.
@@ -187,9 +187,7 @@ class Launcher::GroupLaunch {
   const bool host_;  // the backend's memory is host memory
   const int64_t q_bytes_;
   const int64_t out_bytes_;  // out, then lse
-  // Some plan is answered into its regions; every plan is.
-  const bool any_regions_;
-  const bool all_regions_;
+  const bool any_regions_;  // some plan is answered into its regions
   // Where each plan's answer starts in the answer memory, in tokens (-1 for
   // one answered into regions), and the tokens it holds: on a host backend
   // the decode's whole output (the group's layout), else the inline plans'
@@ -248,16 +246,18 @@ class Launcher::GroupLaunch {
   // staged.
   const uint16_t* q_in_place_ = nullptr;
   const uint16_t* kv_in_place_ = nullptr;
+  // Per plan, DirectQuery's answer (empty when q is read in place).
+  std::vector<const uint8_t*> direct_q_;
 };
 
 namespace {
 
-// Whether every plan is answered into regions (`all`), or some (`!all`).
-bool RegionsAnswer(const LaunchGroup& group, bool all) {
+// Whether some plan of `group` is answered into regions.
+bool AnyRegions(const LaunchGroup& group) {
   for (const AttendPlan* plan : group.plans) {
-    if ((plan->answer_regions != nullptr) != all) return !all;
+    if (plan->answer_regions != nullptr) return true;
   }
-  return all;
+  return false;
 }
 
 // Whether the decode of `group` can write its one plan's answer into its
@@ -300,8 +300,7 @@ Launcher::GroupLaunch::GroupLaunch(Launcher& launcher, const LaunchGroup& group,
       host_(backend_.host_accessible()),
       q_bytes_(shape_.tokens * group.num_heads * kRowBytes),
       out_bytes_(shape_.tokens * group.num_heads * (kRowBytes + 4)),
-      any_regions_(RegionsAnswer(group, false)),
-      all_regions_(RegionsAnswer(group, true)),
+      any_regions_(AnyRegions(group)),
       direct_answer_(DecodeWritesRegions(group, host_)),
       q_p_(packed_.Reserve<uint8_t>(q_bytes_, 0)),
       kv_p_(packed_.Reserve<uint8_t>(shape_.tokens * kRowBytes, 0)),
@@ -377,8 +376,9 @@ absl::Status Launcher::GroupLaunch::Stage() {
     if (input.kv.has_value()) kv_in_place_ = in_place(*input.kv);
   }
   if (q_in_place_ == nullptr) {
+    for (int64_t i = 0; i < plans; ++i) direct_q_.push_back(DirectQuery(i));
     each_plan([&](int64_t i, bool parallel) {
-      if (DirectQuery(i) != nullptr) return;
+      if (direct_q_[i] != nullptr) return;
       Copy(*group_.plans[i]->input->q, shape_.starts[i].token * group_.num_heads * kRowBytes,
            parallel);
     });
@@ -408,7 +408,7 @@ absl::Status Launcher::GroupLaunch::UploadQueries() {
   const int64_t row_bytes = int64_t{group_.num_heads} * kRowBytes;
   int64_t run_from = -1;  // the first token of the staged run being gathered
   for (int64_t i = 0; i <= plans; ++i) {
-    const uint8_t* direct = i < plans ? DirectQuery(i) : nullptr;
+    const uint8_t* direct = i < plans ? direct_q_[i] : nullptr;
     const int64_t token = i < plans ? shape_.starts[i].token : shape_.tokens;
     const bool staged = i < plans && direct == nullptr;
     if (!staged && run_from >= 0) {
