@@ -143,8 +143,17 @@ absl::Status CheckDecodeParams(const DecodeParams& params) {
   if (absl::Status status = CheckHeads(params.num_heads, params.padded_heads); !status.ok()) {
     return status;
   }
-  if (params.num_tokens > 0 && (params.q == nullptr || params.out == nullptr)) {
-    return absl::InvalidArgumentError("decode: q and out are required");
+  const bool fp8 = params.out_e4m3 != nullptr || params.out_scales != nullptr;
+  if (fp8 && params.out != nullptr) {
+    return absl::InvalidArgumentError(
+        "decode: out (bf16) and out_e4m3/out_scales (FP8) are two formats; set one");
+  }
+  if (params.num_tokens > 0 &&
+      (params.q == nullptr ||
+       (fp8 ? params.out_e4m3 == nullptr || params.out_scales == nullptr
+            : params.out == nullptr))) {
+    return absl::InvalidArgumentError(
+        "decode: q and an output (out, or out_e4m3 with out_scales) are required");
   }
   if (params.derotate && params.num_tokens > 0 &&
       (params.positions == nullptr || params.rope.data == nullptr ||

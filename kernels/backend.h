@@ -96,8 +96,15 @@ struct DecodeParams {
   bool derotate = false;
   const int32_t* positions = nullptr;  // [N]; needed when derotate
   RopeTableView rope;                  // needed when derotate
-  uint16_t* out = nullptr;  // [N, H, 512] bf16, at least 4-byte aligned
-  float* lse = nullptr;     // [N, H] natural-log sum of exp; null = not wanted
+  // The output, in one of two formats (spec section 5):
+  // - bf16: out [N, H, 512], at least 4-byte aligned (out_e4m3 null);
+  // - FP8 (out null): out_e4m3 [N, H, 512] e4m3fn, 16-byte aligned, and
+  //   out_scales [N, H, 4] UE8M0 bytes, 4-byte aligned: block k of a head,
+  //   dims 128k .. 128k + 127, is out_e4m3 * 2^(out_scales[k] - 127).
+  uint16_t* out = nullptr;
+  uint8_t* out_e4m3 = nullptr;
+  uint8_t* out_scales = nullptr;
+  float* lse = nullptr;  // [N, H] natural-log sum of exp; null = not wanted
 };
 
 // The key lists of a batch of decode tokens (DecodeParams::main and ::extra,
