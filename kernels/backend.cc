@@ -12,12 +12,10 @@ namespace {
 absl::Status CheckHeads(int num_heads, int padded_heads) {
   absl::StatusOr<int> expected = PaddedHeadCount(num_heads);
   if (!expected.ok()) return expected.status();
-  bool supported = false;
-  for (int count : kSupportedHeadCounts) supported |= count == padded_heads;
-  if (!supported || padded_heads < num_heads) {
+  if (!IsSupportedHeadCount(padded_heads) || padded_heads < num_heads) {
     return absl::InvalidArgumentError(
-        absl::StrCat("padded head count ", padded_heads, " must be one of {",
-                     SupportedHeadCountsText(), "} and at least the head count ", num_heads));
+        absl::StrCat("padded head count ", padded_heads, " must be one of the kernels' (",
+                     SupportedHeadCountsText(), ") and at least the head count ", num_heads));
   }
   return absl::OkStatus();
 }

@@ -31,13 +31,33 @@ TEST(HeadPaddingTest, V4FlashTensorParallelRanks) {
   }
 }
 
-TEST(HeadPaddingTest, CountsBetweenSupportedOnesRoundUp) {
+TEST(HeadPaddingTest, CountsRoundUpToAMultipleOfEightOnly) {
   EXPECT_EQ(Padded(1), 8);
   EXPECT_EQ(Padded(4), 8);
   EXPECT_EQ(Padded(9), 16);
-  EXPECT_EQ(Padded(24), 32);
-  EXPECT_EQ(Padded(96), 128);
+  EXPECT_EQ(Padded(24), 24);
+  EXPECT_EQ(Padded(41), 48);
+  EXPECT_EQ(Padded(48), 48);
+  EXPECT_EQ(Padded(96), 96);
+  EXPECT_EQ(Padded(121), 128);
   EXPECT_EQ(Padded(128), 128);
+  for (int heads = 1; heads <= kMaxHeads; ++heads) {
+    const int padded = Padded(heads);
+    EXPECT_TRUE(IsSupportedHeadCount(padded)) << heads;
+    EXPECT_GE(padded, heads);
+    EXPECT_LT(padded - heads, kHeadCountStep) << heads;
+  }
+}
+
+TEST(HeadPaddingTest, SupportedCountsAreTheMultiplesOfEight) {
+  EXPECT_EQ(kSupportedHeadCounts.front(), 8);
+  EXPECT_EQ(kSupportedHeadCounts.back(), 128);
+  EXPECT_EQ(kSupportedHeadCounts.size(), 16u);
+  for (int hp = -8; hp <= 136; ++hp) {
+    bool listed = false;
+    for (int count : kSupportedHeadCounts) listed |= count == hp;
+    EXPECT_EQ(IsSupportedHeadCount(hp), listed) << hp;
+  }
 }
 
 TEST(HeadPaddingTest, OutOfRangeCountsAreErrorsNamingTheSupportedSet) {
@@ -45,7 +65,7 @@ TEST(HeadPaddingTest, OutOfRangeCountsAreErrorsNamingTheSupportedSet) {
     absl::StatusOr<int> padded = PaddedHeadCount(heads);
     ASSERT_FALSE(padded.ok()) << heads;
     EXPECT_EQ(padded.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(padded.status().message(), HasSubstr("8, 16, 32, 64, 128"));
+    EXPECT_THAT(padded.status().message(), HasSubstr("every multiple of 8 from 8 to 128"));
   }
 }
 

@@ -98,13 +98,8 @@ const SpecModel& Spec(absl::string_view name) {
   return name == kFlash ? *flash : *pro;
 }
 
-// Section 6: the smallest of {8, 16, 32, 64, 128} >= H.
-int SpecPadded(int heads) {
-  for (int padded : {8, 16, 32, 64, 128}) {
-    if (padded >= heads) return padded;
-  }
-  return -1;
-}
+// Section 6: H rounded up to a multiple of 8.
+int SpecPadded(int heads) { return (heads + 7) / 8 * 8; }
 
 // Section 2: SWA-only layers rotate without YaRN, compressed layers with it.
 const RopeTable& Table(int ratio) {

@@ -501,9 +501,9 @@ void MlaOffloadService::PublishEngineState(const Engine& engine) {
     info_.add_devices(options_.devices);
     for (int heads : kSupportedHeadCounts) info_.add_supported_head_counts(heads);
     info_.set_head_padding(absl::StrCat(
-        "a rank's H query heads run at the smallest supported count >= H (H < 8 runs at 8; "
-        "H > ", kMaxHeads, " is refused); padding heads are zero queries with -inf sinks and "
-        "are never returned"));
+        "a rank's H query heads run at H rounded up to a multiple of ", kHeadCountStep,
+        " (H < 8 runs at 8; H > ", kMaxHeads, " is refused); padding heads are zero queries "
+        "with -inf sinks and are never returned"));
     info_.set_kv_blocks_total(engine.kv_blocks_total());
     info_.set_kv_block_tokens(kBlockTokens);
     info_.set_kv_bytes_per_token(kTokenBytes);

@@ -2,7 +2,7 @@
 // it is judged against, measured in the same run.
 //
 //   cuda_bench [--out=results.json] [--iters=50] [--commit=abc123]
-//              [--b=1,2,4,8,16,64,128,512] [--heads=8,16,32,64,128] [--prologue=1]
+//              [--b=1,2,4,8,16,64,128,512] [--heads=8,16,...,128] [--prologue=1]
 //              [--decode=1]
 // (--b and --heads keep only those decode shapes, --prologue=0 skips the
 // prologue shapes and --decode=0 the decode's: for profiling one shape or
@@ -21,6 +21,16 @@
 // finds the previous one's rows in L2. Times are the median of `iters`
 // launches, each timed with CUDA events around the backend's Decode (the main
 // kernel and, when the keys are split, the combine kernel).
+// Head counts 8, 16, 32, 64 (and 128 for V4-Pro) at every b; 24 and 48, the
+// counts between them (spec section 6), at b = 128 unless --heads names them.
+// At b = 128 each decode shape also runs
+// - with the FP8 output (op "decode_fp8": out_e4m3 and out_scales instead of
+//   bf16 out), and
+// - after its prologue in the same stream (op "prologue+decode": b tokens'
+//   q through the prologue, b SWA rows and b/4 compressed rows inserted, the
+//   decode reading the prologue's q_out), so that the row beside "decode"
+//   shows what the prologue adds once it overlaps the decode's start
+//   (programmatic dependent launch).
 // FLOPs: 4 * H * 512 per key entry (2*512 for q.K, 2*512 for P.V, real heads
 // only, padding heads not counted). Bytes: 584 per key entry (the cache row;
 // q, indices and out are not counted).
@@ -126,6 +136,38 @@ double TimeGraphUs(int iters, cudaStream_t stream, Fn fn) {
   return us / kLaunches;
 }
 
+// Device memory holding `bytes` of host data.
+DeviceBuffer Put(CudaBackend& backend, const void* data, size_t bytes) {
+  absl::StatusOr<DeviceBuffer> buffer = backend.Allocate(bytes);
+  CHECK_OK(buffer.status());
+  CHECK_OK(backend.CopyToDevice(buffer->data(), data, bytes));
+  return std::move(*buffer);
+}
+
+// The prologue of b tokens of H heads (Hp padded) and their b SWA rows, then
+// `compressed_rows` compressed rows (after the SWA rows in kv), into the
+// pool; q_out is the caller's to set.
+PrologueParams PrologueOf(int b, int heads, int hp, const DeviceBuffer& q,
+                          const DeviceBuffer& positions, const DeviceBuffer& slots,
+                          const DeviceBuffer& kv, const DeviceBuffer& compressed_positions,
+                          const DeviceBuffer& compressed_slots, int compressed_rows,
+                          const RopeTableView& rope, const DeviceBuffer& pool,
+                          int64_t pool_blocks) {
+  PrologueParams p;
+  p.num_tokens = b;
+  p.num_heads = heads;
+  p.padded_heads = hp;
+  p.q = q.as<uint16_t>();
+  p.positions = positions.as<int32_t>();
+  p.rope = rope;
+  p.swa = {b, kv.as<uint16_t>(), positions.as<int32_t>(), slots.as<int32_t>(),
+           {pool.as<uint8_t>(), pool_blocks}};
+  p.compressed = {compressed_rows, kv.as<uint16_t>() + static_cast<size_t>(b) * kHeadDim,
+                  compressed_positions.as<int32_t>(), compressed_slots.as<int32_t>(),
+                  {pool.as<uint8_t>(), pool_blocks}};
+  return p;
+}
+
 double CopyCeilingGbps(int iters) {
   const size_t bytes = static_cast<size_t>(2) << 30;
   void* a = nullptr;
@@ -224,7 +266,8 @@ constexpr char kUsage[] =
     "  --iters=N         graph replays a shape, the median is taken (default 50)\n"
     "  --commit=REV      the commit recorded in results.json (default unknown)\n"
     "  --b=LIST          decode batch sizes to run, of 1,2,4,8,16,64,128,512 (default all)\n"
-    "  --heads=LIST      decode head counts to run, of 8,16,32,64,128 (default all)\n"
+    "  --heads=LIST      decode head counts to run, multiples of 8 from 8 to 128\n"
+    "                    (default 8,16,32,64,128 at every b and 24,48 at b=128)\n"
     "  --prologue=0|1    run the prologue shapes (default 1)\n"
     "  --decode=0|1      run the decode shapes (default 1)\n"
     "  --help            this text\n";
@@ -286,7 +329,9 @@ std::string ParseOptions(int argc, char** argv, Options* options, bool* help) {
     } else if (const char* v = value_of("--b=")) {
       error = ParseList("--b", v, {1, 2, 4, 8, 16, 64, 128, 512}, &options->only_b);
     } else if (const char* v = value_of("--heads=")) {
-      error = ParseList("--heads", v, {8, 16, 32, 64, 128}, &options->only_heads);
+      error = ParseList("--heads", v,
+                        std::vector<int>(kSupportedHeadCounts.begin(), kSupportedHeadCounts.end()),
+                        &options->only_heads);
     } else if (const char* v = value_of("--prologue=")) {
       if (std::strcmp(v, "0") != 0 && std::strcmp(v, "1") != 0) {
         error = std::string("--prologue takes 0 or 1, not '") + v + "'";
@@ -459,16 +504,28 @@ int main(int argc, char** argv) {
     const char* model;
     int topk;
     int heads;
+    bool every_b;  // false: b = 128 only, unless --heads names it
   };
   std::vector<DecodeShape> shapes;
-  for (int h : {8, 16, 32, 64}) shapes.push_back({"V4-Flash", 512, h});
-  for (int h : {8, 16, 32, 64, 128}) shapes.push_back({"V4-Pro", 1024, h});
+  for (int h : {8, 16, 24, 32, 48, 64}) shapes.push_back({"V4-Flash", 512, h, h != 24 && h != 48});
+  for (int h : {8, 16, 24, 32, 48, 64, 128}) {
+    shapes.push_back({"V4-Pro", 1024, h, h != 24 && h != 48});
+  }
+  for (int h : only_heads) {  // a count of neither model's list
+    bool listed = false;
+    for (const DecodeShape& shape : shapes) listed |= shape.heads == h;
+    if (!listed) {
+      shapes.push_back({"V4-Flash", 512, h, true});
+      shapes.push_back({"V4-Pro", 1024, h, true});
+    }
+  }
   std::mt19937_64 rng(99);
   // Few sequences decoding (1..16) as well as full batches.
   for (int b : {1, 2, 4, 8, 16, 64, 128, 512}) {
     if (!kept(only_b, b)) continue;
     for (const DecodeShape& shape : shapes) {
       if (!kept(only_heads, shape.heads)) continue;
+      if (!shape.every_b && b != 128 && only_heads.empty()) continue;
       const int hp = *PaddedHeadCount(shape.heads);
       const int width_main = kSwaWindow, width_extra = shape.topk;
       // Index sets: distinct random slots (a partial shuffle of the pool).
@@ -517,22 +574,80 @@ int main(int argc, char** argv) {
         CHECK_OK(backend.Decode(p));
       });
       CHECK_OK(backend.Synchronize());
-      Result r;
-      r.model = shape.model;
-      r.op = "decode";
-      r.heads = shape.heads;
-      r.tokens = b;
-      r.topk_main = width_main;
-      r.topk_extra = width_extra;
-      r.time_us = time_us;
-      const double keys = static_cast<double>(b) * (width_main + width_extra);
-      r.tflops = 4.0 * shape.heads * kHeadDim * keys / (r.time_us * 1e-6) / 1e12;
-      r.gbps = keys * kTokenBytes / (r.time_us * 1e-6) / 1e9;
-      results.push_back(r);
-      std::printf("decode %-8s H=%3d b=%3d topk=%4d+%4d: %9.1f us %7.2f TFLOP/s %7.0f GB/s (%.0f%% of copy, %.0f%% of gather)\n",
-                  shape.model, shape.heads, b, width_main, width_extra, r.time_us, r.tflops,
-                  r.gbps, 100.0 * r.gbps / copy_gbps, 100.0 * r.gbps / gather_gbps);
-      std::fflush(stdout);
+      // A row of results.json and of the log: FLOPs and cache bytes are the
+      // decode's, whatever else the op ran.
+      auto record = [&](const char* op, double us) {
+        Result r;
+        r.model = shape.model;
+        r.op = op;
+        r.heads = shape.heads;
+        r.tokens = b;
+        r.topk_main = width_main;
+        r.topk_extra = width_extra;
+        r.time_us = us;
+        const double keys = static_cast<double>(b) * (width_main + width_extra);
+        r.tflops = 4.0 * shape.heads * kHeadDim * keys / (r.time_us * 1e-6) / 1e12;
+        r.gbps = keys * kTokenBytes / (r.time_us * 1e-6) / 1e9;
+        results.push_back(r);
+        std::printf("%-15s %-8s H=%3d b=%3d topk=%4d+%4d: %9.1f us %7.2f TFLOP/s %7.0f GB/s (%.0f%% of copy, %.0f%% of gather)\n",
+                    op, shape.model, shape.heads, b, width_main, width_extra, r.time_us,
+                    r.tflops, r.gbps, 100.0 * r.gbps / copy_gbps, 100.0 * r.gbps / gather_gbps);
+        std::fflush(stdout);
+      };
+      record("decode", time_us);
+      if (b != 128) continue;
+      auto rotated = [&](DecodeParams& params, int i) {
+        const int set = i % kSets;
+        params.main.indices = d_main->as<int32_t>() + static_cast<size_t>(set) * b * width_main;
+        params.extra.indices = d_extra->as<int32_t>() + static_cast<size_t>(set) * b * width_extra;
+      };
+      {
+        absl::StatusOr<DeviceBuffer> d_e4m3 = backend.Allocate(static_cast<size_t>(b) * shape.heads * kHeadDim);
+        absl::StatusOr<DeviceBuffer> d_scales =
+            backend.Allocate(static_cast<size_t>(b) * shape.heads * kOutputBlocks);
+        CHECK_OK(d_e4m3.status());
+        CHECK_OK(d_scales.status());
+        DecodeParams fp8 = p;
+        fp8.out = nullptr;
+        fp8.out_e4m3 = d_e4m3->as<uint8_t>();
+        fp8.out_scales = d_scales->as<uint8_t>();
+        record("decode_fp8", TimeGraphUs(iters, stream, [&](int i) {
+                 rotated(fp8, i);
+                 CHECK_OK(backend.Decode(fp8));
+               }));
+        CHECK_OK(backend.Synchronize());
+      }
+      if (!run_prologue) continue;
+      // The prologue of these b tokens: q of H heads in, q_out of Hp heads
+      // the decode reads; b SWA rows and b/4 compressed rows inserted at
+      // random slots of the pool (random rows over random rows).
+      const int compressed_rows = b / 4;
+      const std::vector<uint16_t> q_in = RandomBf16(static_cast<size_t>(b) * shape.heads * kHeadDim, 23, 1.0f);
+      const std::vector<uint16_t> kv = RandomBf16(static_cast<size_t>(b + compressed_rows) * kHeadDim, 24, 1.0f);
+      std::vector<int32_t> positions(b), slots(b), cpos(compressed_rows), cslots(compressed_rows);
+      for (int i = 0; i < b; ++i) {
+        positions[i] = 100000 + i;
+        slots[i] = static_cast<int32_t>(rng() % pool_slots);
+      }
+      for (int i = 0; i < compressed_rows; ++i) {
+        cpos[i] = 4 * i;
+        cslots[i] = static_cast<int32_t>(rng() % pool_slots);
+      }
+      DeviceBuffer d_q_in = Put(backend, q_in.data(), q_in.size() * 2);
+      DeviceBuffer d_kv = Put(backend, kv.data(), kv.size() * 2);
+      DeviceBuffer d_pos = Put(backend, positions.data(), b * 4);
+      DeviceBuffer d_slots = Put(backend, slots.data(), b * 4);
+      DeviceBuffer d_cpos = Put(backend, cpos.data(), compressed_rows * 4);
+      DeviceBuffer d_cslots = Put(backend, cslots.data(), compressed_rows * 4);
+      PrologueParams pro = PrologueOf(b, shape.heads, hp, d_q_in, d_pos, d_slots, d_kv, d_cpos,
+                                      d_cslots, compressed_rows, rope, *pool, pool_blocks);
+      pro.q_out = d_q->as<uint16_t>();  // the decode's q
+      record("prologue+decode", TimeGraphUs(iters, stream, [&](int i) {
+               rotated(p, i);
+               CHECK_OK(backend.Prologue(pro));
+               CHECK_OK(backend.Decode(p));
+             }));
+      CHECK_OK(backend.Synchronize());
     }
   }
 
@@ -558,33 +673,17 @@ int main(int argc, char** argv) {
       cpos[i] = 4 * i;
       cslots[i] = static_cast<int32_t>(rng() % pool_slots);
     }
-    auto put = [&](const void* data, size_t bytes) {
-      absl::StatusOr<DeviceBuffer> buffer = backend.Allocate(bytes);
-      CHECK_OK(buffer.status());
-      CHECK_OK(backend.CopyToDevice(buffer->data(), data, bytes));
-      return std::move(*buffer);
-    };
-    DeviceBuffer d_q = put(q.data(), q.size() * 2);
-    DeviceBuffer d_kv = put(kv.data(), kv.size() * 2);
-    DeviceBuffer d_pos = put(positions.data(), b * 4);
-    DeviceBuffer d_slots = put(slots.data(), b * 4);
-    DeviceBuffer d_cpos = put(cpos.data(), compressed_rows * 4);
-    DeviceBuffer d_cslots = put(cslots.data(), compressed_rows * 4);
+    DeviceBuffer d_q = Put(backend, q.data(), q.size() * 2);
+    DeviceBuffer d_kv = Put(backend, kv.data(), kv.size() * 2);
+    DeviceBuffer d_pos = Put(backend, positions.data(), b * 4);
+    DeviceBuffer d_slots = Put(backend, slots.data(), b * 4);
+    DeviceBuffer d_cpos = Put(backend, cpos.data(), compressed_rows * 4);
+    DeviceBuffer d_cslots = Put(backend, cslots.data(), compressed_rows * 4);
     absl::StatusOr<DeviceBuffer> d_qout = backend.Allocate(static_cast<size_t>(b) * hp * kHeadDim * 2);
     CHECK_OK(d_qout.status());
-    PrologueParams p;
-    p.num_tokens = b;
-    p.num_heads = shape.heads;
-    p.padded_heads = hp;
-    p.q = d_q.as<uint16_t>();
-    p.positions = d_pos.as<int32_t>();
+    PrologueParams p = PrologueOf(b, shape.heads, hp, d_q, d_pos, d_slots, d_kv, d_cpos, d_cslots,
+                                  compressed_rows, rope, *pool, pool_blocks);
     p.q_out = d_qout->as<uint16_t>();
-    p.rope = rope;
-    p.swa = {b, d_kv.as<uint16_t>(), d_pos.as<int32_t>(), d_slots.as<int32_t>(),
-             {pool->as<uint8_t>(), pool_blocks}};
-    p.compressed = {compressed_rows, d_kv.as<uint16_t>() + static_cast<size_t>(b) * kHeadDim,
-                    d_cpos.as<int32_t>(), d_cslots.as<int32_t>(),
-                    {pool->as<uint8_t>(), pool_blocks}};
     cudaStream_t stream = static_cast<cudaStream_t>(backend.native_stream());
     const double time_us =
         TimeGraphUs(iters, stream, [&](int) { CHECK_OK(backend.Prologue(p)); });

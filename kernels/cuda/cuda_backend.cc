@@ -100,7 +100,8 @@ absl::Status CheckCudaAlignment(const PrologueParams& params) {
 absl::Status CheckCudaAlignment(const DecodeParams& params) {
   return CheckAligned(
       "decode: ",
-      {{params.q, 16, "q"}, {params.out, 4, "out"}, {params.lse, 4, "lse"},
+      {{params.q, 16, "q"}, {params.out, 4, "out"}, {params.out_e4m3, 16, "out_e4m3"},
+       {params.out_scales, 4, "out_scales"}, {params.lse, 4, "lse"},
        {params.sinks, 4, "sinks"}, {params.positions, 4, "positions"},
        {params.rope.data, 4, "RoPE table"}, {params.main.indices, 4, "main list indices"},
        {params.main.lengths, 4, "main list lengths"}, {params.main.pool.base, 16, "main list pool"},
@@ -544,6 +545,12 @@ absl::Status CudaBackend::Prologue(const PrologueParams& params) {
 absl::Status CudaBackend::Decode(const DecodeParams& params) {
   if (absl::Status status = CheckDecodeParams(params); !status.ok()) return status;
   if (absl::Status status = CheckCudaAlignment(params); !status.ok()) return status;
+  if (params.out_e4m3 != nullptr && decode_kernels_ != cuda::DecodeKernels::kWgmma &&
+      decode_kernels_ != cuda::DecodeKernels::kPadded) {
+    return absl::UnimplementedError(absl::StrCat(
+        "decode: the FP8 output runs on the wgmma and padded decode kernels; MLA_CUDA_DECODE=",
+        cuda::DecodeKernelsName(decode_kernels_), " is a bf16 cross-check: unset it"));
+  }
   if (absl::Status status = Activate(); !status.ok()) return status;
   const size_t scratch = cuda::DecodeScratchBytes(params, decode_kernels_, num_sms_);
   if (scratch > scratch_bytes_) {

@@ -319,7 +319,7 @@ TEST(DecodeLaunchTest, ReadsTheRowsOnlyOnceTheKernelBeforeItHasFinished) {
   constexpr int64_t kSlots = 4096;
   const OneKeyRows stale = MakeOneKeyRows(kSlots, 2122);
   const OneKeyRows fresh = MakeOneKeyRows(kSlots, 2123);
-  for (int heads : {8, 16, 32, 64, 128}) {
+  for (int heads : {8, 16, 24, 32, 48, 64, 96, 128}) {
     DeviceArena arena(backend);
     uint8_t* pool = arena.Put(stale.pool);
     const uint8_t* source = arena.Put(fresh.pool);

@@ -3,7 +3,7 @@
 // Implementations of the same algorithm: the default, warpgroup MMA, is
 // decode_narrow.cu's DecodeNarrowKernel for Hp <= 32 (the heads as the
 // MMA's N) and decode_wgmma.cu's DecodeWgmmaKernel (64 heads a CTA) for
-// Hp >= 64, or at every Hp with MLA_CUDA_DECODE=padded; here
+// Hp >= 40, or at every Hp with MLA_CUDA_DECODE=padded; here
 // DecodeMmaKernel (tensor cores, mma.sync bf16 -> fp32, 16 or 32 heads a
 // CTA; MLA_CUDA_DECODE=mma, described further down) and DecodeKernel (CUDA
 // cores, fp32 throughout; MLA_CUDA_DECODE=simt, kept as a cross-check).
@@ -11,7 +11,7 @@
 // them. The CUDA-core one:
 //
 // One CTA of 256 threads handles one token, a group of HG heads (HG = 16, or
-// 8 when Hp = 8) and a range of its key entries (all of them, or one split of
+// 8 when Hp is not a multiple of 16) and a range of its key entries (all of them, or one split of
 // them when there are too few tokens to fill the GPU; a combine kernel then
 // merges the splits). Keys are processed in chunks of KC = 512 / HG entries:
 //   1. dequantise the chunk's FP8 rows into shared memory as bf16 (exact: an
@@ -750,7 +750,8 @@ __global__ void __launch_bounds__(kThreads, 2 / MT)
   }
 }
 
-// Merges the splits of one (token, head < H): one CTA, two dims a thread.
+// Merges the splits of one (token, head < H): one CTA, two dims a thread,
+// and finishes the row in either output format.
 __global__ void __launch_bounds__(kThreads)
     CombineKernel(const DecodeParams p, int splits, Partials partials) {
   const int64_t t = blockIdx.x / p.num_heads;
@@ -770,7 +771,26 @@ __global__ void __launch_bounds__(kThreads)
       o1 += w * os.y;
     }
   }
-  Finish(p, t, h, threadIdx.x, m, l, o0, o1);
+  if (!Fp8Output(p)) {
+    Finish(p, t, h, threadIdx.x, m, l, o0, o1);
+    return;
+  }
+  // FP8: a block of 128 dims is two warps' pairs; their maxima meet in
+  // shared memory.
+  static_assert(kThreads * 2 == kHeadDim && kOutputBlockDims == 2 * 32 * 2, "two warps a block");
+  __shared__ float warp_max[kThreads / 32];
+  const RowEnd end = EndOfRow(p, t, h, m, l);
+  const float2 v = FinishedValues(threadIdx.x, end.factor, DerotationOf(p, t), o0, o1);
+  const int warp = threadIdx.x >> 5;
+  const float amax = LanesMax<32>(fmaxf(fabsf(v.x), fabsf(v.y)));
+  if ((threadIdx.x & 31) == 0) warp_max[warp] = amax;
+  __syncthreads();
+  const int block = warp >> 1;
+  const int e = BlockScaleExponent(fmaxf(warp_max[2 * block], warp_max[2 * block + 1]));
+  reinterpret_cast<uint16_t*>(E4m3Row(p, t, h))[threadIdx.x] =
+      static_cast<uint16_t>(E4m3Pair(v.x, v.y, InverseBlockScale(e)));
+  if ((threadIdx.x & 63) == 0) ScaleBytes(p, t, h)[block] = BlockScaleByte(e);
+  if (threadIdx.x == 0) StoreLse(p, t, h, end.lse);
 }
 
 struct Plan {
@@ -799,7 +819,8 @@ void SplitKeys(const DecodeParams& p, int64_t wanted, int kc, Plan& plan) {
 
 Plan MakePlan(const DecodeParams& p, DecodeKernels kernels, int num_sms) {
   Plan plan;
-  plan.hg = p.padded_heads >= 16 ? 16 : 8;  // the CUDA-core kernel's; the others set their own
+  // The CUDA-core kernel's (a divisor of Hp); the others set their own.
+  plan.hg = p.padded_heads % 16 == 0 ? 16 : 8;
   if (kernels == DecodeKernels::kWgmma || kernels == DecodeKernels::kPadded) {
     // One CTA an SM (its shared memory), 64-key chunks; the narrow kernel's
     // Hp <= 32 is one group of 64.

@@ -1,7 +1,8 @@
 // Device helpers shared by the decode kernels (decode.cu, decode_wgmma.cu,
 // decode_narrow.cu): the e4m3 -> bf16 conversions, key-list lengths, sinks,
-// the final scaling of an output pair and the split partials (the bf16
-// rounding itself is bf16_device.cuh's). Included by .cu files only.
+// the final scaling of an output pair, the FP8 output's places and the split
+// partials (the bf16 rounding and FP8 quantisation themselves are
+// bf16_device.cuh's and fp8_device.cuh's). Included by .cu files only.
 #ifndef MLA_OFFLOAD_KERNELS_CUDA_DECODE_DEVICE_CUH_
 #define MLA_OFFLOAD_KERNELS_CUDA_DECODE_DEVICE_CUH_
 
@@ -12,6 +13,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cuda/bf16_device.cuh"
+#include "kernels/cuda/fp8_device.cuh"
 #include "kernels/geometry.h"
 
 namespace mla {
@@ -127,11 +129,11 @@ __device__ __forceinline__ const float* DerotationOf(const DecodeParams& p, int6
   return p.derotate ? p.rope.data + int64_t{__ldg(p.positions + t)} * kRopeDim : nullptr;
 }
 
-// Dims (2w, 2w+1) of a row scaled by the row's factor, de-rotated when
-// cos_sin is given and they are RoPE dims, as two bf16 (2w in the low half).
-// Loads nothing but cos_sin: callers hoist the per-row and per-token reads
-// (EndOfRow, DerotationOf) out of their loops over dims.
-__device__ __forceinline__ uint32_t FinishedPair(int w, float factor, const float* cos_sin,
+// Dims (2w, 2w+1) of a row scaled by the row's factor and de-rotated when
+// cos_sin is given and they are RoPE dims, in fp32: what either output
+// format rounds. Loads nothing but cos_sin: callers hoist the per-row and
+// per-token reads (EndOfRow, DerotationOf) out of their loops over dims.
+__device__ __forceinline__ float2 FinishedValues(int w, float factor, const float* cos_sin,
                                                  float o0, float o1) {
   // factor 0: an empty row (or a sink that outweighs it), written as +0
   // whatever o holds (and not rotated: cos < 0 would make it -0).
@@ -146,7 +148,36 @@ __device__ __forceinline__ uint32_t FinishedPair(int w, float factor, const floa
     o0 = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
     o1 = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
   }
-  return PackBf16(o0, o1);
+  return make_float2(o0, o1);
+}
+
+// FinishedValues as two bf16 (2w in the low half).
+__device__ __forceinline__ uint32_t FinishedPair(int w, float factor, const float* cos_sin,
+                                                 float o0, float o1) {
+  const float2 v = FinishedValues(w, factor, cos_sin, o0, o1);
+  return PackBf16(v.x, v.y);
+}
+
+// The FP8 output (DecodeParams::out_e4m3, spec section 5) rather than bf16.
+__device__ __forceinline__ bool Fp8Output(const DecodeParams& p) { return p.out_e4m3 != nullptr; }
+
+// The largest magnitude of v over the `lanes` lanes (a power of two) of a
+// warp that share a block, lanes 1, 2, 4, .. apart.
+template <int kLanes>
+__device__ __forceinline__ float LanesMax(float v) {
+#pragma unroll
+  for (int apart = 1; apart < kLanes; apart *= 2) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, apart));
+  }
+  return v;
+}
+
+// Head h of token t as FP8: its e4m3 row and its four scale bytes.
+__device__ __forceinline__ uint8_t* E4m3Row(const DecodeParams& p, int64_t t, int h) {
+  return p.out_e4m3 + (t * p.num_heads + h) * kHeadDim;
+}
+__device__ __forceinline__ uint8_t* ScaleBytes(const DecodeParams& p, int64_t t, int h) {
+  return p.out_scales + (t * p.num_heads + h) * kOutputBlocks;
 }
 
 // FinishedPair stored as dims (2w, 2w+1) of head h of token t.
@@ -163,7 +194,7 @@ __device__ __forceinline__ void StoreLse(const DecodeParams& p, int64_t t, int h
 
 // Final scaling, sink, de-rotation and bf16 rounding of dims (2w, 2w+1) of
 // head h of token t, from the unnormalised o and the softmax state (m, l),
-// for kernels that finish one pair of a row per thread.
+// for kernels that finish one pair of a row per thread (bf16 only).
 __device__ __forceinline__ void Finish(const DecodeParams& p, int64_t t, int h, int w, float m,
                                        float l, float o0, float o1) {
   const RowEnd end = EndOfRow(p, t, h, m, l);

@@ -12,7 +12,7 @@ namespace cuda {
 
 enum class DecodeKernels {
   kWgmma,   // the default, warpgroup MMA: for Hp <= 32 with the heads as the
-            // MMA's N (decode_narrow.cu), for Hp >= 64 with 64 heads a CTA
+            // MMA's N (decode_narrow.cu), for Hp >= 40 with 64 heads a CTA
             // (decode_wgmma.cu)
   kPadded,  // decode_wgmma.cu at every Hp, a smaller one padded to 64 MMA
             // rows (the default before decode_narrow.cu): a cross-check

@@ -10,7 +10,7 @@
 // decode_wgmma.cu's padded one at every such shape of the benchmark
 // (kernels/bench/RESULTS.md).
 //
-// One CTA per token (and split of its keys), five warpgroups (three at N = 32):
+// One CTA per token (and split of its keys), five warpgroups (three at N = 24 and 32):
 //   WG0, the consumer: Q into shared memory at the start; per 64-key chunk
 //     S^T from the key tile and Q, the online softmax of each head over the
 //     chunk's keys (maxima across the four warps through shared memory), P^T
@@ -22,7 +22,7 @@
 //     the first key tile, WG3 and WG4 the odd ones into the second, so that
 //     two chunks' loads are in flight (eight more warps issuing them than in
 //     decode_wgmma.cu: what the gather sweep of RESULTS.md says pays). At
-//     N = 32 WG1 and WG2 fill both tiles (NarrowShape), with the next
+//     N = 24 and 32 WG1 and WG2 fill both tiles (NarrowShape), with the next
 //     chunk's rows on their way into a raw chunk in shared memory
 //     (ProduceRing), so that two chunks' loads are in flight there too.
 //     Their row loads skip L1 (RowCaching::kNoL1), which that kernel's do
@@ -99,6 +99,7 @@ struct NarrowLayout {
 };
 static_assert(NarrowLayout<8>::kBytes <= 227 * 1024, "shared memory of the narrow CTA");
 static_assert(NarrowLayout<16>::kBytes <= 227 * 1024, "shared memory of the narrow CTA");
+static_assert(NarrowLayout<24>::kBytes <= 227 * 1024, "shared memory of the narrow CTA");
 static_assert(NarrowLayout<32>::kBytes <= 227 * 1024, "shared memory of the narrow CTA");
 
 // At the end O^T is staged over the key tiles as N head rows of 512 fp32,
@@ -107,7 +108,7 @@ static_assert(NarrowLayout<32>::kBytes <= 227 * 1024, "shared memory of the narr
 constexpr uint32_t kNarrowStagedRowBytes = kHeadDim * 4 + 16;
 static_assert(32 * kNarrowStagedRowBytes <= 2 * kTileBytes, "staged output over the key tiles");
 
-// D[64 x N] (+)= A B for N = 8, 16, 32: A 64 x 16 from shared memory
+// D[64 x N] (+)= A B for N = 8, 16, 24, 32: A 64 x 16 from shared memory
 // (K-major, or MN-major with kTransA), B 16 x N from shared memory
 // (K-major). Accumulator element i of a thread (warp w, lane l) is row
 // 16w + l / 4 + 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 (l % 4) + (i & 1).
@@ -135,6 +136,19 @@ struct WgmmaNarrow<16, kTransA> {
         "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %11, 0;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
           "+f"(d[7])
+        : "l"(a), "l"(b), "r"(accumulate), "n"(kTransA));
+  }
+};
+template <int kTransA>
+struct WgmmaNarrow<24, kTransA> {
+  __device__ __forceinline__ static void Run(float (&d)[12], uint64_t a, uint64_t b,
+                                             int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %14, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n24k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11}, %12, %13, p, 1, 1, %15, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11])
         : "l"(a), "l"(b), "r"(accumulate), "n"(kTransA));
   }
 };
@@ -380,8 +394,29 @@ __device__ void Consume(const DecodeParams& p, const WgTask& task, int splits,
   ConsumerSync();
 
   // The rows leave 4 dims a thread a step: finished (scaled, sink, de-rotated,
-  // bf16) or, for a split of the keys, the unnormalised partial.
+  // bf16 or FP8) or, for a split of the keys, the unnormalised partial.
   constexpr int kQuads = kHeadDim / 4;
+  if (splits == 1 && Fp8Output(p)) {
+    // A step is one head, warp w its block w (32 lanes x 4 dims): the
+    // block's maximum across the warp, then a word of 4 codes a lane.
+    static_assert(kQuads == 128 && kOutputBlockDims == 32 * 4, "a warp a block");
+    const float* cos_sin = DerotationOf(p, task.t);
+    for (int k = wt; k < p.num_heads * kQuads; k += 128) {
+      const int h = k / kQuads;
+      const int c = k % kQuads;
+      const float4 v = *reinterpret_cast<const float4*>(staged + h * kNarrowStagedRowBytes + c * 16);
+      const float2 lo = FinishedValues(2 * c, factors[h], cos_sin, v.x, v.y);
+      const float2 hi = FinishedValues(2 * c + 1, factors[h], cos_sin, v.z, v.w);
+      const float amax = LanesMax<32>(
+          fmaxf(fmaxf(fabsf(lo.x), fabsf(lo.y)), fmaxf(fabsf(hi.x), fabsf(hi.y))));
+      const int e = BlockScaleExponent(amax);
+      const float inv_scale = InverseBlockScale(e);
+      reinterpret_cast<uint32_t*>(E4m3Row(p, task.t, h))[c] =
+          E4m3Pair(lo.x, lo.y, inv_scale) | E4m3Pair(hi.x, hi.y, inv_scale) << 16;
+      if (lane == 0) ScaleBytes(p, task.t, h)[w] = BlockScaleByte(e);
+    }
+    return;
+  }
   if (splits == 1) {
     const float* cos_sin = DerotationOf(p, task.t);
     uint32_t* out = reinterpret_cast<uint32_t*>(p.out + task.t * p.num_heads * kHeadDim);
@@ -425,7 +460,7 @@ __device__ void Consume(const DecodeParams& p, const WgTask& task, int splits,
 // it copied itself, so no barrier guards the raw chunk; it reads them back
 // before, in program order, its next copy into the same bytes, whose writes
 // count as its own weak writes (and land a global-memory latency later).
-// Used at N = 32 (one group): 0.4-6% faster at every V4 shape of the
+// Used at N = 24 and 32 (one group; 32 measured): 0.4-6% faster at every V4 shape of the
 // benchmark. With two groups (N = 8, 16) it was faster at V4-Pro b >= 128
 // (up to 6.4%) but slower where a CTA has 10 chunks or fewer (V4-Flash, or a
 // split at b = 64: to 10%), so those keep Produce (RESULTS.md).
@@ -569,6 +604,8 @@ cudaError_t LaunchDecodeNarrow(const DecodeParams& p, int splits, int split_entr
       return LaunchNarrow<8>(p, splits, split_entries, partial_o, partial_ml, stream);
     case 16:
       return LaunchNarrow<16>(p, splits, split_entries, partial_o, partial_ml, stream);
+    case 24:
+      return LaunchNarrow<24>(p, splits, split_entries, partial_o, partial_ml, stream);
     case 32:
       return LaunchNarrow<32>(p, splits, split_entries, partial_o, partial_ml, stream);
     default:

@@ -36,7 +36,7 @@ int64_t Splits(const DecodeParams& p, cuda::DecodeKernels kernels) {
 }
 
 TEST(DecodePlanTest, ABatchThatFillsTheGpuIsNotSplit) {
-  for (int heads : {8, 16, 32, 64, 128}) {
+  for (int heads : {8, 16, 24, 32, 48, 64, 96, 128}) {
     EXPECT_EQ(Splits(Shape(128, heads, 128, 512), cuda::DecodeKernels::kWgmma), 0) << heads;
     EXPECT_EQ(Splits(Shape(512, heads, 128, 1024), cuda::DecodeKernels::kWgmma), 0) << heads;
   }

@@ -21,7 +21,7 @@
 //     consumers free a tile through another (Produce, wgmma_device.cuh).
 //     Eight warps issue the loads: with the same bytes in flight, a gather
 //     runs faster from more warps (RESULTS.md).
-// At Hp = 128 the two CTAs of a token form a cluster (kPair, ProducePair):
+// At Hp 72..128 the two CTAs of a token form a cluster (kPair, ProducePair):
 // each one's producers gather and dequantise only half of every chunk's
 // rows, an eighth of a row a thread, and store them into both CTAs' tiles,
 // the other's through distributed shared memory (st.async); FlashMLA calls
@@ -87,6 +87,8 @@ static_assert(WgLayout::kBytes <= 227 * 1024, "shared memory of the wgmma CTA");
 // distinct banks; then it goes out in 16-byte pieces.
 constexpr uint32_t kStagedRowBytes = kHeadDim * 2 + 16;
 static_assert(kTileRows * kStagedRowBytes <= 2 * kTileBytes, "staged output over the key tiles");
+// The FP8 output is staged the same way, 512 e4m3 bytes a row.
+constexpr uint32_t kStagedE4m3RowBytes = kHeadDim + 16;
 
 // O *= alpha of its row (element i of o[n] is row row0 + 8 ((i >> 1) & 1)),
 // then the fence before the MMAs that accumulate into O (scaled before it,
@@ -105,6 +107,70 @@ __device__ __forceinline__ void RescaleForMma(float (&o)[4][32], const float (&a
   WgmmaFence();
 }
 
+// WriteOutput's finished rows as FP8 (spec section 5). A row's block of 128
+// dims lies in one consumer's half (n = 2b, 2b + 1 of its o), shared by the
+// four lanes of a quad: each lane's maximum, the quad's, then the codes,
+// staged and copied out as WriteOutput does. Rows past H are computed (the
+// quads of a warp shuffle together) but not stored.
+__device__ void WriteE4m3Output(const DecodeParams& p, const WgTask& task, const float (&o)[4][32],
+                                int row0, int dim0, const float (&row_max)[2],
+                                const float (&row_sum)[2], unsigned char* smem) {
+  const int tig = threadIdx.x & 3;
+  const float* cos_sin = DerotationOf(p, task.t);
+  unsigned char* staged = smem + WgLayout::kKeys;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int h = row0 + 8 * half;
+    const bool real = task.h0 + h < p.num_heads;
+    const RowEnd end = real ? EndOfRow(p, task.t, task.h0 + h, row_max[half], row_sum[half])
+                            : RowEnd{0.0f, INFINITY};
+    if (real && dim0 == 0 && tig == 0) StoreLse(p, task.t, task.h0 + h, end.lse);
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      // The values twice (the maximum, then the codes) rather than 32 more
+      // registers held.
+      float amax = 0.0f;
+#pragma unroll
+      for (int n = 2 * b; n < 2 * b + 2; ++n) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int dim = dim0 + 64 * n + 8 * i + 2 * tig;
+          const float2 v = FinishedValues(dim / 2, end.factor, cos_sin, o[n][4 * i + 2 * half],
+                                          o[n][4 * i + 2 * half + 1]);
+          amax = fmaxf(amax, fmaxf(fabsf(v.x), fabsf(v.y)));
+        }
+      }
+      const int e = BlockScaleExponent(LanesMax<4>(amax));
+      const float inv_scale = InverseBlockScale(e);
+#pragma unroll
+      for (int n = 2 * b; n < 2 * b + 2; ++n) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int dim = dim0 + 64 * n + 8 * i + 2 * tig;
+          const float2 v = FinishedValues(dim / 2, end.factor, cos_sin, o[n][4 * i + 2 * half],
+                                          o[n][4 * i + 2 * half + 1]);
+          *reinterpret_cast<uint16_t*>(staged + h * kStagedE4m3RowBytes + dim) =
+              static_cast<uint16_t>(E4m3Pair(v.x, v.y, inv_scale));
+        }
+      }
+      if (real && tig == 0) {
+        ScaleBytes(p, task.t, task.h0 + h)[(dim0 + kOutputBlockDims * b) / kOutputBlockDims] =
+            BlockScaleByte(e);
+      }
+    }
+  }
+  MbarrierArrive(SharedAddress(smem) + WgLayout::kStaged);
+  MbarrierWait(SharedAddress(smem) + WgLayout::kStaged, 0);
+  const int heads = min(kTileRows, p.num_heads - task.h0);
+  constexpr int kPieces = kHeadDim / 16;
+  for (int k = threadIdx.x; k < heads * kPieces; k += 256) {
+    const int h = k / kPieces;
+    const int piece = k % kPieces;
+    reinterpret_cast<uint4*>(E4m3Row(p, task.t, task.h0 + h))[piece] =
+        *reinterpret_cast<const uint4*>(staged + h * kStagedE4m3RowBytes + piece * 16);
+  }
+}
+
 // Writes this thread's part of O: rows (heads) row0 and row0 + 8, dims
 // dim0 + 64 n + 8 i + 2 (lane % 4) and + 1, from accumulator element
 // o[n][4 i + 2 half] (+ 1) for row row0 + 8 half. Called by both consumer
@@ -116,6 +182,10 @@ __device__ void WriteOutput(const DecodeParams& p, const WgTask& task, int split
                             int dim0, const float (&row_max)[2], const float (&row_sum)[2],
                             unsigned char* smem) {
   const int tig = threadIdx.x & 3;
+  if (splits == 1 && Fp8Output(p)) {
+    WriteE4m3Output(p, task, o, row0, dim0, row_max, row_sum, smem);
+    return;
+  }
   if (splits == 1) {
     const float* cos_sin = DerotationOf(p, task.t);
     unsigned char* staged = smem + WgLayout::kKeys;
@@ -209,8 +279,8 @@ __device__ __forceinline__ void StoreQ(const DecodeParams& p, const WgTask& task
   MbarrierArrive(SharedAddress(smem) + WgLayout::kQReady);
 }
 
-// A cluster of two CTAs (kPair: the two 64-head groups of a token at
-// Hp = 128) shares the work of filling the key tiles: each CTA's producers
+// A cluster of two CTAs (kPair: the two head groups of a token at
+// Hp 72..128, the second 64 heads or fewer) shares the work of filling the key tiles: each CTA's producers
 // gather and dequantise half of every chunk's rows (CTA rank k rows 32 k ..
 // 32 k + 31) and store them into both CTAs' tiles, the peer's through
 // st.async, which counts its bytes on the peer's full barrier. A tile is
@@ -667,7 +737,7 @@ cudaError_t LaunchDecodeWgmma(const DecodeParams& p, int groups, int splits, int
                               float* partial_o, float* partial_ml, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.num_tokens * groups), splits);
   const Partials partials{partial_o, partial_ml};
-  // Hp = 128: the two head groups of a token as a pair.
+  // Hp 72..128: the two head groups of a token as a pair.
   return groups == 2 ? LaunchWgmma<true>(p, grid, groups, splits, split_entries, partials, stream)
                      : LaunchWgmma<false>(p, grid, groups, splits, split_entries, partials, stream);
 }

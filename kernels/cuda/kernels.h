@@ -46,9 +46,10 @@ cudaError_t LaunchDecode(const DecodeParams& params, DecodeKernels kernels, int 
                          void* scratch, cudaStream_t stream);
 
 // The warpgroup-MMA decode kernel (decode_wgmma.cu): one CTA per
-// kWgmmaHeads heads of a token and split (a smaller Hp, which only
-// MLA_CUDA_DECODE=padded sends it, padded with zero queries; at Hp = 128
-// the token's two CTAs run as a cluster that shares the key tiles); called
+// kWgmmaHeads heads of a token and split (the last group of an Hp that is
+// not a multiple of 64, and a smaller Hp, which only MLA_CUDA_DECODE=padded
+// sends it, padded with zero queries in shared memory; at Hp 72..128 the
+// token's two CTAs run as a cluster that shares the key tiles); called
 // by LaunchDecode, which plans the splits (partial_o/partial_ml as there).
 inline constexpr int kWgmmaHeads = 64;
 inline constexpr int kWgmmaChunk = 64;  // keys a chunk (also the narrow kernel's)
@@ -57,7 +58,7 @@ cudaError_t LaunchDecodeWgmma(const DecodeParams& params, int groups, int splits
                               int split_entries, float* partial_o, float* partial_ml,
                               cudaStream_t stream);
 
-// The narrow decode kernel (decode_narrow.cu) for Hp = 8, 16 or 32: one CTA
+// The narrow decode kernel (decode_narrow.cu) for Hp = 8, 16, 24 or 32: one CTA
 // per token and split; called by LaunchDecode as LaunchDecodeWgmma.
 cudaError_t LaunchDecodeNarrow(const DecodeParams& params, int splits, int split_entries,
                                float* partial_o, float* partial_ml, cudaStream_t stream);

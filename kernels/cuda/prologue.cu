@@ -14,7 +14,9 @@
 #include <cstdint>
 
 #include "kernels/cuda/bf16_device.cuh"
+#include "kernels/cuda/fp8_device.cuh"
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/wgmma_device.cuh"
 #include "kernels/geometry.h"
 #include "kernels/head_padding.h"
 
@@ -135,30 +137,16 @@ __device__ void KvRow(const KvInsertParams& insert, const RopeTableView& rope, i
   uint8_t* scales = base + block * kBlockBytes + int64_t{kBlockTokens} * kTokenDataBytes +
                     offset * kTokenScaleBytes;
   if (lane < 28) {
-    // e: the smallest integer with 2^e >= max(amax, 1e-4) / 448, from the bits.
-    const float quotient = fmaxf(amax, 1e-4f) / 448.0f;
-    const uint32_t bits = __float_as_uint(quotient);
-    const int e = static_cast<int>((bits >> 23) & 0xffu) - 127 + ((bits & 0x7fffffu) != 0 ? 1 : 0);
-    const float inv_scale = __uint_as_float(static_cast<uint32_t>(127 - e) << 23);  // 2^-e, exact
+    const int e = BlockScaleExponent(amax);
+    const float inv_scale = InverseBlockScale(e);
     uint32_t words[4];
 #pragma unroll
     for (int w = 0; w < 4; ++w) {
-      uint32_t word = 0;
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        const float lo = fminf(fmaxf(x[4 * w + 2 * k] * inv_scale, -448.0f), 448.0f);
-        const float hi = fminf(fmaxf(x[4 * w + 2 * k + 1] * inv_scale, -448.0f), 448.0f);
-        const __nv_fp8x2_storage_t pair =
-            __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
-        word |= static_cast<uint32_t>(pair) << (16 * k);
-      }
-      words[w] = word;
+      words[w] = E4m3Pair(x[4 * w], x[4 * w + 1], inv_scale) |
+                 E4m3Pair(x[4 * w + 2], x[4 * w + 3], inv_scale) << 16;
     }
     reinterpret_cast<uint4*>(data)[lane] = make_uint4(words[0], words[1], words[2], words[3]);
-    if ((lane & 3) == 0) {
-      const int byte = min(max(e + 127, 0), 255);
-      scales[lane >> 2] = static_cast<uint8_t>(byte);
-    }
+    if ((lane & 3) == 0) scales[lane >> 2] = BlockScaleByte(e);
   } else {
     uint4 a, b;
     PackRow16(x, a, b);
@@ -173,6 +161,10 @@ __device__ void KvRow(const KvInsertParams& insert, const RopeTableView& rope, i
 template <int kRows>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     PrologueKernel(const PrologueParams p, int64_t query_rows) {
+  // The decode after it (LaunchOverlapped) may launch once every CTA of
+  // this grid has started: its set-up and index loads overlap this kernel,
+  // and it waits for this grid's completion before it reads q or the cache.
+  AllowNextGrid();
   const int lane = threadIdx.x & 31;
   const int64_t item = int64_t{blockIdx.x} * kWarpsPerBlock + (threadIdx.x >> 5);
   const int64_t query_items = query_rows / kRows;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <utility>
@@ -115,9 +116,10 @@ void ExpectInserted(const InsertBatch& batch, const std::vector<uint8_t>& after,
 
 std::vector<PrologueCase> PrologueCases() {
   std::vector<PrologueCase> cases;
-  const int tokens_for_heads[] = {64, 33, 17, 7, 3, 1};
+  const int tokens_for_heads[] = {64, 33, 17, 11, 7, 5, 3, 2, 1};
+  static_assert(std::size(tokens_for_heads) == std::size(kHeadCounts));
   for (const LayerCase& layer : LayerCases()) {
-    for (int i = 0; i < 6; ++i) {
+    for (size_t i = 0; i < std::size(kHeadCounts); ++i) {
       cases.push_back({layer, kHeadCounts[i], tokens_for_heads[i], 1000 + cases.size()});
     }
   }
@@ -324,12 +326,13 @@ std::string DecodeCase::Name() const {
 
 std::vector<DecodeCase> DecodeCases() {
   std::vector<DecodeCase> cases;
-  const int tokens_for_heads[] = {64, 24, 12, 5, 3, 2};
+  const int tokens_for_heads[] = {64, 24, 12, 9, 5, 4, 3, 2, 2};
+  static_assert(std::size(tokens_for_heads) == std::size(kHeadCounts));
   const SinkMode modes[] = {SinkMode::kNone,  SinkMode::kNegativeInfinity,
                             SinkMode::kZero,  SinkMode::kLarge,
                             SinkMode::kMixed, SinkMode::kPerToken};
   for (const LayerCase& layer : LayerCases()) {
-    for (int i = 0; i < 6; ++i) {
+    for (size_t i = 0; i < std::size(kHeadCounts); ++i) {
       const int index = static_cast<int>(cases.size());
       // The mode turns with the layer too, so that every mode meets every
       // head count and token count rather than always the same one.

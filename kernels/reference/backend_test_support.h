@@ -40,7 +40,9 @@ namespace backend_test {
 // Past YaRN's original context (65536), so that long angles are exercised.
 constexpr int32_t kMaxPosition = 70000;
 constexpr uint16_t kPoisonBf16 = 0xffff;  // a NaN
-constexpr int kHeadCounts[] = {4, 8, 16, 32, 64, 128};
+// Powers of two, the multiples of 8 between them (24, 48, 96: section 6) and
+// one count that pads (4).
+constexpr int kHeadCounts[] = {4, 8, 16, 24, 32, 48, 64, 96, 128};
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // A new backend for one run, or why none could be made (a failed device).

@@ -312,12 +312,10 @@ absl::StatusOr<DecodeFiles> ReadDecodeFiles(const CommandOptions& options) {
   }
   const int64_t num_tokens = files.q.shape[0];
   const int64_t padded_heads = files.q.shape[1];
-  bool supported = false;
-  for (int count : kSupportedHeadCounts) supported |= count == padded_heads;
-  if (!supported) {
+  if (padded_heads > kMaxHeads || !IsSupportedHeadCount(static_cast<int>(padded_heads))) {
     return absl::InvalidArgumentError(absl::StrCat(
         files.q_name, ": has ", padded_heads, " heads; decode takes a prologue's q_out, whose ",
-        "head count is one of {", SupportedHeadCountsText(), "}: run the prologue on it first"));
+        "head count is ", SupportedHeadCountsText(), ": run the prologue on it first"));
   }
   files.num_heads = options.heads > 0 ? options.heads : static_cast<int>(padded_heads);
   if (files.num_heads > padded_heads) {

@@ -951,7 +951,8 @@ TEST_P(EndToEndTest, DecodeStepsMatchCpuBackendAndReference) {
   EXPECT_EQ(model->indexer_topk(), profile.indexer_topk);
   EXPECT_THAT(model->compress_ratios(), ::testing::ElementsAreArray(profile.compress_ratios));
   EXPECT_FLOAT_EQ(model->softmax_scale(), 0.04419417382415922f);
-  EXPECT_THAT(info.supported_head_counts(), ::testing::ElementsAre(8, 16, 32, 64, 128));
+  EXPECT_THAT(info.supported_head_counts(),
+              ::testing::ElementsAre(8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128));
   EXPECT_FALSE(info.head_padding().empty());
   EXPECT_EQ(info.kv_blocks_total(), static_cast<int64_t>(0.05e9 / kBlockBytes));
   EXPECT_EQ(info.kv_blocks_used(), 0);
