@@ -33,6 +33,7 @@
 #include "kernels/cache_format.h"
 #include "kernels/cpu_backend.h"
 #include "kernels/cuda/test_kernels.h"
+#include "kernels/fp8_e4m3.h"
 #include "kernels/geometry.h"
 #include "kernels/head_padding.h"
 #include "kernels/key_lists.h"
@@ -297,6 +298,91 @@ void ExpectOneKeyDecode(CudaBackend& backend, uint32_t seed, int64_t tokens, int
   ASSERT_TRUE(backend.Decode(params).ok());
   ASSERT_TRUE(backend.Synchronize().ok());
   ExpectOneKeyRows(arena, params, rows.expected, kSlots);
+}
+
+// The FP8 output of one-key decodes. Each (token, head) attends one row with
+// probability 1 and no sink, so its fp32 output is the row exactly and its
+// FP8 form (spec section 5) is the host's quantisation of the row, byte for
+// byte (a -0 value may come out +0, as ExpectOneKeyRows says), on every
+// path: the narrow kernel (8..32 heads), the 64-head one with a partial last
+// group (40, 48, 96) and as a pair (96, 128), and, with the one key among
+// 299 -1 entries of a 300-wide list of a few tokens, the split keys'
+// combine.
+TEST(DecodeFp8Test, OneKeyRowsComeOutAsTheHostQuantisesThem) {
+  MAKE_CUDA_BACKEND(backend);
+  constexpr int64_t kSlots = 4096;
+  const OneKeyRows rows = MakeOneKeyRows(kSlots, 2131);
+  if (backend.decode_kernels() == cuda::DecodeKernels::kMma ||
+      backend.decode_kernels() == cuda::DecodeKernels::kSimt) {
+    // The cross-check kernels write bf16 only, and say so.
+    DeviceArena arena(backend);
+    DecodeParams params = PutOneKeyDecode(arena, arena.Put(rows.pool), kSlots, 2, 16);
+    params.out = nullptr;
+    params.out_e4m3 = arena.Zeros<uint8_t>(2 * 16 * kHeadDim);
+    params.out_scales = arena.Zeros<uint8_t>(2 * 16 * kOutputBlocks);
+    const absl::Status refused = backend.Decode(params);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kUnimplemented) << refused;
+    EXPECT_NE(refused.message().find("MLA_CUDA_DECODE"), absl::string_view::npos) << refused;
+    return;
+  }
+  for (int heads : {8, 16, 24, 32, 40, 48, 64, 96, 128}) {
+    for (const int64_t tokens : {int64_t{3}, int64_t{200}}) {
+      for (const int width : {1, 300}) {
+        DeviceArena arena(backend);
+        DecodeParams params =
+            PutOneKeyDecode(arena, arena.Put(rows.pool), kSlots, tokens, heads);
+        if (width > 1) {
+          std::vector<int32_t> indices(tokens * width, -1);
+          for (int64_t t = 0; t < tokens; ++t) {
+            indices[t * width + (t * 37) % width] = static_cast<int32_t>(t % kSlots);
+          }
+          params.main.width = width;
+          params.main.indices = arena.Put(indices);
+        }
+        const int64_t values = tokens * heads * kHeadDim;
+        params.out = nullptr;
+        params.out_e4m3 = arena.Put(std::vector<uint8_t>(values, 0x7f));  // NaN
+        params.out_scales = arena.Put(std::vector<uint8_t>(tokens * heads * kOutputBlocks, 0xee));
+        ASSERT_TRUE(backend.Decode(params).ok());
+        ASSERT_TRUE(backend.Synchronize().ok());
+        const std::vector<uint8_t> codes = arena.Get(params.out_e4m3, values);
+        const std::vector<uint8_t> scales =
+            arena.Get(params.out_scales, tokens * heads * kOutputBlocks);
+        const std::vector<float> lse = arena.Get(params.lse, tokens * heads);
+        int64_t wrong = 0;
+        std::string first;
+        for (int64_t t = 0; t < tokens; ++t) {
+          const uint16_t* row = rows.expected.data() + (t % kSlots) * kHeadDim;
+          for (int h = 0; h < heads; ++h) {
+            for (int k = 0; k < kOutputBlocks; ++k) {
+              float amax = 0.0f;
+              for (int d = 0; d < kOutputBlockDims; ++d) {
+                amax = std::max(amax, std::fabs(Bf16ToFloat(row[k * kOutputBlockDims + d])));
+              }
+              const int e = CeilLog2FromBits(std::max(amax, 1e-4f) / 448.0f);
+              const uint8_t byte = static_cast<uint8_t>(std::clamp(e + 127, 0, 255));
+              const int64_t at = (t * heads + h) * kOutputBlocks + k;
+              bool same = scales[at] == byte;
+              for (int d = 0; d < kOutputBlockDims && same; ++d) {
+                const int dim = k * kOutputBlockDims + d;
+                const uint8_t want = FloatToE4m3(std::ldexp(Bf16ToFloat(row[dim]), -e));
+                const uint8_t got = codes[(t * heads + h) * kHeadDim + dim];
+                same = got == want || ((got | want) == 0x80 && (got & want) == 0);
+              }
+              if (!same || lse[t * heads + h] != 0.0f) {
+                if (wrong++ == 0) {
+                  first = absl::StrCat("token ", t, " head ", h, " block ", k, ": scale byte ",
+                                       scales[at], " (want ", byte, "), lse ", lse[t * heads + h]);
+                }
+              }
+            }
+          }
+        }
+        EXPECT_EQ(wrong, 0) << wrong << " blocks wrong at H=" << heads << " N=" << tokens
+                            << " width " << width << ", the first " << first;
+      }
+    }
+  }
 }
 
 // A batch past the 65,535 CTAs that a grid's y and z allow: every decode
