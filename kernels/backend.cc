@@ -73,6 +73,12 @@ absl::Status ComputeBackend::CopyToHostAsync(void* host_dst, const void* device_
   return CopyToHost(host_dst, device_src, bytes);
 }
 
+absl::Status ComputeBackend::PrologueAndDecode(const PrologueParams& prologue,
+                                               const DecodeParams& decode) {
+  if (absl::Status status = Prologue(prologue); !status.ok()) return status;
+  return Decode(decode);
+}
+
 absl::Status ComputeBackend::BuildKeyLists(const KeyListBuildParams& params) {
   if (!host_accessible()) {
     return absl::UnimplementedError(

@@ -287,6 +287,15 @@ class ComputeBackend {
   virtual absl::Status Prologue(const PrologueParams& params) = 0;
   virtual absl::Status Decode(const DecodeParams& params) = 0;
 
+  // A layer step: Prologue(prologue), then Decode(decode) of the same tokens
+  // and heads with decode.q the prologue's q_out. A backend may fuse the two
+  // (the CUDA one makes the query rows inside the decode, which starts while
+  // the inserts run): out, lse and the cache are then as the two calls leave
+  // them, but q_out's contents are unspecified. The default makes the two
+  // calls.
+  virtual absl::Status PrologueAndDecode(const PrologueParams& prologue,
+                                         const DecodeParams& decode);
+
   // Waits for every operation issued so far.
   virtual absl::Status Synchronize() = 0;
 

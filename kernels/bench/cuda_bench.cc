@@ -26,11 +26,12 @@
 // At b = 128 each decode shape also runs
 // - with the FP8 output (op "decode_fp8": out_e4m3 and out_scales instead of
 //   bf16 out), and
-// - after its prologue in the same stream (op "prologue+decode": b tokens'
-//   q through the prologue, b SWA rows and b/4 compressed rows inserted, the
-//   decode reading the prologue's q_out), so that the row beside "decode"
-//   shows what the prologue adds once it overlaps the decode's start
-//   (programmatic dependent launch).
+// - as a layer step with its prologue (b tokens' q, b SWA rows and b/4
+//   compressed rows inserted): op "prologue+decode" is the backend's
+//   PrologueAndDecode (fused: the inserts, then the decode making the query
+//   rows while they run), op "prologue;decode" the two calls one after the
+//   other (the decode reading the prologue's q_out); beside "decode" they
+//   show what the prologue adds.
 // FLOPs: 4 * H * 512 per key entry (2*512 for q.K, 2*512 for P.V, real heads
 // only, padding heads not counted). Bytes: 584 per key entry (the cache row;
 // q, indices and out are not counted).
@@ -643,6 +644,10 @@ int main(int argc, char** argv) {
                                       d_cslots, compressed_rows, rope, *pool, pool_blocks);
       pro.q_out = d_q->as<uint16_t>();  // the decode's q
       record("prologue+decode", TimeGraphUs(iters, stream, [&](int i) {
+               rotated(p, i);
+               CHECK_OK(backend.PrologueAndDecode(pro, p));
+             }));
+      record("prologue;decode", TimeGraphUs(iters, stream, [&](int i) {
                rotated(p, i);
                CHECK_OK(backend.Prologue(pro));
                CHECK_OK(backend.Decode(p));

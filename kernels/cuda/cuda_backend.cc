@@ -543,6 +543,33 @@ absl::Status CudaBackend::Prologue(const PrologueParams& params) {
 }
 
 absl::Status CudaBackend::Decode(const DecodeParams& params) {
+  return LaunchDecode(params, cuda::FusedQuery{});
+}
+
+absl::Status CudaBackend::PrologueAndDecode(const PrologueParams& prologue,
+                                            const DecodeParams& decode) {
+  const bool fusable = (decode_kernels_ == cuda::DecodeKernels::kWgmma ||
+                        decode_kernels_ == cuda::DecodeKernels::kPadded) &&
+                       decode.q == prologue.q_out && decode.num_tokens == prologue.num_tokens &&
+                       decode.num_heads == prologue.num_heads &&
+                       decode.padded_heads == prologue.padded_heads;
+  if (!fusable) return ComputeBackend::PrologueAndDecode(prologue, decode);
+  if (absl::Status status = CheckPrologueParams(prologue); !status.ok()) return status;
+  if (absl::Status status = CheckCudaAlignment(prologue); !status.ok()) return status;
+  if (absl::Status status = CheckDecodeParams(decode); !status.ok()) return status;
+  if (absl::Status status = CheckCudaAlignment(decode); !status.ok()) return status;
+  if (absl::Status status = Activate(); !status.ok()) return status;
+  if (absl::Status status =
+          Launched("prologue inserts kernel", cuda::LaunchInserts(prologue, AsStream(stream_)));
+      !status.ok()) {
+    return status;
+  }
+  return LaunchDecode(decode, cuda::FusedQuery{prologue.q, prologue.positions, prologue.rope,
+                                               prologue.rms_norm_eps});
+}
+
+absl::Status CudaBackend::LaunchDecode(const DecodeParams& params,
+                                       const cuda::FusedQuery& fused) {
   if (absl::Status status = CheckDecodeParams(params); !status.ok()) return status;
   if (absl::Status status = CheckCudaAlignment(params); !status.ok()) return status;
   if (params.out_e4m3 != nullptr && decode_kernels_ != cuda::DecodeKernels::kWgmma &&
@@ -572,7 +599,7 @@ absl::Status CudaBackend::Decode(const DecodeParams& params) {
     scratch_bytes_ = scratch;
   }
   return Launched("decode kernel", cuda::LaunchDecode(params, decode_kernels_, num_sms_,
-                                                      scratch_, AsStream(stream_)));
+                                                      scratch_, AsStream(stream_), fused));
 }
 
 absl::Status CudaBackend::Synchronize() {

@@ -22,6 +22,12 @@
 #include "kernels/cuda/decode_kernels.h"
 
 namespace mla {
+namespace cuda {
+struct FusedQuery;  // kernels.h, which needs CUDA's headers
+}  // namespace cuda
+}  // namespace mla
+
+namespace mla {
 
 // The alignment the CUDA kernels need, InvalidArgument naming the pointer
 // otherwise (a misaligned access would end the process's CUDA context):
@@ -61,6 +67,13 @@ class CudaBackend : public ComputeBackend {
   absl::Status BuildKeyLists(const KeyListBuildParams& params) override;
   absl::Status Prologue(const PrologueParams& params) override;
   absl::Status Decode(const DecodeParams& params) override;
+  // Fused with the default decode kernels (and MLA_CUDA_DECODE=padded) when
+  // decode.q is prologue.q_out and the two agree on tokens and heads: the
+  // inserts alone (cuda::LaunchInserts), then the decode making the query
+  // rows itself (cuda::FusedQuery) while they run. q_out is not written.
+  // Otherwise the two calls.
+  absl::Status PrologueAndDecode(const PrologueParams& prologue,
+                                 const DecodeParams& decode) override;
   absl::Status Synchronize() override;
   absl::Status Mark(int mark) override;
   double MarkedMicros(int from, int to) const override;
@@ -95,6 +108,8 @@ class CudaBackend : public ComputeBackend {
   // Notes `what` in in_flight_.
   void Issued(const char* what);
   absl::Status Launched(const char* kernel, int error);
+  // Decode, its query rows made by the decode itself when fused.q is set.
+  absl::Status LaunchDecode(const DecodeParams& params, const cuda::FusedQuery& fused);
   // Enqueues a copy of `kind` (a cudaMemcpyKind) on `stream`.
   absl::Status EnqueueCopy(void* dst, const void* src, int64_t bytes, int kind, const char* what,
                            void* stream);

@@ -385,6 +385,136 @@ TEST(DecodeFp8Test, OneKeyRowsComeOutAsTheHostQuantisesThem) {
   }
 }
 
+// PrologueAndDecode's fused layer step against the prologue then the
+// decode, on the same random inputs: out (both formats), lse and the pool
+// byte for byte, since the fused decode makes its query rows with the
+// prologue's instructions. Each token's first key is its own new SWA row,
+// which the fused decode may read only once the inserts are done. Head
+// counts of the narrow kernel, the 64-head one (partial group) and the
+// pair, padded (4) or not; a few tokens (a split of the keys and the
+// combine) and many.
+TEST(FusedLayerStepTest, MatchesThePrologueThenTheDecodeBitForBit) {
+  MAKE_CUDA_BACKEND(backend);
+  constexpr int64_t kBlocks = 64;
+  constexpr int64_t kSlots = kBlocks * kBlockTokens;
+  const RopeTable& table = SharedTable(RopeKind::kYarn);
+  for (int heads : {4, 16, 24, 32, 48, 64, 96, 128}) {
+    for (const int64_t tokens : {int64_t{3}, int64_t{150}}) {
+      for (const bool fp8 : {false, true}) {
+        if (fp8 && (backend.decode_kernels() == cuda::DecodeKernels::kMma ||
+                    backend.decode_kernels() == cuda::DecodeKernels::kSimt)) {
+          continue;  // bf16 only (DecodeFp8Test); these take the two calls
+        }
+        Random rng(5000 + heads * 7 + tokens + (fp8 ? 1 : 0));
+        const int padded = *PaddedHeadCount(heads);
+        // Every slot holds a valid row first; the step inserts its tokens'
+        // rows at distinct slots over some of them.
+        std::vector<int32_t> fill_positions(kSlots);
+        for (int32_t& x : fill_positions) x = static_cast<int32_t>(rng.Uniform(0, kMaxPosition));
+        InsertBatch fill = MakeInsert(rng, fill_positions, kBlocks);
+        for (int64_t i = 0; i < kSlots; ++i) fill.slots[i] = static_cast<int32_t>(i);
+        std::vector<int32_t> positions(tokens);
+        for (int32_t& x : positions) x = static_cast<int32_t>(rng.Uniform(0, kMaxPosition));
+        InsertBatch step_rows = MakeInsert(rng, positions, kBlocks);
+        std::vector<int32_t> step_slots(kSlots);
+        for (int64_t i = 0; i < kSlots; ++i) step_slots[i] = static_cast<int32_t>(i);
+        rng.Shuffle(step_slots);
+        step_rows.slots.assign(step_slots.begin(), step_slots.begin() + tokens);
+        const std::vector<uint16_t> q = rng.Rows(tokens * heads);
+        std::vector<int32_t> main_indices(tokens * kSwaWindow), extra_indices(tokens * 512);
+        for (int64_t t = 0; t < tokens; ++t) {
+          for (int k = 0; k < kSwaWindow; ++k) {
+            main_indices[t * kSwaWindow + k] =
+                k == 0 ? step_rows.slots[t]
+                       : (rng.Chance(0.05) ? -1 : static_cast<int32_t>(rng.Uniform(0, kSlots - 1)));
+          }
+          for (int k = 0; k < 512; ++k) {
+            extra_indices[t * 512 + k] = static_cast<int32_t>(rng.Uniform(0, kSlots - 1));
+          }
+        }
+        std::vector<float> sinks(heads);
+        for (float& sink : sinks) sink = static_cast<float>(rng.Normal() * 2);
+
+        struct Outcome {
+          std::vector<uint16_t> out;
+          std::vector<uint8_t> e4m3, scales, pool;
+          std::vector<float> lse;
+        };
+        auto run = [&](bool fused) {
+          DeviceArena arena(backend);
+          const RopeTableView rope = arena.PutTable(table);
+          uint8_t* pool = arena.Put(fill.pool);
+          PrologueParams fill_params;
+          fill_params.num_heads = heads;
+          fill_params.padded_heads = padded;
+          fill_params.rope = rope;
+          fill_params.swa = PutInsert(arena, fill, pool);
+          EXPECT_TRUE(backend.Prologue(fill_params).ok());
+          PrologueParams prologue;
+          prologue.num_tokens = tokens;
+          prologue.num_heads = heads;
+          prologue.padded_heads = padded;
+          prologue.q = arena.Put(q);
+          prologue.positions = arena.Put(positions);
+          prologue.q_out = arena.Put(std::vector<uint16_t>(tokens * padded * kHeadDim, kPoisonBf16));
+          prologue.rms_norm_eps = 1e-6f;
+          prologue.rope = rope;
+          prologue.swa = PutInsert(arena, step_rows, pool);
+          DecodeParams decode;
+          decode.num_tokens = tokens;
+          decode.num_heads = heads;
+          decode.padded_heads = padded;
+          decode.q = prologue.q_out;
+          decode.softmax_scale = 0.04419417382415922f;
+          decode.sinks = arena.Put(sinks);
+          decode.main = {kSwaWindow, arena.Put(main_indices), nullptr, {pool, kBlocks}};
+          decode.extra = {512, arena.Put(extra_indices), nullptr, {pool, kBlocks}};
+          decode.derotate = true;
+          decode.positions = prologue.positions;
+          decode.rope = rope;
+          const int64_t values = tokens * heads * kHeadDim;
+          if (fp8) {
+            decode.out_e4m3 = arena.Put(std::vector<uint8_t>(values, 0x7f));
+            decode.out_scales = arena.Put(std::vector<uint8_t>(tokens * heads * kOutputBlocks, 0xee));
+          } else {
+            decode.out = arena.Put(std::vector<uint16_t>(values, kPoisonBf16));
+          }
+          decode.lse = arena.Put(std::vector<float>(tokens * heads, -1.0f));
+          if (fused) {
+            EXPECT_TRUE(backend.PrologueAndDecode(prologue, decode).ok());
+          } else {
+            EXPECT_TRUE(backend.Prologue(prologue).ok());
+            EXPECT_TRUE(backend.Decode(decode).ok());
+          }
+          EXPECT_TRUE(backend.Synchronize().ok());
+          Outcome outcome;
+          if (fp8) {
+            outcome.e4m3 = arena.Get(decode.out_e4m3, values);
+            outcome.scales = arena.Get(decode.out_scales, tokens * heads * kOutputBlocks);
+          } else {
+            outcome.out = arena.Get(decode.out, values);
+          }
+          outcome.lse = arena.Get(decode.lse, tokens * heads);
+          outcome.pool = arena.Get(pool, fill.pool.size());
+          return outcome;
+        };
+        const Outcome twice = run(false);
+        const Outcome fused = run(true);
+        const std::string shape =
+            absl::StrCat("H=", heads, " N=", tokens, fp8 ? " fp8" : " bf16");
+        EXPECT_TRUE(twice.out == fused.out) << shape;
+        EXPECT_TRUE(twice.e4m3 == fused.e4m3) << shape;
+        EXPECT_TRUE(twice.scales == fused.scales) << shape;
+        EXPECT_EQ(0, std::memcmp(twice.lse.data(), fused.lse.data(), twice.lse.size() * 4))
+            << shape;
+        EXPECT_TRUE(twice.pool == fused.pool) << shape;
+        // Not vacuous: the decode wrote every value (no poison left).
+        for (float lse : fused.lse) ASSERT_NE(lse, -1.0f) << shape;
+      }
+    }
+  }
+}
+
 // A batch past the 65,535 CTAs that a grid's y and z allow: every decode
 // kernel puts the tokens in the grid's x. Also run with
 // MLA_CUDA_DECODE=padded, =mma and =simt by run_on_device.sh. With 8 heads

@@ -928,7 +928,7 @@ size_t DecodeScratchBytes(const DecodeParams& p, DecodeKernels kernels, int num_
 }
 
 cudaError_t LaunchDecode(const DecodeParams& p, DecodeKernels kernels, int num_sms, void* scratch,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, const FusedQuery& fused) {
   if (p.num_tokens == 0) return cudaSuccess;
   const Plan plan = MakePlan(p, kernels, num_sms);
   Partials partials{nullptr, nullptr};
@@ -939,10 +939,13 @@ cudaError_t LaunchDecode(const DecodeParams& p, DecodeKernels kernels, int num_s
   }
   cudaError_t error;
   if (kernels == DecodeKernels::kWgmma && p.padded_heads <= kNarrowMaxHeads) {
-    error = LaunchDecodeNarrow(p, plan.splits, plan.split_entries, partials.o, partials.ml, stream);
+    error = LaunchDecodeNarrow(p, fused, plan.splits, plan.split_entries, partials.o, partials.ml,
+                               stream);
   } else if (kernels == DecodeKernels::kWgmma || kernels == DecodeKernels::kPadded) {
-    error = LaunchDecodeWgmma(p, plan.groups, plan.splits, plan.split_entries, partials.o,
+    error = LaunchDecodeWgmma(p, fused, plan.groups, plan.splits, plan.split_entries, partials.o,
                               partials.ml, stream);
+  } else if (fused.q != nullptr) {
+    return cudaErrorInvalidValue;  // CudaBackend fuses with the two kernels above only
   } else if (kernels == DecodeKernels::kMma) {
     error = plan.hg == 2 * kMmaHeads ? LaunchMma<2>(p, plan, partials, stream)
                                      : LaunchMma<1>(p, plan, partials, stream);

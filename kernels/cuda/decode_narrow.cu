@@ -37,6 +37,7 @@
 
 #include "kernels/cuda/decode_device.cuh"
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/query_device.cuh"
 #include "kernels/cuda/wgmma_device.cuh"
 #include "kernels/geometry.h"
 
@@ -192,6 +193,33 @@ __device__ __forceinline__ void StoreNarrowQ(const DecodeParams& p, const WgTask
   }
 }
 
+// StoreNarrowQ's tile from the prologue's input instead (FusedQuery): warp w
+// makes query rows w, w + 4, .. as the prologue does, all loads in flight
+// before the first row is finished.
+template <int N>
+__device__ __forceinline__ void StoreFusedNarrowQ(const DecodeParams& p, const FusedQuery& fused,
+                                                  const WgTask& task, unsigned char* smem,
+                                                  int wt) {
+  constexpr int kRows = N / 4;
+  const int w = wt >> 5;
+  const int lane = wt & 31;
+  uint4 raw[kRows][2];
+#pragma unroll
+  for (int k = 0; k < kRows; ++k) {
+    LoadQueryRow(fused.q, task.t, w + 4 * k, p.num_heads, lane, raw[k]);
+  }
+  const float* cos_sin = fused.rope.data + int64_t{__ldg(fused.positions + task.t)} * kRopeDim;
+#pragma unroll
+  for (int k = 0; k < kRows; ++k) {
+    const int h = w + 4 * k;
+    uint4 row[2];
+    FinishQueryRow(raw[k], h < p.num_heads, cos_sin, fused.rms_norm_eps, lane, row);
+    *reinterpret_cast<uint4*>(smem + NarrowLayout<N>::kQ + NarrowOffset<N>(h, 16 * lane)) = row[0];
+    *reinterpret_cast<uint4*>(smem + NarrowLayout<N>::kQ + NarrowOffset<N>(h, 16 * lane + 8)) =
+        row[1];
+  }
+}
+
 // WG0: everything but the gathers. Thread (warp w, lane l), g = l / 4,
 // tig = l % 4, holds of S^T the keys 16w + g and + 8 and the heads
 // 8j + 2 tig and + 1 (j < N / 8); of O^T (8 dim tiles) the dims
@@ -199,8 +227,8 @@ __device__ __forceinline__ void StoreNarrowQ(const DecodeParams& p, const WgTask
 // maximum (every thread holding the head computes the same) and its own
 // keys' share of the running sum.
 template <int N>
-__device__ void Consume(const DecodeParams& p, const WgTask& task, int splits,
-                        const Partials& partials, unsigned char* smem, int wt) {
+__device__ void Consume(const DecodeParams& p, const FusedQuery& fused, const WgTask& task,
+                        int splits, const Partials& partials, unsigned char* smem, int wt) {
   using L = NarrowLayout<N>;
   constexpr int kAcc = N / 2;  // accumulator registers of an m64nN tile
   constexpr int kHeadsHeld = N / 4;
@@ -216,8 +244,13 @@ __device__ void Consume(const DecodeParams& p, const WgTask& task, int splits,
   auto held = [](int i) { return 2 * (i >> 2) + (i & 1); };
   auto element_of = [](int k) { return 4 * (k >> 1) + (k & 1); };
 
-  WaitForPreviousGrid();  // q is the prologue's
-  StoreNarrowQ<N>(p, task, smem, wt);
+  if (fused.q != nullptr) {
+    StoreFusedNarrowQ<N>(p, fused, task, smem, wt);  // while the inserts run
+    WaitForPreviousGrid();
+  } else {
+    WaitForPreviousGrid();  // q is the prologue's
+    StoreNarrowQ<N>(p, task, smem, wt);
+  }
   FenceForWgmma();
   ConsumerSync();
 
@@ -401,6 +434,8 @@ __device__ void Consume(const DecodeParams& p, const WgTask& task, int splits,
     // block's maximum across the warp, then a word of 4 codes a lane.
     static_assert(kQuads == 128 && kOutputBlockDims == 32 * 4, "a warp a block");
     const float* cos_sin = DerotationOf(p, task.t);
+    // Four heads' chains of shuffles side by side.
+#pragma unroll 4
     for (int k = wt; k < p.num_heads * kQuads; k += 128) {
       const int h = k / kQuads;
       const int c = k % kQuads;
@@ -553,7 +588,8 @@ struct NarrowShape {
 
 template <int N>
 __global__ void __launch_bounds__(NarrowShape<N>::kThreads, 1)
-    DecodeNarrowKernel(const DecodeParams p, int splits, int split_entries, Partials partials) {
+    DecodeNarrowKernel(const DecodeParams p, const FusedQuery fused, int splits, int split_entries,
+                       Partials partials) {
   using L = NarrowLayout<N>;
   extern __shared__ __align__(1024) unsigned char smem[];
   const WgTask task = MakeTask(p, blockIdx.x, 0, N, blockIdx.y, split_entries);
@@ -570,7 +606,7 @@ __global__ void __launch_bounds__(NarrowShape<N>::kThreads, 1)
   __syncthreads();
   if (tid < 128) {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(NarrowShape<N>::kConsumerRegisters));
-    Consume<N>(p, task, splits, partials, smem, tid);
+    Consume<N>(p, fused, task, splits, partials, smem, tid);
   } else {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(NarrowShape<N>::kProducerRegisters));
     if constexpr (L::kRing) {
@@ -583,31 +619,33 @@ __global__ void __launch_bounds__(NarrowShape<N>::kThreads, 1)
 }
 
 template <int N>
-cudaError_t LaunchNarrow(const DecodeParams& p, int splits, int split_entries, float* partial_o,
-                         float* partial_ml, cudaStream_t stream) {
+cudaError_t LaunchNarrow(const DecodeParams& p, const FusedQuery& fused, int splits,
+                         int split_entries, float* partial_o, float* partial_ml,
+                         cudaStream_t stream) {
   const cudaError_t error =
       PrepareWarpSpecialised<DecodeNarrowKernel<N>, NarrowShape<N>::kLaunchRegisters>(
           NarrowLayout<N>::kBytes);
   if (error != cudaSuccess) return error;
   const dim3 grid(static_cast<unsigned>(p.num_tokens), splits);
   return LaunchOverlapped(DecodeNarrowKernel<N>, grid, NarrowShape<N>::kThreads,
-                          NarrowLayout<N>::kBytes, stream, 1, p, splits, split_entries,
+                          NarrowLayout<N>::kBytes, stream, 1, p, fused, splits, split_entries,
                           Partials{partial_o, partial_ml});
 }
 
 }  // namespace
 
-cudaError_t LaunchDecodeNarrow(const DecodeParams& p, int splits, int split_entries,
-                               float* partial_o, float* partial_ml, cudaStream_t stream) {
+cudaError_t LaunchDecodeNarrow(const DecodeParams& p, const FusedQuery& fused, int splits,
+                               int split_entries, float* partial_o, float* partial_ml,
+                               cudaStream_t stream) {
   switch (p.padded_heads) {
     case 8:
-      return LaunchNarrow<8>(p, splits, split_entries, partial_o, partial_ml, stream);
+      return LaunchNarrow<8>(p, fused, splits, split_entries, partial_o, partial_ml, stream);
     case 16:
-      return LaunchNarrow<16>(p, splits, split_entries, partial_o, partial_ml, stream);
+      return LaunchNarrow<16>(p, fused, splits, split_entries, partial_o, partial_ml, stream);
     case 24:
-      return LaunchNarrow<24>(p, splits, split_entries, partial_o, partial_ml, stream);
+      return LaunchNarrow<24>(p, fused, splits, split_entries, partial_o, partial_ml, stream);
     case 32:
-      return LaunchNarrow<32>(p, splits, split_entries, partial_o, partial_ml, stream);
+      return LaunchNarrow<32>(p, fused, splits, split_entries, partial_o, partial_ml, stream);
     default:
       return cudaErrorInvalidValue;
   }

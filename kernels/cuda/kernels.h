@@ -22,6 +22,9 @@ cudaError_t LaunchKeyLists(const KeyListBuildParams& params, cudaStream_t stream
 // rows of both insert lists (RoPE, bf16, quantise, write), on a GPU of
 // `num_sms` SMs.
 cudaError_t LaunchPrologue(const PrologueParams& params, int num_sms, cudaStream_t stream);
+// The prologue's insert rows alone (both lists), not its query rows: the
+// first half of a fused layer step (FusedQuery).
+cudaError_t LaunchInserts(const PrologueParams& params, cudaStream_t stream);
 // How many query rows one warp of the prologue handles for a batch of
 // `query_rows` (tokens x Hp) on a GPU of `sms` SMs: 4, 2 or 1 (prologue.cu).
 int PrologueRowsPerWarp(int64_t query_rows, int sms);
@@ -38,12 +41,26 @@ struct DecodeSplit {
 };
 DecodeSplit DecodeSplitOf(const DecodeParams& params, DecodeKernels kernels, int num_sms);
 
+// The prologue's query part (spec section 4) done by the decode kernels
+// themselves, at their start (a fused layer step, CudaBackend::
+// PrologueAndDecode): with q set, a decode reads q [N, H, 512] (the
+// prologue's input) instead of DecodeParams::q and normalises, rotates and
+// rounds each row as the prologue does (query_device.cuh: the same bits),
+// before it waits for the kernel before it (LaunchInserts'), so that this
+// work overlaps that kernel. Null q: the decode reads DecodeParams::q.
+struct FusedQuery {
+  const uint16_t* q = nullptr;
+  const int32_t* positions = nullptr;  // [N]
+  RopeTableView rope;
+  float rms_norm_eps = 0.0f;
+};
+
 // Spec section 5 with `kernels`. `scratch` is device memory of at least
 // DecodeScratchBytes() for the split-key partial results (may be null when
-// that is 0).
+// that is 0). A FusedQuery needs kernels kWgmma or kPadded.
 size_t DecodeScratchBytes(const DecodeParams& params, DecodeKernels kernels, int num_sms);
 cudaError_t LaunchDecode(const DecodeParams& params, DecodeKernels kernels, int num_sms,
-                         void* scratch, cudaStream_t stream);
+                         void* scratch, cudaStream_t stream, const FusedQuery& fused = {});
 
 // The warpgroup-MMA decode kernel (decode_wgmma.cu): one CTA per
 // kWgmmaHeads heads of a token and split (the last group of an Hp that is
@@ -54,14 +71,15 @@ cudaError_t LaunchDecode(const DecodeParams& params, DecodeKernels kernels, int 
 inline constexpr int kWgmmaHeads = 64;
 inline constexpr int kWgmmaChunk = 64;  // keys a chunk (also the narrow kernel's)
 inline constexpr int kNarrowMaxHeads = 32;
-cudaError_t LaunchDecodeWgmma(const DecodeParams& params, int groups, int splits,
-                              int split_entries, float* partial_o, float* partial_ml,
+cudaError_t LaunchDecodeWgmma(const DecodeParams& params, const FusedQuery& fused, int groups,
+                              int splits, int split_entries, float* partial_o, float* partial_ml,
                               cudaStream_t stream);
 
 // The narrow decode kernel (decode_narrow.cu) for Hp = 8, 16, 24 or 32: one CTA
 // per token and split; called by LaunchDecode as LaunchDecodeWgmma.
-cudaError_t LaunchDecodeNarrow(const DecodeParams& params, int splits, int split_entries,
-                               float* partial_o, float* partial_ml, cudaStream_t stream);
+cudaError_t LaunchDecodeNarrow(const DecodeParams& params, const FusedQuery& fused, int splits,
+                               int split_entries, float* partial_o, float* partial_ml,
+                               cudaStream_t stream);
 
 // Runs a self-check of the fp8 conversion on the device (a negative value
 // rounding to zero must give 0x80); false when the hardware disagrees.

@@ -16,6 +16,7 @@
 #include "kernels/cuda/bf16_device.cuh"
 #include "kernels/cuda/fp8_device.cuh"
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/query_device.cuh"
 #include "kernels/cuda/wgmma_device.cuh"
 #include "kernels/geometry.h"
 #include "kernels/head_padding.h"
@@ -25,60 +26,9 @@ namespace cuda {
 namespace {
 
 constexpr int kWarpsPerBlock = 8;
-
-__device__ __forceinline__ void UnpackRow16(uint4 a, uint4 b, float (&x)[16]) {
-  const uint32_t words[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    x[2 * i] = Bf16Bits(words[i] & 0xffffu);
-    x[2 * i + 1] = Bf16Bits(words[i] >> 16);
-  }
-}
-
-__device__ __forceinline__ void LoadRow16(const uint16_t* row, int lane, float (&x)[16]) {
-  const uint4* src = reinterpret_cast<const uint4*>(row + lane * 16);
-  UnpackRow16(src[0], src[1], x);
-}
-
-// A lane's 16 values as bf16, in two 16-byte pieces.
-__device__ __forceinline__ void PackRow16(const float (&x)[16], uint4& a, uint4& b) {
-  uint32_t w[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) w[i] = PackBf16(x[2 * i], x[2 * i + 1]);
-  a = make_uint4(w[0], w[1], w[2], w[3]);
-  b = make_uint4(w[4], w[5], w[6], w[7]);
-}
-
-// Rotates this lane's 8 pairs (lanes 28..31 only) by table row `cos_sin`.
-__device__ __forceinline__ void RopeLane(const float* cos_sin, int lane, float (&x)[16]) {
-  if (lane < 28) return;
-  const int pair0 = (lane - 28) * 8;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const float a = x[2 * i];
-    const float b = x[2 * i + 1];
-    const float c = __ldg(cos_sin + pair0 + i);
-    const float s = __ldg(cos_sin + kRopePairs + pair0 + i);
-    x[2 * i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-    x[2 * i + 1] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
-  }
-}
-
-// RMSNorm of a query row (the warp's 512 values, 16 a lane), then RoPE.
-__device__ __forceinline__ void NormRopeRow(const float* cos_sin, float eps, int lane,
-                                            float (&x)[16]) {
-  float squares = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 16; ++i) squares = __fmaf_rn(x[i], x[i], squares);
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    squares += __shfl_xor_sync(0xffffffffu, squares, offset);
-  }
-  const float inv_rms = 1.0f / sqrtf(squares / kHeadDim + eps);
-#pragma unroll
-  for (int i = 0; i < 16; ++i) x[i] *= inv_rms;
-  RopeLane(cos_sin, lane, x);
-}
+// The insert rows alone (LaunchInserts) in CTAs of 32 warps: the decode
+// after them needs a whole SM a CTA, and waits for the SMs these occupy.
+constexpr int kInsertWarpsPerBlock = 32;
 
 // Query rows h0 .. h0 + kRows - 1 of token t (one warp): every row's loads
 // go out before the first is used, and the token's position and RoPE row
@@ -87,29 +37,16 @@ template <int kRows>
 __device__ void QueryRows(const PrologueParams& p, int64_t t, int h0, int lane) {
   uint4 raw[kRows][2];
 #pragma unroll
-  for (int k = 0; k < kRows; ++k) {
-    raw[k][0] = raw[k][1] = make_uint4(0, 0, 0, 0);
-    if (h0 + k < p.num_heads) {
-      const uint16_t* row = p.q + (t * p.num_heads + h0 + k) * kHeadDim;
-      const uint4* src = reinterpret_cast<const uint4*>(row + lane * 16);
-      raw[k][0] = src[0];
-      raw[k][1] = src[1];
-    }
-  }
+  for (int k = 0; k < kRows; ++k) LoadQueryRow(p.q, t, h0 + k, p.num_heads, lane, raw[k]);
   const float* cos_sin = p.rope.data + int64_t{__ldg(p.positions + t)} * kRopeDim;
 #pragma unroll
   for (int k = 0; k < kRows; ++k) {
+    uint4 row[2];
+    FinishQueryRow(raw[k], h0 + k < p.num_heads, cos_sin, p.rms_norm_eps, lane, row);
     uint4* out =
         reinterpret_cast<uint4*>(p.q_out + (t * p.padded_heads + h0 + k) * kHeadDim + lane * 16);
-    if (h0 + k >= p.num_heads) {
-      out[0] = make_uint4(0, 0, 0, 0);
-      out[1] = make_uint4(0, 0, 0, 0);
-      continue;
-    }
-    float x[16];
-    UnpackRow16(raw[k][0], raw[k][1], x);
-    NormRopeRow(cos_sin, p.rms_norm_eps, lane, x);
-    PackRow16(x, out[0], out[1]);
+    out[0] = row[0];
+    out[1] = row[1];
   }
 }
 
@@ -158,15 +95,15 @@ __device__ void KvRow(const KvInsertParams& insert, const RopeTableView& rope, i
 }
 
 // kRows query rows a warp (kRows divides Hp), then one KV row a warp.
-template <int kRows>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+template <int kRows, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32)
     PrologueKernel(const PrologueParams p, int64_t query_rows) {
   // The decode after it (LaunchOverlapped) may launch once every CTA of
   // this grid has started: its set-up and index loads overlap this kernel,
   // and it waits for this grid's completion before it reads q or the cache.
   AllowNextGrid();
   const int lane = threadIdx.x & 31;
-  const int64_t item = int64_t{blockIdx.x} * kWarpsPerBlock + (threadIdx.x >> 5);
+  const int64_t item = int64_t{blockIdx.x} * kWarps + (threadIdx.x >> 5);
   const int64_t query_items = query_rows / kRows;
   if (item < query_items) {
     const int64_t row = item * kRows;
@@ -197,13 +134,13 @@ constexpr bool DividesEveryHeadCount(int rows) {
   return true;
 }
 
-template <int kRows>
+template <int kRows, int kWarps = kWarpsPerBlock>
 cudaError_t LaunchRows(const PrologueParams& params, int64_t query_rows, cudaStream_t stream) {
   static_assert(DividesEveryHeadCount(kRows), "a warp's query rows are one token's");
   const int64_t items = query_rows / kRows + params.swa.num_rows + params.compressed.num_rows;
   if (items == 0) return cudaSuccess;
-  const int64_t blocks = (items + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  PrologueKernel<kRows><<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, stream>>>(
+  const int64_t blocks = (items + kWarps - 1) / kWarps;
+  PrologueKernel<kRows, kWarps><<<static_cast<unsigned>(blocks), kWarps * 32, 0, stream>>>(
       params, query_rows);
   return cudaGetLastError();
 }
@@ -234,6 +171,10 @@ cudaError_t LaunchPrologue(const PrologueParams& params, int num_sms, cudaStream
     default:
       return LaunchRows<1>(params, query_rows, stream);
   }
+}
+
+cudaError_t LaunchInserts(const PrologueParams& params, cudaStream_t stream) {
+  return LaunchRows<1, kInsertWarpsPerBlock>(params, 0, stream);
 }
 
 cudaError_t CheckFp8NegativeZero(cudaStream_t stream, bool* ok) {
