@@ -605,7 +605,7 @@ int main(int argc, char** argv) {
       {
         absl::StatusOr<DeviceBuffer> d_e4m3 = backend.Allocate(static_cast<size_t>(b) * shape.heads * kHeadDim);
         absl::StatusOr<DeviceBuffer> d_scales =
-            backend.Allocate(static_cast<size_t>(b) * shape.heads * kOutputBlocks);
+            backend.Allocate(static_cast<size_t>(b) * shape.heads * kOutputQuantBlocks);
         CHECK_OK(d_e4m3.status());
         CHECK_OK(d_scales.status());
         DecodeParams fp8 = p;

@@ -200,6 +200,11 @@ INSTANTIATE_TEST_SUITE_P(AllLayerKindsAndHeadCounts, DecodeTest,
                            return info.param.Name();
                          });
 
+INSTANTIATE_TEST_SUITE_P(Fp8Output, DecodeTest, ::testing::ValuesIn(Fp8DecodeCases()),
+                         [](const ::testing::TestParamInfo<DecodeCase>& info) {
+                           return info.param.Name();
+                         });
+
 // ---- One realistic layer step: prologue, then decode over what it wrote.
 
 class LayerStepTest : public ::testing::TestWithParam<LayerCase> {};
@@ -319,7 +324,7 @@ TEST(DecodeFp8Test, OneKeyRowsComeOutAsTheHostQuantisesThem) {
     DecodeParams params = PutOneKeyDecode(arena, arena.Put(rows.pool), kSlots, 2, 16);
     params.out = nullptr;
     params.out_e4m3 = arena.Zeros<uint8_t>(2 * 16 * kHeadDim);
-    params.out_scales = arena.Zeros<uint8_t>(2 * 16 * kOutputBlocks);
+    params.out_scales = arena.Zeros<uint8_t>(2 * 16 * kOutputQuantBlocks);
     const absl::Status refused = backend.Decode(params);
     EXPECT_EQ(refused.code(), absl::StatusCode::kUnimplemented) << refused;
     EXPECT_NE(refused.message().find("MLA_CUDA_DECODE"), absl::string_view::npos) << refused;
@@ -342,29 +347,29 @@ TEST(DecodeFp8Test, OneKeyRowsComeOutAsTheHostQuantisesThem) {
         const int64_t values = tokens * heads * kHeadDim;
         params.out = nullptr;
         params.out_e4m3 = arena.Put(std::vector<uint8_t>(values, 0x7f));  // NaN
-        params.out_scales = arena.Put(std::vector<uint8_t>(tokens * heads * kOutputBlocks, 0xee));
+        params.out_scales = arena.Put(std::vector<uint8_t>(tokens * heads * kOutputQuantBlocks, 0xee));
         ASSERT_TRUE(backend.Decode(params).ok());
         ASSERT_TRUE(backend.Synchronize().ok());
         const std::vector<uint8_t> codes = arena.Get(params.out_e4m3, values);
         const std::vector<uint8_t> scales =
-            arena.Get(params.out_scales, tokens * heads * kOutputBlocks);
+            arena.Get(params.out_scales, tokens * heads * kOutputQuantBlocks);
         const std::vector<float> lse = arena.Get(params.lse, tokens * heads);
         int64_t wrong = 0;
         std::string first;
         for (int64_t t = 0; t < tokens; ++t) {
           const uint16_t* row = rows.expected.data() + (t % kSlots) * kHeadDim;
           for (int h = 0; h < heads; ++h) {
-            for (int k = 0; k < kOutputBlocks; ++k) {
+            for (int k = 0; k < kOutputQuantBlocks; ++k) {
               float amax = 0.0f;
-              for (int d = 0; d < kOutputBlockDims; ++d) {
-                amax = std::max(amax, std::fabs(Bf16ToFloat(row[k * kOutputBlockDims + d])));
+              for (int d = 0; d < kOutputQuantBlock; ++d) {
+                amax = std::max(amax, std::fabs(Bf16ToFloat(row[k * kOutputQuantBlock + d])));
               }
               const int e = CeilLog2FromBits(std::max(amax, 1e-4f) / 448.0f);
               const uint8_t byte = static_cast<uint8_t>(std::clamp(e + 127, 0, 255));
-              const int64_t at = (t * heads + h) * kOutputBlocks + k;
+              const int64_t at = (t * heads + h) * kOutputQuantBlocks + k;
               bool same = scales[at] == byte;
-              for (int d = 0; d < kOutputBlockDims && same; ++d) {
-                const int dim = k * kOutputBlockDims + d;
+              for (int d = 0; d < kOutputQuantBlock && same; ++d) {
+                const int dim = k * kOutputQuantBlock + d;
                 const uint8_t want = FloatToE4m3(std::ldexp(Bf16ToFloat(row[dim]), -e));
                 const uint8_t got = codes[(t * heads + h) * kHeadDim + dim];
                 same = got == want || ((got | want) == 0x80 && (got & want) == 0);
@@ -475,7 +480,7 @@ TEST(FusedLayerStepTest, MatchesThePrologueThenTheDecodeBitForBit) {
           const int64_t values = tokens * heads * kHeadDim;
           if (fp8) {
             decode.out_e4m3 = arena.Put(std::vector<uint8_t>(values, 0x7f));
-            decode.out_scales = arena.Put(std::vector<uint8_t>(tokens * heads * kOutputBlocks, 0xee));
+            decode.out_scales = arena.Put(std::vector<uint8_t>(tokens * heads * kOutputQuantBlocks, 0xee));
           } else {
             decode.out = arena.Put(std::vector<uint16_t>(values, kPoisonBf16));
           }
@@ -490,7 +495,7 @@ TEST(FusedLayerStepTest, MatchesThePrologueThenTheDecodeBitForBit) {
           Outcome outcome;
           if (fp8) {
             outcome.e4m3 = arena.Get(decode.out_e4m3, values);
-            outcome.scales = arena.Get(decode.out_scales, tokens * heads * kOutputBlocks);
+            outcome.scales = arena.Get(decode.out_scales, tokens * heads * kOutputQuantBlocks);
           } else {
             outcome.out = arena.Get(decode.out, values);
           }

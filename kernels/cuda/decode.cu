@@ -777,7 +777,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   // FP8: a block of 128 dims is two warps' pairs; their maxima meet in
   // shared memory.
-  static_assert(kThreads * 2 == kHeadDim && kOutputBlockDims == 2 * 32 * 2, "two warps a block");
+  static_assert(kThreads * 2 == kHeadDim && kOutputQuantBlock == 2 * 32 * 2, "two warps a block");
   __shared__ float warp_max[kThreads / 32];
   const RowEnd end = EndOfRow(p, t, h, m, l);
   const float2 v = FinishedValues(threadIdx.x, end.factor, DerotationOf(p, t), o0, o1);

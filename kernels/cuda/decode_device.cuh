@@ -177,7 +177,7 @@ __device__ __forceinline__ uint8_t* E4m3Row(const DecodeParams& p, int64_t t, in
   return p.out_e4m3 + (t * p.num_heads + h) * kHeadDim;
 }
 __device__ __forceinline__ uint8_t* ScaleBytes(const DecodeParams& p, int64_t t, int h) {
-  return p.out_scales + (t * p.num_heads + h) * kOutputBlocks;
+  return p.out_scales + (t * p.num_heads + h) * kOutputQuantBlocks;
 }
 
 // FinishedPair stored as dims (2w, 2w+1) of head h of token t.

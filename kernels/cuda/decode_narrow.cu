@@ -432,7 +432,7 @@ __device__ void Consume(const DecodeParams& p, const FusedQuery& fused, const Wg
   if (splits == 1 && Fp8Output(p)) {
     // A step is one head, warp w its block w (32 lanes x 4 dims): the
     // block's maximum across the warp, then a word of 4 codes a lane.
-    static_assert(kQuads == 128 && kOutputBlockDims == 32 * 4, "a warp a block");
+    static_assert(kQuads == 128 && kOutputQuantBlock == 32 * 4, "a warp a block");
     const float* cos_sin = DerotationOf(p, task.t);
     // Four heads' chains of shuffles side by side.
 #pragma unroll 4

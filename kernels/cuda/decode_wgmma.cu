@@ -155,7 +155,7 @@ __device__ void WriteE4m3Output(const DecodeParams& p, const WgTask& task, const
         }
       }
       if (real && tig == 0) {
-        ScaleBytes(p, task.t, task.h0 + h)[(dim0 + kOutputBlockDims * b) / kOutputBlockDims] =
+        ScaleBytes(p, task.t, task.h0 + h)[(dim0 + kOutputQuantBlock * b) / kOutputQuantBlock] =
             BlockScaleByte(e);
       }
     }
