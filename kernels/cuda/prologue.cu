@@ -30,6 +30,15 @@ constexpr int kWarpsPerBlock = 8;
 // after them needs a whole SM a CTA, and waits for the SMs these occupy.
 constexpr int kInsertWarpsPerBlock = 32;
 
+// The kernel before has finished (its reads of what we overwrite are done),
+// and only then may the decode after this one launch: the decode reads its
+// key lists before it waits, and the kernel before may be the one that wrote
+// them (LaunchKeyLists).
+__device__ __forceinline__ void WaitToWrite() {
+  WaitForPreviousGrid();
+  AllowNextGrid();
+}
+
 // Query rows h0 .. h0 + kRows - 1 of token t (one warp): every row's loads
 // go out before the first is used, and the token's position and RoPE row
 // are read once for them all.
@@ -39,14 +48,18 @@ __device__ void QueryRows(const PrologueParams& p, int64_t t, int h0, int lane) 
 #pragma unroll
   for (int k = 0; k < kRows; ++k) LoadQueryRow(p.q, t, h0 + k, p.num_heads, lane, raw[k]);
   const float* cos_sin = p.rope.data + int64_t{__ldg(p.positions + t)} * kRopeDim;
+  uint4 rows[kRows][2];
 #pragma unroll
   for (int k = 0; k < kRows; ++k) {
-    uint4 row[2];
-    FinishQueryRow(raw[k], h0 + k < p.num_heads, cos_sin, p.rms_norm_eps, lane, row);
+    FinishQueryRow(raw[k], h0 + k < p.num_heads, cos_sin, p.rms_norm_eps, lane, rows[k]);
+  }
+  WaitToWrite();  // the kernel before may still read this q_out
+#pragma unroll
+  for (int k = 0; k < kRows; ++k) {
     uint4* out =
         reinterpret_cast<uint4*>(p.q_out + (t * p.padded_heads + h0 + k) * kHeadDim + lane * 16);
-    out[0] = row[0];
-    out[1] = row[1];
+    out[0] = rows[k][0];
+    out[1] = rows[k][1];
   }
 }
 
@@ -66,6 +79,7 @@ __device__ void KvRow(const KvInsertParams& insert, const RopeTableView& rope, i
   for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(x[i]));
   amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
   amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+  WaitToWrite();  // the kernel before may still read this slot
 
   uint8_t* base = insert.pool.base;
   const int64_t block = slot / kBlockTokens;
@@ -95,13 +109,12 @@ __device__ void KvRow(const KvInsertParams& insert, const RopeTableView& rope, i
 }
 
 // kRows query rows a warp (kRows divides Hp), then one KV row a warp.
+// Launched overlapped (LaunchOverlapped), as the decode after it: a warp's
+// loads and arithmetic overlap the end of the kernel before it, and it
+// waits for that kernel (WaitToWrite) before its first write.
 template <int kRows, int kWarps>
 __global__ void __launch_bounds__(kWarps * 32)
     PrologueKernel(const PrologueParams p, int64_t query_rows) {
-  // The decode after it (LaunchOverlapped) may launch once every CTA of
-  // this grid has started: its set-up and index loads overlap this kernel,
-  // and it waits for this grid's completion before it reads q or the cache.
-  AllowNextGrid();
   const int lane = threadIdx.x & 31;
   const int64_t item = int64_t{blockIdx.x} * kWarps + (threadIdx.x >> 5);
   const int64_t query_items = query_rows / kRows;
@@ -140,9 +153,8 @@ cudaError_t LaunchRows(const PrologueParams& params, int64_t query_rows, cudaStr
   const int64_t items = query_rows / kRows + params.swa.num_rows + params.compressed.num_rows;
   if (items == 0) return cudaSuccess;
   const int64_t blocks = (items + kWarps - 1) / kWarps;
-  PrologueKernel<kRows, kWarps><<<static_cast<unsigned>(blocks), kWarps * 32, 0, stream>>>(
-      params, query_rows);
-  return cudaGetLastError();
+  return LaunchOverlapped(PrologueKernel<kRows, kWarps>, dim3(static_cast<unsigned>(blocks)),
+                          kWarps * 32, 0, stream, 1, params, query_rows);
 }
 
 }  // namespace

@@ -203,14 +203,17 @@ __device__ __forceinline__ float Exp2(float x) {
 }
 
 // Programmatic dependent launch (PDL). The warp-specialised decode kernels
-// are launched with LaunchOverlapped, so that their CTAs may start while the
-// kernel before them in the stream (the prologue that wrote q and the cache
-// rows, or the previous decode's kernels) is still finishing; each CTA allows the
-// next such launch as soon as it starts. Before WaitForPreviousGrid a
-// kernel reads only what no kernel writes (the token's list lengths and
-// index lists, copied from the host) and writes nothing; after it, the
-// previous kernel is complete and its writes are visible. Launched without
-// the attribute, the wait returns at once.
+// and the prologue (prologue.cu) are launched with LaunchOverlapped, so that
+// their CTAs may start while the kernel before them in the stream (the
+// prologue that wrote q and the cache rows, or the previous decode's
+// kernels) is still finishing; each decode CTA allows the next such launch
+// as soon as it starts, a prologue warp once the kernel before it has
+// finished. Before WaitForPreviousGrid a kernel reads only what no kernel
+// writes (the token's list lengths and index lists, which the key list
+// kernel wrote before a plain launch's end, or the inputs copied from the
+// host) and writes nothing; after it, the previous kernel is complete and
+// its writes are visible. Launched without the attribute, the wait returns
+// at once.
 __device__ __forceinline__ void WaitForPreviousGrid() {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 }
