@@ -109,9 +109,13 @@ __device__ void KvRow(const KvInsertParams& insert, const RopeTableView& rope, i
 }
 
 // kRows query rows a warp (kRows divides Hp), then one KV row a warp.
-// Launched overlapped (LaunchOverlapped), as the decode after it: a warp's
-// loads and arithmetic overlap the end of the kernel before it, and it
-// waits for that kernel (WaitToWrite) before its first write.
+// The inserts alone (LaunchInserts) are launched overlapped
+// (LaunchOverlapped), as the decode after them: a warp's loads and
+// arithmetic overlap the end of the kernel before, and it waits for that
+// kernel (WaitToWrite) before its first write. The whole prologue is a plain
+// launch: overlapped, its CTAs took SMs at the previous decode's end and
+// waited there, and a prologue and decode took 1.4-3.4 us longer
+// (RESULTS.md).
 template <int kRows, int kWarps>
 __global__ void __launch_bounds__(kWarps * 32)
     PrologueKernel(const PrologueParams p, int64_t query_rows) {
@@ -148,13 +152,19 @@ constexpr bool DividesEveryHeadCount(int rows) {
 }
 
 template <int kRows, int kWarps = kWarpsPerBlock>
-cudaError_t LaunchRows(const PrologueParams& params, int64_t query_rows, cudaStream_t stream) {
+cudaError_t LaunchRows(const PrologueParams& params, int64_t query_rows, bool overlapped,
+                       cudaStream_t stream) {
   static_assert(DividesEveryHeadCount(kRows), "a warp's query rows are one token's");
   const int64_t items = query_rows / kRows + params.swa.num_rows + params.compressed.num_rows;
   if (items == 0) return cudaSuccess;
   const int64_t blocks = (items + kWarps - 1) / kWarps;
-  return LaunchOverlapped(PrologueKernel<kRows, kWarps>, dim3(static_cast<unsigned>(blocks)),
-                          kWarps * 32, 0, stream, 1, params, query_rows);
+  if (overlapped) {
+    return LaunchOverlapped(PrologueKernel<kRows, kWarps>, dim3(static_cast<unsigned>(blocks)),
+                            kWarps * 32, 0, stream, 1, params, query_rows);
+  }
+  PrologueKernel<kRows, kWarps><<<static_cast<unsigned>(blocks), kWarps * 32, 0, stream>>>(
+      params, query_rows);
+  return cudaGetLastError();
 }
 
 }  // namespace
@@ -177,16 +187,16 @@ cudaError_t LaunchPrologue(const PrologueParams& params, int num_sms, cudaStream
   // admits the supported counts only): a warp's rows are one token's.
   switch (PrologueRowsPerWarp(query_rows, num_sms)) {
     case 4:
-      return LaunchRows<4>(params, query_rows, stream);
+      return LaunchRows<4>(params, query_rows, /*overlapped=*/false, stream);
     case 2:
-      return LaunchRows<2>(params, query_rows, stream);
+      return LaunchRows<2>(params, query_rows, /*overlapped=*/false, stream);
     default:
-      return LaunchRows<1>(params, query_rows, stream);
+      return LaunchRows<1>(params, query_rows, /*overlapped=*/false, stream);
   }
 }
 
 cudaError_t LaunchInserts(const PrologueParams& params, cudaStream_t stream) {
-  return LaunchRows<1, kInsertWarpsPerBlock>(params, 0, stream);
+  return LaunchRows<1, kInsertWarpsPerBlock>(params, 0, /*overlapped=*/true, stream);
 }
 
 cudaError_t CheckFp8NegativeZero(cudaStream_t stream, bool* ok) {

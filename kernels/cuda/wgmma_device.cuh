@@ -203,7 +203,7 @@ __device__ __forceinline__ float Exp2(float x) {
 }
 
 // Programmatic dependent launch (PDL). The warp-specialised decode kernels
-// and the prologue (prologue.cu) are launched with LaunchOverlapped, so that
+// and the prologue's inserts (prologue.cu) are launched with LaunchOverlapped, so that
 // their CTAs may start while the kernel before them in the stream (the
 // prologue that wrote q and the cache rows, or the previous decode's
 // kernels) is still finishing; each decode CTA allows the next such launch
