@@ -59,13 +59,14 @@ inline __m256i EncodeE4m3x8(__m256 values) {
   return _mm256_or_si256(code, sign);
 }
 
-// The largest |value| of a tile, NaNs left out (as std::max(amax, |v|)
-// from 0 leaves them out: a NaN never compares greater). The order of the
-// comparisons does not matter: the result is the largest of a set.
-inline float TileAmax(const float* values) {
+// The largest |value| of a block of `count` (a multiple of 8), NaNs left
+// out (as std::max(amax, |v|) from 0 leaves them out: a NaN never compares
+// greater). The order of the comparisons does not matter: the result is
+// the largest of a set.
+inline float BlockAmax(const float* values, int count) {
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   __m256 amax = _mm256_setzero_ps();
-  for (int i = 0; i < kQuantTile; i += 8) {
+  for (int i = 0; i < count; i += 8) {
     // maxps(a, b) is a > b ? a : b: with a = |v|, a NaN yields b.
     amax = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(values + i), abs_mask), amax);
   }
@@ -87,26 +88,29 @@ int TileScaleExponent(float amax) {
   return CeilLog2FromBits(std::max(amax, 1e-4f) / kE4m3Max);
 }
 
+uint8_t QuantizeBlock(const float* values, int count, uint8_t* codes) {
+  const int exponent = TileScaleExponent(BlockAmax(values, count));
+  const __m256 inverse_scale = _mm256_set1_ps(std::ldexp(1.0f, -exponent));
+  for (int i = 0; i < count; i += 32) {
+    __m256i words[4];
+    for (int j = 0; j < 4; ++j) {
+      words[j] = EncodeE4m3x8(_mm256_mul_ps(_mm256_loadu_ps(values + i + 8 * j), inverse_scale));
+    }
+    // Four vectors of 32-bit codes (all in 0..255) into 32 bytes in order:
+    // the packs interleave 128-bit lanes, the permute puts them back.
+    const __m256i words01 = _mm256_packus_epi32(words[0], words[1]);
+    const __m256i words23 = _mm256_packus_epi32(words[2], words[3]);
+    const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(words01, words23),
+                                                      _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + i), bytes);
+  }
+  return static_cast<uint8_t>(std::clamp(exponent + 127, 0, 255));
+}
+
 void QuantizeRow(const float* row, uint8_t* data, uint8_t* scales) {
   for (int tile = 0; tile < kNopeTiles; ++tile) {
-    const float* values = row + tile * kQuantTile;
-    const int exponent = TileScaleExponent(TileAmax(values));
-    const __m256 inverse_scale = _mm256_set1_ps(std::ldexp(1.0f, -exponent));
-    for (int i = 0; i < kQuantTile; i += 32) {
-      __m256i codes[4];
-      for (int j = 0; j < 4; ++j) {
-        codes[j] = EncodeE4m3x8(
-            _mm256_mul_ps(_mm256_loadu_ps(values + i + 8 * j), inverse_scale));
-      }
-      // Four vectors of 32-bit codes (all in 0..255) into 32 bytes in order:
-      // the packs interleave 128-bit lanes, the permute puts them back.
-      const __m256i words01 = _mm256_packus_epi32(codes[0], codes[1]);
-      const __m256i words23 = _mm256_packus_epi32(codes[2], codes[3]);
-      const __m256i bytes = _mm256_permutevar8x32_epi32(
-          _mm256_packus_epi16(words01, words23), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(data + tile * kQuantTile + i), bytes);
-    }
-    scales[tile] = static_cast<uint8_t>(std::clamp(exponent + 127, 0, 255));
+    scales[tile] =
+        QuantizeBlock(row + tile * kQuantTile, kQuantTile, data + tile * kQuantTile);
   }
   scales[kNopeTiles] = 0;
   for (int i = 0; i < kRopeDim; ++i) {

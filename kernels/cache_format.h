@@ -26,9 +26,19 @@ inline constexpr int64_t SlotScaleOffset(int64_t slot) {
          slot % kBlockTokens * kTokenScaleBytes;
 }
 
-// UE8M0 scale exponent of one 64-value tile: the smallest e with
-// 2^e >= max(amax, 1e-4) / 448, from the IEEE bits of that quotient.
+// UE8M0 scale exponent of one block of values whose largest magnitude is
+// `amax` (a 64-value cache tile, a 128-value FP8 output block): the
+// smallest e with 2^e >= max(amax, 1e-4) / 448, from the IEEE bits of that
+// quotient.
 int TileScaleExponent(float amax);
+
+// Spec section 3's quantisation of one block of `count` values (a multiple
+// of 32; NaNs are left out of the block's amax): e = TileScaleExponent(the
+// largest |value|), codes[i] = e4m3fn(values[i] * 2^-e) rounded to nearest
+// even and saturating (a negative value that rounds to zero is 0x80);
+// returns the scale byte clamp(e + 127, 0, 255). The cache's 64-value tiles
+// and the decode's 128-value FP8 output blocks (section 5) are both this.
+uint8_t QuantizeBlock(const float* values, int count, uint8_t* codes);
 
 // Quantises one row of 512 values (RoPE applied, already rounded to bf16) into
 // its 576 data bytes and 8 scale bytes (the last one the zero pad byte).

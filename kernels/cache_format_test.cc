@@ -333,6 +333,105 @@ TEST(CacheFormatTest, DequantizeRowMatchesTheScalarDefinitionBitForBit) {
   }
 }
 
+// ---- QuantizeBlock on the decode's 128-value FP8 output blocks (spec
+// section 5 applies section 3's rule to them).
+
+// 128 codes and the scale byte of one block, every code poisoned first.
+struct EncodedBlock {
+  uint8_t codes[kOutputQuantBlock];
+  uint8_t scale;
+};
+
+EncodedBlock QuantizeOutputBlock(const std::vector<float>& values) {
+  EncodedBlock encoded;
+  std::memset(encoded.codes, 0xA5, sizeof(encoded.codes));
+  encoded.scale = QuantizeBlock(values.data(), kOutputQuantBlock, encoded.codes);
+  return encoded;
+}
+
+TEST(QuantizeBlockTest, OneScaleForAll128Values) {
+  // The largest value sits last: it sets the scale of the first as well.
+  std::vector<float> values(kOutputQuantBlock, 1.0f);
+  values[127] = 448.0f * 4;  // e = 2
+  const EncodedBlock encoded = QuantizeOutputBlock(values);
+  EXPECT_EQ(encoded.scale, 129);
+  EXPECT_EQ(encoded.codes[0], FloatToE4m3(0.25f));  // 1 / 4 = 2^-2: 0x28
+  EXPECT_EQ(encoded.codes[0], 0x28);
+  EXPECT_EQ(encoded.codes[127], 0x7E);
+}
+
+TEST(QuantizeBlockTest, AmaxExactlyAPowerOfTwoTimes448) {
+  for (int k = -20; k <= 20; ++k) {
+    std::vector<float> values(kOutputQuantBlock, 0.0f);
+    values[64] = -std::ldexp(448.0f, k);
+    EncodedBlock encoded = QuantizeOutputBlock(values);
+    EXPECT_EQ(encoded.scale, 127 + k) << k;
+    EXPECT_EQ(encoded.codes[64], 0xFE) << k;  // -448 exactly, no saturation needed
+    values[64] = std::nextafter(std::ldexp(448.0f, k), 1e30f);
+    encoded = QuantizeOutputBlock(values);
+    EXPECT_EQ(encoded.scale, 128 + k) << k;
+    EXPECT_EQ(encoded.codes[64], 0x76) << k;  // just above 224 rounds to 224
+  }
+}
+
+TEST(QuantizeBlockTest, InfinitySaturatesAndTakesTheLargestScale) {
+  std::vector<float> values(kOutputQuantBlock, 1.0f);
+  values[3] = -INFINITY;
+  const EncodedBlock encoded = QuantizeOutputBlock(values);
+  EXPECT_EQ(encoded.scale, 255);  // e = 128 from inf / 448
+  EXPECT_EQ(encoded.codes[3], 0xFE);
+  EXPECT_EQ(encoded.codes[0], 0x00);  // 1 x 2^-128 rounds to zero
+}
+
+TEST(QuantizeBlockTest, NegativeValuesRoundingToZeroKeepTheSign) {
+  std::vector<float> values(kOutputQuantBlock, 0.0f);
+  values[0] = 1.0f;                      // e = -8
+  values[1] = -std::ldexp(1.0f, -20);    // x 256 = -2^-12: below half the subnormal step
+  values[2] = -0.0f;
+  values[3] = std::ldexp(1.0f, -20);
+  const EncodedBlock encoded = QuantizeOutputBlock(values);
+  EXPECT_EQ(encoded.scale, 119);
+  EXPECT_EQ(encoded.codes[0], 0x78);
+  EXPECT_EQ(encoded.codes[1], 0x80);
+  EXPECT_EQ(encoded.codes[2], 0x80);
+  EXPECT_EQ(encoded.codes[3], 0x00);
+  EXPECT_EQ(encoded.codes[4], 0x00);
+}
+
+TEST(QuantizeBlockTest, AmaxFloorAppliesToTinyAndZeroBlocks) {
+  // An empty key set's output: every value +0, scale 2^-22 (byte 105).
+  const EncodedBlock zeros = QuantizeOutputBlock(std::vector<float>(kOutputQuantBlock, 0.0f));
+  EXPECT_EQ(zeros.scale, 105);
+  for (uint8_t code : zeros.codes) EXPECT_EQ(code, 0x00);
+  std::vector<float> tiny(kOutputQuantBlock, 0.0f);
+  tiny[100] = 3e-5f;  // below the floor: 3e-5 x 2^22 = 125.8 -> 128
+  const EncodedBlock encoded = QuantizeOutputBlock(tiny);
+  EXPECT_EQ(encoded.scale, 105);
+  EXPECT_EQ(E4m3ToFloat(encoded.codes[100]), 128.0f);
+}
+
+TEST(QuantizeBlockTest, MatchesTheScalarDefinitionOnRandomBlocks) {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int trial = 0; trial < 3000; ++trial) {
+    std::vector<float> values(kOutputQuantBlock);
+    const float magnitude = std::ldexp(1.0f, static_cast<int>(rng() % 80) - 40);
+    for (float& v : values) v = normal(rng) * magnitude * (rng() % 50 == 0 ? 1e-4f : 1.0f);
+    if (trial % 5 == 1) values[rng() % kOutputQuantBlock] = NAN;
+    float amax = 0.0f;
+    for (float v : values) amax = std::max(amax, std::fabs(v));
+    const int exponent = TileScaleExponent(amax);
+    const EncodedBlock encoded = QuantizeOutputBlock(values);
+    ASSERT_EQ(encoded.scale, std::clamp(exponent + 127, 0, 255)) << "trial " << trial;
+    for (int i = 0; i < kOutputQuantBlock; ++i) {
+      const float scaled =
+          std::clamp(values[i] * std::ldexp(1.0f, -exponent), -kE4m3Max, kE4m3Max);
+      ASSERT_EQ(encoded.codes[i], FloatToE4m3(scaled))
+          << "trial " << trial << " value " << i << " = " << values[i];
+    }
+  }
+}
+
 TEST(Bf16Test, RoundsToNearestEven) {
   EXPECT_EQ(FloatToBf16(1.0f), 0x3F80);
   EXPECT_EQ(FloatToBf16(1.0f + std::ldexp(1.0f, -8)), 0x3F80);  // tie, even stays

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/bf16.h"
+#include "kernels/cache_format.h"
 #include "kernels/geometry.h"
 #include "kernels/rope.h"
 #include "kernels/validation.h"
@@ -220,7 +221,8 @@ inline void ScoreRows(const float* q, const float* keys, int c, float scale, flo
 // values[c], the products multiply-added in row order (on the first chunk o
 // is taken as zero). With `factor` (the last chunk), the NoPE dims leave as
 // bf16(o[h] * factor[h]) into out[h] (skipped where null: padding heads),
-// and the RoPE dims stay in o, times factor, for the de-rotation.
+// and the RoPE dims stay in o, times factor, for the de-rotation; without
+// `out` (the FP8 output) every dim stays in o, times factor.
 inline void AccumulateBlock(const float* probs, int prob_stride, const float* values, int rows,
                             const float* alpha, bool first, const float* factor,
                             uint16_t* const* out, float* o) {
@@ -253,7 +255,7 @@ inline void AccumulateBlock(const float* probs, int prob_stride, const float* va
       const __m256 f = _mm256_set1_ps(factor[h]);
       const __m256 lo = _mm256_mul_ps(acc[h][0], f);
       const __m256 hi = _mm256_mul_ps(acc[h][1], f);
-      if (d >= kNopeDim) {
+      if (d >= kNopeDim || out == nullptr) {
         _mm256_storeu_ps(row, lo);
         _mm256_storeu_ps(row + 8, hi);
       } else if (out[h] != nullptr) {
@@ -277,8 +279,17 @@ struct DecodeScratch {
   std::vector<float> alpha;   // [heads]: this chunk's rescaling of o
   std::vector<float> factor;  // [heads]: 1 / the softmax denominator, sink included
   std::vector<float> lse;     // [heads]
-  std::vector<uint16_t*> out;  // [heads]: the rows of out; null for padding heads
+  std::vector<uint16_t*> out;  // [heads]: the rows of bf16 out; null for padding heads
 };
+
+// Spec section 5's FP8 output of one head: its fp32 o in blocks of 128
+// dims, each quantised by the cache's rule (section 3).
+void QuantizeOutputRow(const float* o, uint8_t* codes, uint8_t* scales) {
+  for (int k = 0; k < kOutputQuantBlocks; ++k) {
+    scales[k] = QuantizeBlock(o + k * kOutputQuantBlock, kOutputQuantBlock,
+                              codes + k * kOutputQuantBlock);
+  }
+}
 
 void AppendKeys(const KeyListParams& list, int64_t t, DecodeScratch& scratch) {
   if (list.width == 0) return;
@@ -315,9 +326,10 @@ void DecodeHeads(const DecodeParams& p, int64_t t, int h0, int h1, DecodeScratch
   scratch.factor.resize(blocked);
   scratch.lse.assign(blocked, std::numeric_limits<float>::infinity());
   scratch.out.assign(blocked, nullptr);
+  const bool fp8 = p.out == nullptr;
   for (int h = 0; h < heads; ++h) {
     Bf16RowToFloat(p.q + (t * p.padded_heads + h0 + h) * kHeadDim, &scratch.q[h * kHeadDim]);
-    scratch.out[h] = p.out + (t * p.num_heads + h0 + h) * kHeadDim;
+    if (!fp8) scratch.out[h] = p.out + (t * p.num_heads + h0 + h) * kHeadDim;
   }
   std::fill(scratch.q.begin() + size_t{kHeadDim} * heads, scratch.q.end(), 0.0f);
 
@@ -375,22 +387,27 @@ void DecodeHeads(const DecodeParams& p, int64_t t, int h0, int h1, DecodeScratch
     for (int h = 0; h < blocked; h += kHeadBlock) {
       AccumulateBlock(&scratch.probs[h * kChunkRows], kChunkRows, scratch.keys.data(), rows,
                       &scratch.alpha[h], start == 0, last ? &scratch.factor[h] : nullptr,
-                      &scratch.out[h], &scratch.o[h * kHeadDim]);
+                      fp8 ? nullptr : &scratch.out[h], &scratch.o[h * kHeadDim]);
     }
   }
 
   for (int h = 0; h < heads; ++h) {
-    uint16_t* out = scratch.out[h];
-    if (num_keys > 0) {
-      float* rope = &scratch.o[h * kHeadDim + kNopeDim];
-      if (p.derotate) {
-        ApplyRope(p.rope.data + int64_t{p.positions[t]} * kRopeDim, /*inverse=*/true, rope);
-      }
-      FloatsToBf16(rope, kRopeDim, out + kNopeDim);
-    } else {
-      std::fill_n(out, kHeadDim, uint16_t{0});
+    const int64_t row = t * p.num_heads + h0 + h;
+    float* o = &scratch.o[h * kHeadDim];
+    if (num_keys > 0 && p.derotate) {
+      ApplyRope(p.rope.data + int64_t{p.positions[t]} * kRopeDim, /*inverse=*/true, o + kNopeDim);
     }
-    if (p.lse != nullptr) p.lse[t * p.num_heads + h0 + h] = scratch.lse[h];
+    if (fp8) {
+      // An empty key set's o is 0 (its blocks take the amax floor's scale).
+      if (num_keys == 0) std::fill_n(o, kHeadDim, 0.0f);
+      QuantizeOutputRow(o, p.out_e4m3 + row * kFp8RowBytes,
+                        p.out_scales + row * kFp8ScaleRowBytes);
+    } else if (num_keys > 0) {
+      FloatsToBf16(o + kNopeDim, kRopeDim, scratch.out[h] + kNopeDim);
+    } else {
+      std::fill_n(scratch.out[h], kHeadDim, uint16_t{0});
+    }
+    if (p.lse != nullptr) p.lse[row] = scratch.lse[h];
   }
 }
 

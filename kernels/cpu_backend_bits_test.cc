@@ -1,11 +1,12 @@
 // Holds the CPU backend's outputs to the exact bits it produced at commit
 // 4710f01 (before its kernels were rewritten for speed): the prologue's q_out
-// and pool bytes, and the decode's out and lse, on fixed seeded inputs that
-// cover every layer kind (SWA-only, C4A, C128A key lists), sinks (none, per
-// head, per token, -inf), de-rotation, padded heads, -1 entries, duplicate
-// keys, several softmax chunks, empty key lists, and NaN, infinite, zero and
-// huge inputs. Each output is compared by a 64-bit FNV-1a hash of its bytes,
-// at 1, 2 and 3 threads.
+// and pool bytes, and the decode's out and lse (and, since the FP8 output
+// came, its e4m3 and scale bytes, with the bf16 run's lse), on fixed seeded
+// inputs that cover every layer kind (SWA-only, C4A, C128A key lists), sinks
+// (none, per head, per token, -inf), de-rotation, padded heads, -1 entries,
+// duplicate keys, several softmax chunks, empty key lists, and NaN,
+// infinite, zero and huge inputs. Each output is compared by a 64-bit
+// FNV-1a hash of its bytes, at 1, 2 and 3 threads.
 //
 // The inputs are made with integer and exactly rounded arithmetic only (no
 // libm, no std distributions), so the goldens do not move with the C++
@@ -274,7 +275,9 @@ struct DecodeHashes {
   uint64_t lse;
 };
 
-DecodeHashes RunDecode(const DecodeCase& c, int threads) {
+// With `fp8`, the FP8 output instead of bf16 out: the hash covers the
+// e4m3 bytes, then the scale bytes.
+DecodeHashes RunDecode(const DecodeCase& c, int threads, bool fp8 = false) {
   Inputs in(Fnv1a(c.name.data(), c.name.size()));
   const int64_t swa_blocks = 6;
   const int64_t compressed_blocks = 20;
@@ -331,6 +334,9 @@ DecodeHashes RunDecode(const DecodeCase& c, int threads) {
   std::vector<int32_t> positions = Positions(in, c.tokens, kMaxPosition - 1);
 
   std::vector<uint16_t> out(int64_t{c.tokens} * c.heads * kHeadDim, 0xffff);
+  // [e4m3 [N, H, 512] | scales [N, H, 4]], poisoned.
+  std::vector<uint8_t> fp8_out(int64_t{c.tokens} * c.heads * (kFp8RowBytes + kFp8ScaleRowBytes),
+                               0x7f);
   std::vector<float> lse(int64_t{c.tokens} * c.heads, std::numeric_limits<float>::quiet_NaN());
   DecodeParams p;
   p.num_tokens = c.tokens;
@@ -348,12 +354,17 @@ DecodeHashes RunDecode(const DecodeCase& c, int threads) {
   p.derotate = c.derotate;
   p.positions = positions.data();
   p.rope = View(table);
-  p.out = out.data();
+  if (fp8) {
+    p.out_e4m3 = fp8_out.data();
+    p.out_scales = fp8_out.data() + int64_t{c.tokens} * c.heads * kFp8RowBytes;
+  } else {
+    p.out = out.data();
+  }
   p.lse = c.want_lse ? lse.data() : nullptr;
   CpuBackend backend(threads);
   const absl::Status status = backend.Decode(p);
   EXPECT_TRUE(status.ok()) << status;
-  return {HashOf(out), c.want_lse ? HashOf(lse) : 0};
+  return {fp8 ? HashOf(fp8_out) : HashOf(out), c.want_lse ? HashOf(lse) : 0};
 }
 
 // ---- The goldens, from the backend of commit 4710f01.
@@ -395,6 +406,24 @@ constexpr DecodeGolden kDecodeGoldens[] = {
     {"extra_only", {0xb4c94eef7b4316a9ull, 0x681b2255bcffaec7ull}},
     {"nan_swa_h16", {0x04660b916f8660a1ull, 0xbe529938623d0c67ull}},
     {"nan_c4a_h8", {0x5550e7d1ef2844beull, 0x5c42b06bf037dd89ull}},
+};
+
+// The FP8 output (e4m3 then scale bytes) of the same cases, from the
+// backend that introduced it; the lse is the bf16 run's (kDecodeGoldens).
+constexpr DecodeGolden kFp8DecodeGoldens[] = {
+    {"swa_h16_service_path", {0x1534f0b2a4b6db36ull, 0x2253b2621ab33a0eull}},
+    {"swa_h16_sinks_derotate", {0xd21c8a248a5d3663ull, 0xae070903e5e02ecbull}},
+    {"swa_h16_one_token", {0x74befeae035efc14ull, 0x5b8de4efd232c0d5ull}},
+    {"swa_h8_two_tokens", {0x7b3dd46f19c7b039ull, 0x68e7137fbe9cbcbdull}},
+    {"c4a_h16", {0x1002ca577209559dull, 0x1aa5f56ec8f71a4bull}},
+    {"c4a_h128", {0xdec0a72f57929d7cull, 0x9d63f207ba8e5e08ull}},
+    {"c4a_h4_padded", {0x952add80a1f3e83full, 0xc5f690716d562434ull}},
+    {"c128a_h32", {0x85110e30b57418c8ull, 0x39b7ce01f1c7982dull}},
+    {"c128a_h6_padded_no_lse", {0xabb85caad54909ccull, 0x0000000000000000ull}},
+    {"h12_padded", {0xb9fb91f21dfad75cull, 0xa483daf0fb58f4abull}},
+    {"extra_only", {0x72d727eb390c8857ull, 0x681b2255bcffaec7ull}},
+    {"nan_swa_h16", {0x0b6c11aefbee9667ull, 0xbe529938623d0c67ull}},
+    {"nan_c4a_h8", {0x7b24a52d22a31ef2ull, 0x5c42b06bf037dd89ull}},
 };
 
 bool PrintWanted() {
@@ -442,6 +471,37 @@ TEST(CpuBackendBitsTest, DecodeMatchesGoldens) {
       const DecodeHashes got = RunDecode(c, threads);
       EXPECT_EQ(got.out, golden->hashes.out) << c.name << " out, " << threads << " threads";
       EXPECT_EQ(got.lse, golden->hashes.lse) << c.name << " lse, " << threads << " threads";
+    }
+  }
+}
+
+// The FP8 output quantises the fp32 o whose bf16 rounding is out: its
+// bits are pinned the same way, at any thread count, and the lse is the
+// bf16 run's bit for bit.
+TEST(CpuBackendBitsTest, Fp8DecodeMatchesGoldens) {
+  std::string table;
+  for (const DecodeCase& c : DecodeCases()) {
+    const DecodeHashes got = RunDecode(c, 2, /*fp8=*/true);
+    absl::StrAppend(&table, absl::StrFormat("    {\"%s\", {0x%016xull, 0x%016xull}},\n", c.name,
+                                            got.out, got.lse));
+  }
+  if (PrintWanted()) std::printf("%s", table.c_str());
+  for (const DecodeCase& c : DecodeCases()) {
+    const DecodeGolden* golden = nullptr;
+    const DecodeGolden* bf16 = nullptr;
+    for (const DecodeGolden& g : kFp8DecodeGoldens) {
+      if (c.name == g.name) golden = &g;
+    }
+    for (const DecodeGolden& g : kDecodeGoldens) {
+      if (c.name == g.name) bf16 = &g;
+    }
+    ASSERT_NE(golden, nullptr) << c.name << " has no FP8 golden";
+    ASSERT_NE(bf16, nullptr) << c.name << " has no golden";
+    EXPECT_EQ(golden->hashes.lse, bf16->hashes.lse) << c.name << ": the FP8 lse is the bf16 one";
+    for (int threads : {1, 2, 3}) {
+      const DecodeHashes got = RunDecode(c, threads, /*fp8=*/true);
+      EXPECT_EQ(got.out, golden->hashes.out) << c.name << " fp8 out, " << threads << " threads";
+      EXPECT_EQ(got.lse, bf16->hashes.lse) << c.name << " lse, " << threads << " threads";
     }
   }
 }

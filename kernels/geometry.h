@@ -21,6 +21,13 @@ inline constexpr int64_t kRowBytes = int64_t{kHeadDim} * 2;  // 1024
 inline constexpr int kQuantTile = 64;
 inline constexpr int kNopeTiles = kNopeDim / kQuantTile;  // 7
 
+// The decode's optional FP8 output (spec section 5): per token and head, 512
+// e4m3fn bytes in blocks of 128 dims, one UE8M0 scale byte a block.
+inline constexpr int kOutputQuantBlock = 128;
+inline constexpr int kOutputQuantBlocks = kHeadDim / kOutputQuantBlock;  // 4
+inline constexpr int64_t kFp8RowBytes = kHeadDim;                        // 512
+inline constexpr int64_t kFp8ScaleRowBytes = kOutputQuantBlocks;         // 4
+
 // MODEL1 cache layout: per token 448 e4m3 bytes + 64 bf16, then 8 scale bytes.
 inline constexpr int kTokenDataBytes = kNopeDim + kRopeDim * 2;  // 576
 inline constexpr int kTokenScaleBytes = 8;                       // 7 scales + pad

@@ -199,6 +199,11 @@ INSTANTIATE_TEST_SUITE_P(AllLayerKindsAndHeadCounts, DecodeTest,
                            return info.param.Name();
                          });
 
+INSTANTIATE_TEST_SUITE_P(Fp8Output, DecodeTest, ::testing::ValuesIn(Fp8DecodeCases()),
+                         [](const ::testing::TestParamInfo<DecodeCase>& info) {
+                           return info.param.Name();
+                         });
+
 // ---- One realistic layer step: prologue, then decode over what it wrote.
 
 class LayerStepTest : public ::testing::TestWithParam<LayerCase> {};

@@ -22,6 +22,7 @@ namespace backend_test {
 
 using reference::CompareCacheRows;
 using reference::CompareDecodeOut;
+using reference::CompareDecodeOutFp8;
 using reference::CompareLse;
 using reference::CompareQueryOut;
 using reference::ComparisonReport;
@@ -319,7 +320,8 @@ std::string DecodeCase::Name() const {
   return absl::StrCat(layer.Name(), "_h", heads, "_n", tokens, "_", SinkModeName(sinks),
                       derotate ? "_derotate" : "", want_lse ? "" : "_nolse",
                       explicit_lengths ? "" : "_nolengths",
-                      out_offset == 0 ? "" : absl::StrCat("_outoffset", out_offset));
+                      out_offset == 0 ? "" : absl::StrCat("_outoffset", out_offset),
+                      fp8_output ? "_fp8" : "");
 }
 
 std::vector<DecodeCase> DecodeCases() {
@@ -345,7 +347,47 @@ std::vector<DecodeCase> DecodeCases() {
   return cases;
 }
 
+std::vector<DecodeCase> Fp8DecodeCases() {
+  std::vector<DecodeCase> cases;
+  const std::vector<LayerCase> layers = LayerCases();
+  const int tokens_for_heads[] = {64, 24, 12, 5, 3, 2};
+  const SinkMode modes[] = {SinkMode::kMixed, SinkMode::kNone,     SinkMode::kPerToken,
+                            SinkMode::kLarge, SinkMode::kZero, SinkMode::kNegativeInfinity};
+  for (size_t l = 0; l < layers.size(); ++l) {
+    for (int j = 0; j < 2; ++j) {
+      // Layer l takes head counts l and l + 3 of kHeadCounts (wrapping), so
+      // the six kinds cover all six counts twice over.
+      const int i = static_cast<int>((l + 3 * j) % 6);
+      const int index = static_cast<int>(cases.size());
+      cases.push_back({layers[l], kHeadCounts[i], tokens_for_heads[i], modes[index % 6], j == 1,
+                       index % 3 != 1, index % 4 != 3, 2200 + static_cast<uint64_t>(index), 0,
+                       true});
+    }
+  }
+  cases.push_back({layers[1], 16, 1, SinkMode::kMixed, true, true, true, 2300, 0, true});
+  cases.push_back({layers[4], 8, 3, SinkMode::kZero, false, true, true, 2310, 16, true});
+  return cases;
+}
+
 void PrintTo(const DecodeCase& c, std::ostream* os) { *os << c.Name() << " seed " << c.seed; }
+
+// Into `out`, the `view` elements at `offset` of `whole`, a buffer poisoned
+// with `poison` whose elements around the view must still hold it.
+template <typename T>
+::testing::AssertionResult ViewInsidePoison(const std::vector<T>& whole, int64_t offset,
+                                            int64_t view, T poison, absl::string_view what,
+                                            std::vector<T>& out) {
+  for (int64_t i = 0; i < static_cast<int64_t>(whole.size()); ++i) {
+    if (i >= offset && i < offset + view) continue;
+    if (whole[i] != poison) {
+      return ::testing::AssertionFailure()
+             << "decode wrote " << (i < offset ? "before" : "past") << " the " << what
+             << " view, element " << (i < offset ? i : i - offset - view);
+    }
+  }
+  out.assign(whole.begin() + offset, whole.begin() + offset + view);
+  return ::testing::AssertionSuccess();
+}
 
 void RunDecodeCase(ComputeBackend& backend, const DecodeCase& c) {
   Random rng(c.seed);
@@ -410,12 +452,24 @@ void RunDecodeCase(ComputeBackend& backend, const DecodeCase& c) {
     params.positions = arena.Put(positions);
     params.rope = arena.PutTable(table);
   }
-  // Poison before the view (c.out_offset elements) and after it (a guard).
+  // Poison before the views (c.out_offset elements) and after them (a guard).
   constexpr int kGuard = 64;
   const int64_t view = n * c.heads * kHeadDim;
-  uint16_t* out_buffer =
-      arena.Put(std::vector<uint16_t>(c.out_offset + view + kGuard, kPoisonBf16));
-  params.out = out_buffer + c.out_offset;
+  const int64_t scales_view = n * c.heads * kOutputQuantBlocks;
+  const int scales_offset = c.out_offset / 4;
+  uint16_t* out_buffer = nullptr;
+  uint8_t* e4m3_buffer = nullptr;
+  uint8_t* scales_buffer = nullptr;
+  if (c.fp8_output) {
+    e4m3_buffer = arena.Put(std::vector<uint8_t>(c.out_offset + view + kGuard, kPoisonE4m3));
+    scales_buffer =
+        arena.Put(std::vector<uint8_t>(scales_offset + scales_view + kGuard, kPoisonScale));
+    params.out_e4m3 = e4m3_buffer + c.out_offset;
+    params.out_scales = scales_buffer + scales_offset;
+  } else {
+    out_buffer = arena.Put(std::vector<uint16_t>(c.out_offset + view + kGuard, kPoisonBf16));
+    params.out = out_buffer + c.out_offset;
+  }
   if (c.want_lse) {
     params.lse =
         arena.Put(std::vector<float>(n * c.heads, std::numeric_limits<float>::quiet_NaN()));
@@ -440,28 +494,33 @@ void RunDecodeCase(ComputeBackend& backend, const DecodeCase& c) {
   absl::StatusOr<DecodeReference> expected = reference::ReferenceDecode(inputs);
   ASSERT_TRUE(expected.ok()) << expected.status();
 
-  const std::vector<uint16_t> whole = arena.Get(out_buffer, c.out_offset + view + kGuard);
-  for (int i = 0; i < c.out_offset; ++i) {
-    ASSERT_EQ(whole[i], kPoisonBf16) << "decode wrote before the output view, element " << i;
+  if (c.fp8_output) {
+    std::vector<uint8_t> e4m3, scales;
+    ASSERT_TRUE(ViewInsidePoison(arena.Get(e4m3_buffer, c.out_offset + view + kGuard),
+                                 c.out_offset, view, kPoisonE4m3, "e4m3 output", e4m3));
+    ASSERT_TRUE(ViewInsidePoison(arena.Get(scales_buffer, scales_offset + scales_view + kGuard),
+                                 scales_offset, scales_view, kPoisonScale, "scales output",
+                                 scales));
+    // Empty key sets are checked in it: 0x00 codes, the amax floor's scale.
+    const ComparisonReport out_report = CompareDecodeOutFp8(e4m3, scales, *expected);
+    EXPECT_TRUE(out_report.ok()) << out_report.ToString();
+  } else {
+    std::vector<uint16_t> out;
+    ASSERT_TRUE(ViewInsidePoison(arena.Get(out_buffer, c.out_offset + view + kGuard),
+                                 c.out_offset, view, kPoisonBf16, "output", out));
+    const ComparisonReport out_report = CompareDecodeOut(out, *expected);
+    EXPECT_TRUE(out_report.ok()) << out_report.ToString();
+    // An empty key set gives exactly 0, whatever the sink (spec section 5).
+    for (int64_t t = 0; t < n; ++t) {
+      if (expected->num_keys[t] != 0) continue;
+      for (int64_t i = t * c.heads * kHeadDim; i < (t + 1) * c.heads * kHeadDim; ++i) {
+        ASSERT_EQ(reference::Bf16Value(out[i]), 0.0) << "token " << t << " element " << i;
+      }
+    }
   }
-  for (int i = 0; i < kGuard; ++i) {
-    ASSERT_EQ(whole[c.out_offset + view + i], kPoisonBf16)
-        << "decode wrote past the output view, element " << i;
-  }
-  const std::vector<uint16_t> out(whole.begin() + c.out_offset,
-                                  whole.begin() + c.out_offset + view);
-  const ComparisonReport out_report = CompareDecodeOut(out, *expected);
-  EXPECT_TRUE(out_report.ok()) << out_report.ToString();
   if (c.want_lse) {
     const ComparisonReport lse_report = CompareLse(arena.Get(params.lse, n * c.heads), *expected);
     EXPECT_TRUE(lse_report.ok()) << lse_report.ToString();
-  }
-  // An empty key set gives exactly 0, whatever the sink (spec section 5).
-  for (int64_t t = 0; t < n; ++t) {
-    if (expected->num_keys[t] != 0) continue;
-    for (int64_t i = t * c.heads * kHeadDim; i < (t + 1) * c.heads * kHeadDim; ++i) {
-      ASSERT_EQ(reference::Bf16Value(out[i]), 0.0) << "token " << t << " element " << i;
-    }
   }
   if (n > 1) {
     EXPECT_EQ(expected->num_keys[1], 0) << "the test meant token 1 to attend nothing";
@@ -610,6 +669,15 @@ void RunLayerStep(ComputeBackend& backend, const LayerCase& layer) {
       arena.Put(std::vector<float>(kTokens * heads, std::numeric_limits<float>::quiet_NaN()));
   status = backend.Decode(decode);
   ASSERT_TRUE(status.ok()) << status;
+  // The same decode into the FP8 output, its lse poisoned again.
+  DecodeParams fp8 = decode;
+  fp8.out = nullptr;
+  fp8.out_e4m3 = arena.Put(std::vector<uint8_t>(kTokens * heads * kHeadDim, kPoisonE4m3));
+  fp8.out_scales =
+      arena.Put(std::vector<uint8_t>(kTokens * heads * kOutputQuantBlocks, kPoisonScale));
+  fp8.lse = arena.Put(std::vector<float>(kTokens * heads, std::numeric_limits<float>::quiet_NaN()));
+  status = backend.Decode(fp8);
+  ASSERT_TRUE(status.ok()) << status;
 
   DecodeInputs inputs;
   inputs.num_tokens = kTokens;
@@ -630,6 +698,13 @@ void RunLayerStep(ComputeBackend& backend, const LayerCase& layer) {
   EXPECT_TRUE(out_report.ok()) << out_report.ToString();
   const ComparisonReport lse_report = CompareLse(arena.Get(decode.lse, kTokens * heads), *expected);
   EXPECT_TRUE(lse_report.ok()) << lse_report.ToString();
+  const ComparisonReport fp8_report =
+      CompareDecodeOutFp8(arena.Get(fp8.out_e4m3, kTokens * heads * kHeadDim),
+                          arena.Get(fp8.out_scales, kTokens * heads * kOutputQuantBlocks), *expected);
+  EXPECT_TRUE(fp8_report.ok()) << fp8_report.ToString();
+  const ComparisonReport fp8_lse_report =
+      CompareLse(arena.Get(fp8.lse, kTokens * heads), *expected);
+  EXPECT_TRUE(fp8_lse_report.ok()) << "with the FP8 output: " << fp8_lse_report.ToString();
 }
 
 PrologueInputs::PrologueInputs() : rng(42), table(RopeKind::kYarn, 1000) {
@@ -826,6 +901,35 @@ void ExpectDecodeRejectsNullPointersAndNegativeCounts(const BackendFactory& make
       make_backend, inputs, [](DecodeParams& p) { p.q = nullptr; }, "q");
   ExpectDecodeRejected(
       make_backend, inputs, [](DecodeParams& p) { p.out = nullptr; }, "out");
+  // The FP8 output's places lie in out's poisoned buffer (room for both):
+  // a rejected decode writes none of it.
+  const auto fp8_places = [](DecodeParams& p) {
+    p.out_e4m3 = reinterpret_cast<uint8_t*>(p.out);
+    p.out_scales = p.out_e4m3 + p.num_tokens * p.num_heads * kFp8RowBytes;
+  };
+  ExpectDecodeRejected(
+      make_backend, inputs, [&](DecodeParams& p) { fp8_places(p); }, "out and the FP8 output");
+  ExpectDecodeRejected(
+      make_backend, inputs,
+      [&](DecodeParams& p) {
+        fp8_places(p);
+        p.out = nullptr;
+        p.out_scales = nullptr;
+      },
+      "out_e4m3 without out_scales");
+  ExpectDecodeRejected(
+      make_backend, inputs,
+      [&](DecodeParams& p) {
+        fp8_places(p);
+        p.out = nullptr;
+        p.out_e4m3 = nullptr;
+      },
+      "out_scales without out_e4m3");
+  const absl::Status fp8_alone = RunBrokenDecode(make_backend, inputs, [&](DecodeParams& p) {
+    fp8_places(p);
+    p.out = nullptr;
+  });
+  EXPECT_TRUE(fp8_alone.ok()) << "the FP8 output alone: " << fp8_alone;
   ExpectDecodeRejected(
       make_backend, inputs, [](DecodeParams& p) { p.main.indices = nullptr; }, "main indices");
   ExpectDecodeRejected(

@@ -6,9 +6,10 @@
 // kernels/reference/ under the tolerances of spec section 7.
 //
 // Inputs are never zero, with magnitudes that vary from tile to tile so that
-// scales differ; every output is poisoned before a run (bf16 0xffff and NaN
-// lse) and compared in full afterwards, and pool bytes that must not be
-// written hold random garbage that must survive. Test only.
+// scales differ; every output is poisoned before a run (bf16 0xffff, NaN
+// lse, and for the FP8 output NaN codes 0x7f and scale bytes 0xff) and
+// compared in full afterwards, and pool bytes that must not be written hold
+// random garbage that must survive. Test only.
 #ifndef KERNELS_REFERENCE_BACKEND_TEST_SUPPORT_H_
 #define KERNELS_REFERENCE_BACKEND_TEST_SUPPORT_H_
 
@@ -40,6 +41,8 @@ namespace backend_test {
 // Past YaRN's original context (65536), so that long angles are exercised.
 constexpr int32_t kMaxPosition = 70000;
 constexpr uint16_t kPoisonBf16 = 0xffff;  // a NaN
+constexpr uint8_t kPoisonE4m3 = 0x7f;     // a NaN
+constexpr uint8_t kPoisonScale = 0xff;    // 2^128, no block's scale
 constexpr int kHeadCounts[] = {4, 8, 16, 32, 64, 128};
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
@@ -280,7 +283,8 @@ KeyListParams PutKeyList(DeviceArena& arena, const KeyList& list);
 // The key list as the float64 reference takes it.
 reference::KeyListInputs KeyListInputsOf(const KeyList& list);
 
-// One random decode: layer kind, H, N, sinks, de-rotation, lse, lengths, seed.
+// One random decode: layer kind, H, N, sinks, de-rotation, lse, lengths,
+// seed, and the output's format and place.
 struct DecodeCase {
   LayerCase layer;
   int heads;
@@ -292,7 +296,12 @@ struct DecodeCase {
   uint64_t seed;
   // Elements of poison before `out` in its buffer: 2 makes the view only
   // 4-byte aligned (callers may pass sub-views; the rest start aligned).
+  // With fp8_output, bytes before out_e4m3 (a multiple of 16, its
+  // alignment) and out_offset / 4 bytes before out_scales.
   int out_offset = 0;
+  // The FP8 output (out_e4m3 and out_scales, spec section 5) instead of
+  // bf16 out, held to CompareDecodeOutFp8.
+  bool fp8_output = false;
 
   std::string Name() const;  // the test name
 };
@@ -302,11 +311,18 @@ struct DecodeCase {
 // (seeds 2000+), and a batch of one token (seed 2100).
 std::vector<DecodeCase> DecodeCases();
 
+// The FP8 output: every layer kind at two head counts each (4 to 128 over
+// the six), de-rotation on and off for each kind, sink modes cycling, lse
+// and lengths varied (seeds 2200+), one token, and output views that start
+// 16 bytes (e4m3) and 4 bytes (scales) into their buffers.
+std::vector<DecodeCase> Fp8DecodeCases();
+
 // gtest prints a parameter on failure: its name and seed.
 void PrintTo(const DecodeCase& c, std::ostream* os);
 
-// Runs case `c` on `backend` and holds out and lse to the reference; empty
-// key sets give exactly 0 and no pool is written.
+// Runs case `c` on `backend` and holds out (or the FP8 output) and lse to
+// the reference; empty key sets give exactly 0 (FP8: 0x00 codes, scale byte
+// 105), nothing is written outside the output views and no pool is written.
 void RunDecodeCase(ComputeBackend& backend, const DecodeCase& c);
 
 // ---- One realistic layer step: prologue, then decode over what it wrote.
@@ -315,7 +331,8 @@ void RunDecodeCase(ComputeBackend& backend, const DecodeCase& c);
 // window of each, the compressed pool the rows the layer kind attends (all
 // j < (p+1)/128 for C128A, a top-k chosen among j < (p+1)/4 for C4A). The
 // history is inserted first, then the step's own rows with its queries; the
-// decode reads the backend's q_out and pools, and must match the reference.
+// decode reads the backend's q_out and pools, and must match the reference,
+// once with the bf16 output and once with the FP8 one.
 void RunLayerStep(ComputeBackend& backend, const LayerCase& layer);
 
 // ---- Bad parameters: InvalidArgument, nothing written.
@@ -401,7 +418,8 @@ void NoDecodeChange(DecodeParams&);
 // Bad H and Hp are rejected.
 void ExpectDecodeRejectsBadHeadCounts(const BackendFactory& make_backend);
 
-// Null pointers and negative counts are rejected.
+// Null pointers and negative counts are rejected, and so are outputs in
+// both formats at once or half of the FP8 one.
 void ExpectDecodeRejectsNullPointersAndNegativeCounts(const BackendFactory& make_backend);
 
 // Entries past a token's length are never read, so they may hold anything.

@@ -174,6 +174,10 @@ double E4m3Value(uint8_t code) {
   return (code & 0x80) ? -magnitude : magnitude;
 }
 
+double ScaledE4m3Value(uint8_t code, uint8_t scale_byte) {
+  return E4m3Value(code) * std::ldexp(1.0, scale_byte - kScaleBias);
+}
+
 int ScaleExponent(double amax) {
   const double floored = std::max(amax, 1e-4);
   // 448 is between 2^8 and 2^9, so this guess is at most one off; the loops
@@ -202,7 +206,7 @@ absl::StatusOr<std::array<double, kHeadDim>> DequantizeSlot(absl::Span<const uin
   const uint8_t* scales = pool.data() + ScaleOffset(slot);
   std::array<double, kHeadDim> row;
   for (int d = 0; d < kNopeDim; ++d) {
-    row[d] = E4m3Value(data[d]) * std::ldexp(1.0, scales[d / kQuantTile] - kScaleBias);
+    row[d] = ScaledE4m3Value(data[d], scales[d / kQuantTile]);
   }
   for (int i = 0; i < kRopeDim; ++i) {
     const uint16_t bits =

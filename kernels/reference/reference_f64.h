@@ -50,6 +50,11 @@ uint8_t EncodeE4m3(double value);
 // The value of an e4m3fn code (0x7f and 0xff are NaN).
 double E4m3Value(uint8_t code);
 
+// The value a code stands for under a UE8M0 scale byte: E4m3Value(code) *
+// 2^(scale_byte - 127) (a cache NoPE value, section 3; an element of the
+// decode's FP8 output, section 5).
+double ScaledE4m3Value(uint8_t code, uint8_t scale_byte);
+
 // The smallest integer e with 2^e >= max(amax, 1e-4) / 448, exactly.
 int ScaleExponent(double amax);
 

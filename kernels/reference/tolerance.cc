@@ -93,13 +93,35 @@ double CacheRopeExcess(uint16_t actual, double expected, double pair_magnitude) 
   return RoundedExcess(actual, expected, pair_magnitude);
 }
 
+double DecodeOutAllowance(double expected, double max_abs_value, double composition_delta) {
+  return kDecodeAbsoluteTolerance * std::max(1.0, max_abs_value) +
+         kDecodeRelativeTolerance * std::fabs(expected) + 2.0 * composition_delta * max_abs_value;
+}
+
 double DecodeOutExcess(double actual, double expected, double max_abs_value,
                        double composition_delta) {
   if (std::isnan(actual) || std::isnan(expected) || std::isinf(actual)) return kInf;
-  const double allowed = kDecodeAbsoluteTolerance * std::max(1.0, max_abs_value) +
-                         kDecodeRelativeTolerance * std::fabs(expected) +
-                         2.0 * composition_delta * max_abs_value;
+  return std::fabs(actual - expected) /
+         DecodeOutAllowance(expected, max_abs_value, composition_delta);
+}
+
+double Fp8OutExcess(double actual, double expected, double max_abs_value, double block_scale,
+                    double composition_delta) {
+  if (std::isnan(actual) || std::isnan(expected) || std::isinf(actual)) return kInf;
+  const double allowed =
+      (1.0 + kFp8HalfUlp) * DecodeOutAllowance(expected, max_abs_value, composition_delta) +
+      kFp8HalfUlp * std::fabs(expected) + kFp8HalfSubnormalStep * block_scale;
   return std::fabs(actual - expected) / allowed;
+}
+
+double Fp8ScaleExcess(uint8_t scale_byte, double expected_amax, double allowance) {
+  if (std::isnan(expected_amax) || std::isnan(allowance)) return kInf;
+  // ScaleExponent grows with amax: the kernel's amax lies within the
+  // allowance of the reference's, so its exponent lies between these.
+  const int lowest = ScaleExponent(std::max(expected_amax - allowance, 0.0));
+  const int highest = ScaleExponent(expected_amax + allowance);
+  const int exponent = int{scale_byte} - 127;
+  return exponent >= lowest && exponent <= highest ? 0.0 : kInf;
 }
 
 double LseExcess(double actual, double expected, double composition_delta) {
@@ -255,6 +277,64 @@ ComparisonReport CompareDecodeOut(absl::Span<const uint16_t> out, const DecodeRe
               "token %d head %d dim %d: got 0x%04x (%.9g), want %.9g (A_t %.6g, %d keys%s)", t, h,
               d, out[i], actual, expected.out[i], max_abs, expected.num_keys[t], DeltaText(delta));
         });
+      }
+    }
+  }
+  return report;
+}
+
+ComparisonReport CompareDecodeOutFp8(absl::Span<const uint8_t> e4m3,
+                                     absl::Span<const uint8_t> scales,
+                                     const DecodeReference& expected) {
+  ComparisonReport report("decode out (fp8)");
+  CheckSizes("out e4m3", e4m3.size(), expected.out.size(), report);
+  CheckSizes("out scales", scales.size(),
+             expected.out.size() / kOutputQuantBlock, report);
+  if (!report.ok()) return report;
+  const uint8_t empty_scale = static_cast<uint8_t>(ScaleExponent(0.0) + 127);
+  for (int64_t t = 0; t < expected.num_tokens; ++t) {
+    const double max_abs = expected.max_abs_values[t];
+    const bool empty = expected.num_keys[t] == 0;
+    for (int h = 0; h < expected.num_heads; ++h) {
+      const int64_t row = t * expected.num_heads + h;
+      const double delta = CompositionDelta(expected, row);
+      for (int k = 0; k < kOutputQuantBlocks; ++k) {
+        const int64_t first = row * kHeadDim + k * kOutputQuantBlock;
+        const uint8_t scale = scales[row * kOutputQuantBlocks + k];
+        double amax = 0.0;
+        double allowance = 0.0;
+        for (int i = 0; i < kOutputQuantBlock; ++i) {
+          amax = std::max(amax, std::fabs(expected.out[first + i]));
+          allowance =
+              std::max(allowance, DecodeOutAllowance(expected.out[first + i], max_abs, delta));
+        }
+        const double scale_excess = empty ? (scale == empty_scale ? 0.0 : kInf)
+                                          : Fp8ScaleExcess(scale, amax, allowance);
+        report.Check(scale_excess, [&] {
+          return absl::StrFormat(
+              "token %d head %d block %d (dims %d..%d): scale byte %d (2^%d) where the "
+              "reference's amax %.6g (allowance %.3g) wants 2^%d..2^%d%s",
+              t, h, k, k * kOutputQuantBlock, (k + 1) * kOutputQuantBlock - 1, scale,
+              int{scale} - 127, amax, allowance,
+              ScaleExponent(std::max(amax - allowance, 0.0)), ScaleExponent(amax + allowance),
+              empty ? " (no keys: exactly the amax floor's)" : "");
+        });
+        const double block_scale = std::ldexp(1.0, int{scale} - 127);
+        for (int i = 0; i < kOutputQuantBlock; ++i) {
+          const int64_t at = first + i;
+          const uint8_t code = e4m3[at];
+          const double actual = ScaledE4m3Value(code, scale);
+          const double excess = empty ? (code == 0 ? 0.0 : kInf)
+                                      : Fp8OutExcess(actual, expected.out[at], max_abs,
+                                                     block_scale, delta);
+          report.Check(excess, [&] {
+            return absl::StrFormat(
+                "token %d head %d dim %d: got 0x%02x x 2^%d (%.9g), want %.9g (A_t %.6g, %d "
+                "keys%s)",
+                t, h, k * kOutputQuantBlock + i, code, int{scale} - 127, actual, expected.out[at],
+                max_abs, expected.num_keys[t], DeltaText(delta));
+          });
+        }
       }
     }
   }

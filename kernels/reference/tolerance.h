@@ -47,6 +47,15 @@ inline constexpr double kDecodeRelativeTolerance = 1e-2;
 // accumulation at |lse| in the thousands, where 1e-3 alone is below it.
 inline constexpr double kLseAbsoluteTolerance = 1e-3;
 inline constexpr double kLseRelativeTolerance = 2e-6;
+// FP8 decode out: e4m3 rounding of the fp32 o that the kernel quantised
+// (which the decode out clause B holds to the reference), with s the
+// block's scale 2^(byte - 127):
+//   |deq - ref| <= (1 + 2^-4) * B + 2^-4 * |ref| + 2^-10 * s.
+// 2^-4 is half an ulp of e4m3's 3 mantissa bits relative to a normal, 2^-10
+// half the subnormal step 2^-9 (in units of s); the (1 + 2^-4) * B is the
+// rounding's share of |o| <= |ref| + B.
+inline constexpr double kFp8HalfUlp = 1.0 / 16;
+inline constexpr double kFp8HalfSubnormalStep = 1.0 / 1024;
 // A rotated element may be off by this fraction of |a| + |b| of its pair
 // before rotation (float32 rotations cancel near zero): 2^-16.
 inline constexpr double kRopePairTolerance = 1.0 / 65536.0;
@@ -84,6 +93,23 @@ double CacheRopeExcess(uint16_t actual, double expected, double pair_magnitude);
 // 2 * composition_delta * A_t (see the top of this file).
 double DecodeOutExcess(double actual, double expected, double max_abs_value,
                        double composition_delta = 0.0);
+
+// What DecodeOutExcess allows: 2e-3 * max(1, A_t) + 1e-2 * |expected| +
+// 2 * composition_delta * A_t (the clause B above).
+double DecodeOutAllowance(double expected, double max_abs_value, double composition_delta = 0.0);
+
+// An element of the FP8 output (its dequantised value, ScaledE4m3Value)
+// against its float64 reference, in a block of scale `block_scale`, by the
+// FP8 rule above (B with the same arguments as DecodeOutExcess).
+double Fp8OutExcess(double actual, double expected, double max_abs_value, double block_scale,
+                    double composition_delta = 0.0);
+
+// The scale byte of one FP8 output block: 0 when byte - 127 is the
+// exponent ScaleExponent gives some amax within `allowance` of the
+// reference's block amax `expected_amax` (the kernel quantised an o whose
+// every element is within its B of the reference: pass the block's largest
+// B), +inf otherwise.
+double Fp8ScaleExcess(uint8_t scale_byte, double expected_amax, double allowance);
 
 // A decode lse against its reference: +inf exactly where the reference is
 // +inf (empty key set), otherwise within kLseAbsoluteTolerance +
@@ -161,6 +187,15 @@ ComparisonReport CompareCacheRows(absl::Span<const uint8_t> pool, absl::Span<con
 // Decode out [N, H, 512] bf16 against ReferenceDecode, by DecodeOutExcess
 // with the reference's composition_deltas.
 ComparisonReport CompareDecodeOut(absl::Span<const uint16_t> out, const DecodeReference& expected);
+
+// The FP8 output, e4m3 [N, H, 512] and scales [N, H, 4], against
+// ReferenceDecode: per block of 128 dims its scale byte by Fp8ScaleExcess,
+// then each element by Fp8OutExcess, with the reference's
+// composition_deltas; a token whose key set is empty exactly 0x00 codes and
+// the amax floor's scale byte (ScaleExponent(0) + 127 = 105).
+ComparisonReport CompareDecodeOutFp8(absl::Span<const uint8_t> e4m3,
+                                     absl::Span<const uint8_t> scales,
+                                     const DecodeReference& expected);
 
 // Decode lse [N, H] against ReferenceDecode, by LseExcess with the
 // reference's composition_deltas.

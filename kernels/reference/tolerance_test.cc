@@ -2,15 +2,19 @@
 // clause among them: a correct backend whose q_out rounded a tie the other
 // way passes once the check widens by the clause, while real errors (a wrong
 // key, a missing sink) still fail; an lse in the thousands passes by the
-// relative term.
+// relative term. The FP8 output's comparator passes the reference quantised
+// exactly and fails on a flipped sign or exponent bit, a scale one off, NaN
+// codes, poison and an empty key set's bytes other than the spec's.
 #include "kernels/reference/tolerance.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/geometry.h"
 #include "kernels/reference/reference_f64.h"
@@ -357,6 +361,213 @@ TEST(LargeLseTest, PassesWithinTheRelativeTerm) {
   EXPECT_TRUE(report.ok()) << report.ToString();
   const std::vector<float> too_far = {static_cast<float>(expected->lse[0] - 8e-3)};
   EXPECT_FALSE(CompareLse(too_far, *expected).ok());
+}
+
+// ---- The FP8 output (spec sections 5 and 7).
+
+TEST(Fp8RuleTest, WidensTheDecodeClauseByE4m3Rounding) {
+  // ref 1, A_t 1, s 2^-8: 1.0625 * (2e-3 + 1e-2) + 2^-4 + 2^-18 = 0.0752538.
+  const double s = std::ldexp(1.0, -8);
+  EXPECT_LE(Fp8OutExcess(1.0752, 1.0, 1.0, s), 1.0);
+  EXPECT_GT(Fp8OutExcess(1.0753, 1.0, 1.0, s), 1.0);
+  EXPECT_LE(Fp8OutExcess(0.9248, 1.0, 1.0, s), 1.0);
+  EXPECT_GT(Fp8OutExcess(0.9247, 1.0, 1.0, s), 1.0);
+  // The next e4m3 value above 1 (1.125) is past it: a wrong code fails.
+  EXPECT_GT(Fp8OutExcess(1.125, 1.0, 1.0, s), 1.0);
+  // ref 0, A_t 1, s 1: 1.0625 * 2e-3 + 2^-10 = 0.003102, the subnormal term.
+  EXPECT_LE(Fp8OutExcess(0.0031, 0.0, 1.0, 1.0), 1.0);
+  EXPECT_GT(Fp8OutExcess(0.0032, 0.0, 1.0, 1.0), 1.0);
+  // The composition clause widens B: + 1.0625 * 2 * delta * A_t.
+  EXPECT_GT(Fp8OutExcess(0.0041, 0.0, 1.0, 1.0), 1.0);
+  EXPECT_LE(Fp8OutExcess(0.0041, 0.0, 1.0, 1.0, 5e-4), 1.0);
+  EXPECT_EQ(Fp8OutExcess(std::nan(""), 0.0, 1.0, 1.0), kInf);
+  EXPECT_EQ(Fp8OutExcess(kInf, 0.0, 1.0, 1.0), kInf);
+  EXPECT_EQ(Fp8OutExcess(0.0, std::nan(""), 1.0, 1.0), kInf);
+}
+
+TEST(Fp8RuleTest, ScaleByteFollowsTheBlockAmaxWithinTheAllowance) {
+  // amax 300: 2^0 alone (300 / 448 lies in (1/2, 1]).
+  EXPECT_EQ(Fp8ScaleExcess(127, 300.0, 1.0), 0.0);
+  EXPECT_EQ(Fp8ScaleExcess(128, 300.0, 1.0), kInf);
+  EXPECT_EQ(Fp8ScaleExcess(126, 300.0, 1.0), kInf);
+  // amax exactly 448: 2^0, or 2^1 for a kernel's amax a little above it.
+  EXPECT_EQ(Fp8ScaleExcess(127, 448.0, 0.0), 0.0);
+  EXPECT_EQ(Fp8ScaleExcess(128, 448.0, 0.0), kInf);
+  EXPECT_EQ(Fp8ScaleExcess(128, 448.0, 1e-3), 0.0);
+  EXPECT_EQ(Fp8ScaleExcess(126, 448.0, 1e-3), kInf);
+  // The amax floor: 1e-4 / 448 -> 2^-22 (byte 105); within 1e-3 of it up
+  // to 1.1e-3 / 448 -> 2^-18.
+  EXPECT_EQ(Fp8ScaleExcess(105, 0.0, 0.0), 0.0);
+  EXPECT_EQ(Fp8ScaleExcess(104, 0.0, 1e-3), kInf);
+  EXPECT_EQ(Fp8ScaleExcess(109, 1e-4, 1e-3), 0.0);
+  EXPECT_EQ(Fp8ScaleExcess(110, 1e-4, 1e-3), kInf);
+  EXPECT_EQ(Fp8ScaleExcess(127, std::nan(""), 1.0), kInf);
+}
+
+// The FP8 answer a perfect kernel would give: the reference's out
+// quantised by spec section 3's rule in 128-dim blocks, with the
+// reference's own encoder.
+struct Fp8Answer {
+  std::vector<uint8_t> e4m3;
+  std::vector<uint8_t> scales;
+};
+
+Fp8Answer QuantizedReference(const DecodeReference& expected) {
+  Fp8Answer answer;
+  answer.e4m3.resize(expected.out.size());
+  for (size_t first = 0; first < expected.out.size(); first += kOutputQuantBlock) {
+    double amax = 0.0;
+    for (int i = 0; i < kOutputQuantBlock; ++i) {
+      amax = std::max(amax, std::fabs(expected.out[first + i]));
+    }
+    const int exponent = ScaleExponent(amax);
+    answer.scales.push_back(static_cast<uint8_t>(exponent + 127));
+    for (int i = 0; i < kOutputQuantBlock; ++i) {
+      answer.e4m3[first + i] = EncodeE4m3(std::ldexp(expected.out[first + i], -exponent));
+    }
+  }
+  return answer;
+}
+
+// Two tokens of two heads: token 0 attends four keys with a sink, token 1
+// none.
+class Fp8ComparatorTest : public ::testing::Test {
+ protected:
+  static constexpr int kHeads = 2;
+
+  void SetUp() override {
+    std::mt19937_64 rng(21);
+    std::normal_distribution<double> normal;
+    std::vector<uint16_t> rows(4 * kHeadDim);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      rows[i] = RoundToBf16(normal(rng) * (i % kHeadDim < kOutputQuantBlock ? 4.0 : 1.0));
+    }
+    pool_ = PoolOf(rows);
+    q_.resize(2 * 8 * kHeadDim, 0);
+    for (int h = 0; h < kHeads; ++h) {
+      for (int d = 0; d < kHeadDim; ++d) q_[h * kHeadDim + d] = RoundToBf16(normal(rng));
+    }
+    indices_ = {0, 1, 2, 3, -1, -1, -1, -1};
+    sinks_ = {0.5f, -1.0f};
+    DecodeInputs inputs;
+    inputs.num_tokens = 2;
+    inputs.num_heads = kHeads;
+    inputs.padded_heads = 8;
+    inputs.q = q_;
+    inputs.softmax_scale = kSoftmaxScale;
+    inputs.sinks = sinks_;
+    inputs.main = {4, indices_, {}, pool_};
+    absl::StatusOr<DecodeReference> expected = ReferenceDecode(inputs);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    expected_ = *std::move(expected);
+    ASSERT_EQ(expected_.num_keys[1], 0);
+    answer_ = QuantizedReference(expected_);
+  }
+
+  ComparisonReport Compare(const Fp8Answer& answer) const {
+    return CompareDecodeOutFp8(answer.e4m3, answer.scales, expected_);
+  }
+
+  std::vector<uint8_t> pool_;
+  std::vector<uint16_t> q_;
+  std::vector<int32_t> indices_;
+  std::vector<float> sinks_;
+  DecodeReference expected_;
+  Fp8Answer answer_;
+};
+
+TEST_F(Fp8ComparatorTest, TheQuantizedReferencePasses) {
+  const ComparisonReport report = Compare(answer_);
+  EXPECT_TRUE(report.ok()) << report.ToString();
+  // Every element and every block's scale was checked.
+  EXPECT_EQ(report.checked(), 2 * kHeads * (kHeadDim + kOutputQuantBlocks));
+  // The empty token: +0 codes and the amax floor's scale.
+  for (int i = 0; i < kHeads * kHeadDim; ++i) EXPECT_EQ(answer_.e4m3[kHeads * kHeadDim + i], 0);
+  for (int k = 0; k < kHeads * kOutputQuantBlocks; ++k) {
+    EXPECT_EQ(answer_.scales[kHeads * kOutputQuantBlocks + k], 105);
+  }
+}
+
+TEST_F(Fp8ComparatorTest, AFlippedSignFails) {
+  // The largest element of head 0's block 0: its sign flipped.
+  int largest = 0;
+  for (int i = 0; i < kOutputQuantBlock; ++i) {
+    if (std::fabs(expected_.out[i]) > std::fabs(expected_.out[largest])) largest = i;
+  }
+  Fp8Answer wrong = answer_;
+  wrong.e4m3[largest] ^= 0x80;
+  const ComparisonReport report = Compare(wrong);
+  EXPECT_EQ(report.failed(), 1) << report.ToString();
+  EXPECT_EQ(report.first_failure().rfind(absl::StrCat("token 0 head 0 dim ", largest, ":"), 0), 0)
+      << report.ToString();
+}
+
+TEST_F(Fp8ComparatorTest, AnExponentBitFlippedFails) {
+  Fp8Answer wrong = answer_;
+  int largest = kHeadDim;  // head 1, block 0
+  for (int i = kHeadDim; i < kHeadDim + kOutputQuantBlock; ++i) {
+    if (std::fabs(expected_.out[i]) > std::fabs(expected_.out[largest])) largest = i;
+  }
+  wrong.e4m3[largest] ^= 0x08;  // a factor of 2 (or 1/2)
+  EXPECT_FALSE(Compare(wrong).ok());
+}
+
+TEST_F(Fp8ComparatorTest, AScaleOneOffFails) {
+  // Head 0's block 0 has an amax far from a power-of-two boundary, so its
+  // scale byte is one value only.
+  double amax = 0.0, allowance = 0.0;
+  for (int i = 0; i < kOutputQuantBlock; ++i) {
+    amax = std::max(amax, std::fabs(expected_.out[i]));
+    allowance = std::max(allowance, DecodeOutAllowance(expected_.out[i],
+                                                       expected_.max_abs_values[0]));
+  }
+  ASSERT_EQ(ScaleExponent(amax - allowance), ScaleExponent(amax + allowance)) << amax;
+  for (int off : {1, -1}) {
+    Fp8Answer wrong = answer_;
+    wrong.scales[0] = static_cast<uint8_t>(wrong.scales[0] + off);
+    const ComparisonReport report = Compare(wrong);
+    EXPECT_FALSE(report.ok()) << off;
+    EXPECT_EQ(report.first_failure().rfind("token 0 head 0 block 0 (dims 0..127): scale byte", 0),
+              0)
+        << report.ToString();
+  }
+}
+
+TEST_F(Fp8ComparatorTest, NaNCodesAndUnwrittenOutputsFail) {
+  Fp8Answer wrong = answer_;
+  wrong.e4m3[300] = 0x7f;
+  EXPECT_EQ(Compare(wrong).failed(), 1);
+  wrong.e4m3[301] = 0xff;
+  EXPECT_EQ(Compare(wrong).failed(), 2);
+  // A backend that wrote nothing leaves the poison (NaN codes, scale 0xff).
+  Fp8Answer poison{std::vector<uint8_t>(answer_.e4m3.size(), 0x7f),
+                   std::vector<uint8_t>(answer_.scales.size(), 0xff)};
+  EXPECT_EQ(Compare(poison).failed(), Compare(poison).checked());
+}
+
+TEST_F(Fp8ComparatorTest, TheEmptyKeySetIsExact) {
+  const int64_t empty = kHeads * kHeadDim;  // token 1's first element
+  for (uint8_t code : {uint8_t{0x80}, uint8_t{0x01}}) {
+    Fp8Answer wrong = answer_;
+    wrong.e4m3[empty + 7] = code;
+    const ComparisonReport report = Compare(wrong);
+    EXPECT_EQ(report.failed(), 1) << int{code};
+    EXPECT_EQ(report.first_failure().rfind("token 1 head 0 dim 7:", 0), 0) << report.ToString();
+  }
+  Fp8Answer wrong = answer_;
+  wrong.scales[kHeads * kOutputQuantBlocks + 3] = 106;
+  const ComparisonReport report = Compare(wrong);
+  EXPECT_EQ(report.failed(), 1);
+  EXPECT_NE(report.first_failure().find("no keys"), std::string::npos) << report.ToString();
+}
+
+TEST_F(Fp8ComparatorTest, WrongSizesFail) {
+  Fp8Answer short_codes = answer_;
+  short_codes.e4m3.pop_back();
+  EXPECT_FALSE(Compare(short_codes).ok());
+  Fp8Answer short_scales = answer_;
+  short_scales.scales.pop_back();
+  EXPECT_FALSE(Compare(short_scales).ok());
 }
 
 }  // namespace
