@@ -2350,8 +2350,10 @@ void MoveInputsToDevice(FakeDeviceMemory& memory, Message& m) {
 // into them are bit for bit those of the same messages inline, in a launch
 // that batches them with an inline message and a host-region one (the
 // device copies them in and out) and in launches of one message (the
-// kernels read and write them directly; lse only where asked).
-TEST(EngineTest, DeviceRegionsAreReadAndWrittenByTheDeviceAlone) {
+// kernels read and write them directly; lse only where asked). With `fp8`
+// every message asks for the FP8 output, whose scales take a region of
+// their own beside out's.
+void ExpectDeviceRegionsReadAndWrittenByTheDeviceAlone(bool fp8) {
   FakeDeviceMemory memory(int64_t{16} << 20);
   std::unique_ptr<Engine> engine = NewEngine(1000, kMaxPosition, 1024, absl::Minutes(10),
                                              std::make_unique<DeviceRegionBackend>(memory));
@@ -2364,30 +2366,38 @@ TEST(EngineTest, DeviceRegionsAreReadAndWrittenByTheDeviceAlone) {
   for (Seq* seq : {inline_seq.get(), device_seq.get(), host_seq.get()}) {
     ASSERT_TRUE(Append(*engine, *seq, 0, 253).ok());
   }
+  const int64_t row_bytes = fp8 ? kFp8RowBytes : kRowBytes;
   int32_t p = 253;
   for (bool batched : {true, false}) {
     for (int layer : {kFlashSwa, kFlashC4a, kFlashC128a}) {
-      const std::string what = absl::StrCat(batched ? "batched" : "alone", ", layer ", layer);
+      const std::string what = absl::StrCat(batched ? "batched" : "alone", ", layer ", layer,
+                                            fp8 ? ", fp8" : "");
       MessageOptions o;
       o.seed = 9800 + layer;
       o.lse = layer != kFlashC4a;
+      o.fp8 = fp8;
       // Three tokens from 253: a compressed row at 256 on C4A.
       const auto reference = Build(layer, {{inline_seq.get(), p, 3}}, o);
       const auto on_device = Build(layer, {{device_seq.get(), p, 3}}, o);
       const auto on_host = Build(layer, {{host_seq.get(), p, 3}}, o);
       MoveInputsToDevice(memory, *on_device);
       const int64_t values = reference->tokens() * reference->heads;
-      const std::vector<uint16_t> out_poison(values * kHeadDim, 0xffff);
+      const std::vector<uint8_t> out_poison(values * row_bytes, 0xff);
+      const std::vector<uint8_t> scales_poison(values * kFp8ScaleRowBytes, 0xff);
       const std::vector<float> lse_poison(values, -1.0f);
       AnswerRegions device_regions;
-      device_regions.out = {nullptr, memory.Put(out_poison.data(), values * kRowBytes),
-                            values * kRowBytes, true};
+      device_regions.out = {nullptr, memory.Put(out_poison.data(), out_poison.size()),
+                            values * row_bytes, true};
+      uint8_t* device_scales = memory.Put(scales_poison.data(), scales_poison.size());
+      if (fp8) device_regions.scales = {nullptr, device_scales, values * kFp8ScaleRowBytes, true};
       uint8_t* device_lse = memory.Put(lse_poison.data(), values * 4);
       if (o.lse) device_regions.lse = {nullptr, device_lse, values * 4, true};
-      std::vector<uint16_t> host_out = out_poison;
+      std::vector<uint8_t> host_out = out_poison;
+      std::vector<uint8_t> host_scales = scales_poison;
       std::vector<float> host_lse = lse_poison;
       AnswerRegions host_regions;
-      host_regions.out = {nullptr, reinterpret_cast<uint8_t*>(host_out.data()), values * kRowBytes};
+      host_regions.out = {nullptr, host_out.data(), values * row_bytes};
+      if (fp8) host_regions.scales = {nullptr, host_scales.data(), values * kFp8ScaleRowBytes};
       if (o.lse) host_regions.lse = {nullptr, reinterpret_cast<uint8_t*>(host_lse.data()), values * 4};
       std::vector<AttendResult> results;
       if (batched) {
@@ -2401,9 +2411,19 @@ TEST(EngineTest, DeviceRegionsAreReadAndWrittenByTheDeviceAlone) {
       ASSERT_EQ(results.size(), 3u);
       ExpectMatches(*reference, results[0], what);
       for (int i : {1, 2}) ASSERT_TRUE(results[i].status.ok()) << what << ": " << results[i].status;
-      const std::vector<uint8_t> out = memory.Read(device_regions.out.data, values * kRowBytes);
+      const std::vector<uint8_t> out = memory.Read(device_regions.out.data, values * row_bytes);
       EXPECT_EQ(std::memcmp(out.data(), results[0].out, out.size()), 0) << what << ", device";
       EXPECT_EQ(std::memcmp(host_out.data(), results[0].out, out.size()), 0) << what << ", host";
+      const std::vector<uint8_t> scales = memory.Read(device_scales, scales_poison.size());
+      if (fp8) {
+        EXPECT_EQ(std::memcmp(scales.data(), results[0].out_scales, scales.size()), 0)
+            << what << ", device";
+        EXPECT_EQ(std::memcmp(host_scales.data(), results[0].out_scales, scales.size()), 0)
+            << what << ", host";
+      } else {
+        EXPECT_EQ(scales, scales_poison) << what << ": scales written for a bf16 answer";
+        EXPECT_EQ(host_scales, scales_poison) << what << ": scales written for a bf16 answer";
+      }
       const std::vector<uint8_t> lse = memory.Read(device_lse, values * 4);
       if (o.lse) {
         EXPECT_EQ(std::memcmp(lse.data(), results[0].lse, lse.size()), 0) << what << ", device";
@@ -2420,9 +2440,18 @@ TEST(EngineTest, DeviceRegionsAreReadAndWrittenByTheDeviceAlone) {
   // The sessions' caches are alike too: the next step of each matches.
   MessageOptions o;
   o.seed = 9900;
+  o.fp8 = fp8;
   const auto a = Build(kFlashC4a, {{inline_seq.get(), p}}, o);
   const auto b = Build(kFlashC4a, {{device_seq.get(), p}}, o);
   RunAndExpect(*engine, {a.get(), b.get()}, "after the device steps");
+}
+
+TEST(EngineTest, DeviceRegionsAreReadAndWrittenByTheDeviceAlone) {
+  ExpectDeviceRegionsReadAndWrittenByTheDeviceAlone(/*fp8=*/false);
+}
+
+TEST(EngineTest, Fp8AnswersInDeviceRegionsAreWrittenByTheDeviceAlone) {
+  ExpectDeviceRegionsReadAndWrittenByTheDeviceAlone(/*fp8=*/true);
 }
 
 // The other mixes of device memory in a launch: every message answered into
