@@ -1181,13 +1181,18 @@ TEST(UnaryDeadlineTest, CallsEndAtTheirDeadline) {
 }
 
 // A server whose Attend answers have the wrong shape: message 1's out is
-// [T, H, 256], message 2's lse is [T * H]; message 3 is answered right.
+// [T, H, 256], message 2's lse is [T * H]; message 3 is answered right; FP8
+// messages as Fp8Answer says.
 class WrongShapeService final : public pb::MlaOffload::Service {
   grpc::Status Attend(grpc::ServerContext*,
                       grpc::ServerReaderWriter<pb::AttendResponse, pb::AttendRequest>* stream)
       override {
     pb::AttendRequest request;
     while (stream->Read(&request)) {
+      if (request.fp8_output()) {
+        stream->Write(Fp8Answer(request));
+        continue;
+      }
       const int64_t tokens = request.q().shape(0), heads = request.q().shape(1);
       const int64_t width = request.request_id() == 1 ? 256 : 512;
       pb::AttendResponse response;
@@ -1209,9 +1214,32 @@ class WrongShapeService final : public pb::MlaOffload::Service {
     }
     return grpc::Status::OK;
   }
+
+  // To FP8 messages: request 4 bf16 out, request 5 e4m3 out without
+  // out_scales, request 6 scales of the wrong shape, request 7 a
+  // well-formed FP8 answer.
+  static pb::AttendResponse Fp8Answer(const pb::AttendRequest& request) {
+    const int64_t tokens = request.q().shape(0), heads = request.q().shape(1);
+    const uint64_t id = request.request_id();
+    pb::AttendResponse response;
+    response.set_request_id(id);
+    pb::Tensor* out = response.mutable_out();
+    out->set_dtype(id == 4 ? pb::DTYPE_BF16 : pb::DTYPE_E4M3FN);
+    for (int64_t dim : {tokens, heads, int64_t{512}}) out->add_shape(dim);
+    out->set_data(std::string(tokens * heads * 512 * (id == 4 ? 2 : 1), '\x38'));
+    if (id >= 6) {
+      const int64_t blocks = id == 6 ? 8 : 4;
+      pb::Tensor* scales = response.mutable_out_scales();
+      scales->set_dtype(pb::DTYPE_UE8M0);
+      for (int64_t dim : {tokens, heads, blocks}) scales->add_shape(dim);
+      scales->set_data(std::string(tokens * heads * blocks, '\x7f'));
+    }
+    return response;
+  }
 };
 
-// Answers are checked against the [T, H] of the message they answer.
+// Answers are checked against the [T, H] and the output format of the
+// message they answer.
 TEST(AnswerShapeTest, AnswersOfTheWrongShapeAreServerFaults) {
   WrongShapeService service;
   std::string target;
@@ -1241,71 +1269,28 @@ TEST(AnswerShapeTest, AnswersOfTheWrongShapeAreServerFaults) {
   EXPECT_EQ(right->num_tokens(), 2);
   EXPECT_EQ(right->num_heads(), kHeads);
   EXPECT_EQ(right->lse().size(), 2u * kHeads);
-  EXPECT_TRUE((*stream)->Finish().ok());
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-}
 
-// Answers to FP8 messages that are not FP8 answers: request 1 gets bf16
-// out, request 2 e4m3 out without out_scales, request 3 scales of the wrong
-// shape, request 4 a well-formed FP8 answer.
-class WrongFp8Service final : public pb::MlaOffload::Service {
-  grpc::Status Attend(grpc::ServerContext*,
-                      grpc::ServerReaderWriter<pb::AttendResponse, pb::AttendRequest>* stream)
-      override {
-    pb::AttendRequest request;
-    while (stream->Read(&request)) {
-      const int64_t tokens = request.q().shape(0), heads = request.q().shape(1);
-      const uint64_t id = request.request_id();
-      pb::AttendResponse response;
-      response.set_request_id(id);
-      pb::Tensor* out = response.mutable_out();
-      out->set_dtype(id == 1 ? pb::DTYPE_BF16 : pb::DTYPE_E4M3FN);
-      for (int64_t dim : {tokens, heads, int64_t{512}}) out->add_shape(dim);
-      out->set_data(std::string(tokens * heads * 512 * (id == 1 ? 2 : 1), '\x38'));
-      if (id >= 3) {
-        pb::Tensor* scales = response.mutable_out_scales();
-        scales->set_dtype(pb::DTYPE_UE8M0);
-        for (int64_t dim : {tokens, heads, int64_t{id == 3 ? 8 : 4}}) scales->add_shape(dim);
-        scales->set_data(std::string(tokens * heads * (id == 3 ? 8 : 4), '\x7f'));
-      }
-      stream->Write(response);
-    }
-    return grpc::Status::OK;
-  }
-};
-
-TEST(AnswerShapeTest, AnFp8MessageNeedsAnFp8Answer) {
-  WrongFp8Service service;
-  std::string target;
-  std::unique_ptr<grpc::Server> server = StartInProcess(&service, &target);
-  ASSERT_NE(server, nullptr);
-  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(target);
-  ASSERT_TRUE(client.ok()) << client.status();
-  absl::StatusOr<std::unique_ptr<AttendStream>> stream = (*client)->OpenAttendStream();
-  ASSERT_TRUE(stream.ok()) << stream.status();
-  const std::vector<uint16_t> q(2 * kHeads * kHeadDim, 0);
-  AttendInput input;
-  input.segments = {{"any", 0, 2, 0, 0}};
-  input.q = q;
+  // An FP8 message needs an FP8 answer.
+  input.return_lse = false;
   input.fp8_output = true;
   for (int i = 0; i < 4; ++i) ASSERT_TRUE((*stream)->Send(input).ok());
   for (const char* words :
-       {"Attend request 1: AttendResponse.out is [2, 8, 512] DTYPE_BF16 where [2, 8, 512] "
+       {"Attend request 4: AttendResponse.out is [2, 8, 512] DTYPE_BF16 where [2, 8, 512] "
         "DTYPE_E4M3FN is expected",
-        "Attend request 2: an FP8 answer without out_scales",
-        "Attend request 3: AttendResponse.out_scales is [2, 8, 8] DTYPE_UE8M0 where [2, 8, 4] "
+        "Attend request 5: an FP8 answer without out_scales",
+        "Attend request 6: AttendResponse.out_scales is [2, 8, 8] DTYPE_UE8M0 where [2, 8, 4] "
         "DTYPE_UE8M0 is expected"}) {
     absl::StatusOr<AttendResult> wrong = (*stream)->Receive();
     EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInternal) << wrong.status();
     EXPECT_THAT(wrong.status().message(), HasSubstr(words));
   }
-  absl::StatusOr<AttendResult> right = (*stream)->Receive();
-  ASSERT_TRUE(right.ok()) << right.status();
-  EXPECT_TRUE(right->fp8_output());
-  EXPECT_EQ(right->out_e4m3().size(), 2u * kHeads * 512);
-  EXPECT_EQ(right->out_scales().size(), 2u * kHeads * 4);
-  EXPECT_EQ(right->out_scales()[0], 0x7f);
-  EXPECT_TRUE(right->out().empty());
+  absl::StatusOr<AttendResult> fp8 = (*stream)->Receive();
+  ASSERT_TRUE(fp8.ok()) << fp8.status();
+  EXPECT_TRUE(fp8->fp8_output());
+  EXPECT_EQ(fp8->out_e4m3().size(), 2u * kHeads * 512);
+  EXPECT_EQ(fp8->out_scales().size(), 2u * kHeads * 4);
+  EXPECT_EQ(fp8->out_scales()[0], 0x7f);
+  EXPECT_TRUE(fp8->out().empty());
   EXPECT_TRUE((*stream)->Finish().ok());
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }
