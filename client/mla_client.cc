@@ -155,6 +155,14 @@ absl::string_view HealthStatusName(HealthStatus status) {
 
 namespace internal {
 
+// What the answer to an Attend message must hold, as its Send knew it;
+// handed back with the answer.
+struct ExpectedAnswer {
+  std::vector<int64_t> shape;  // out's [T, H, 512]
+  bool in_regions = false;     // written into the message's regions, not sent
+  bool fp8_output = false;     // out in e4m3fn with UE8M0 out_scales
+};
+
 // One bidirectional stream of raw messages: writes queued and sent one at a
 // time, reads always posted (so the server is never blocked on answers the
 // caller has not taken yet), answers matched to messages in order, and the
@@ -170,8 +178,7 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
   struct Answer {
     uint64_t id = 0;
     grpc::ByteBuffer buffer;
-    std::vector<int64_t> expected_shape;  // as given to Send
-    bool in_regions = false;              // as given to Send
+    ExpectedAnswer expected;  // as given to Send
   };
 
   RawStream(std::string what, const StreamOptions& options)
@@ -222,10 +229,9 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
 
   // Numbers the message, builds it with `build(id)` and queues it for
   // writing; waits while max_in_flight messages are unanswered.
-  // `expected_shape` and `in_regions` come back with the message's answer.
+  // `expected` comes back with the message's answer.
   template <typename Build>
-  absl::StatusOr<uint64_t> Send(Build&& build, std::vector<int64_t> expected_shape = {},
-                                bool in_regions = false) {
+  absl::StatusOr<uint64_t> Send(Build&& build, ExpectedAnswer expected = {}) {
     grpc::ByteBuffer* start = nullptr;
     uint64_t id = 0;
     {
@@ -250,7 +256,7 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
           return message.status();
         }
         unanswered_.push_back(
-            {id, absl::Now() + options_.step_timeout, std::move(expected_shape), in_regions});
+            {id, absl::Now() + options_.step_timeout, std::move(expected)});
         writes_.push_back(*std::move(message));
         if (!writing_) {
           writing_ = true;
@@ -407,8 +413,7 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
         }
       } else {
         answers_.push_back({unanswered_.front().id, std::move(read_buffer_),
-                            std::move(unanswered_.front().expected_shape),
-                            unanswered_.front().in_regions});
+                            std::move(unanswered_.front().expected)});
         unanswered_.pop_front();
         read_buffer_ = grpc::ByteBuffer();
       }
@@ -501,8 +506,7 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
   struct Unanswered {
     uint64_t id;
     absl::Time deadline;
-    std::vector<int64_t> expected_shape;
-    bool in_regions;
+    ExpectedAnswer expected;
   };
 
   const std::string what_;
@@ -650,10 +654,16 @@ struct AttendResult::Data {
   uint64_t request_id = 0;
   wire::TensorView out;  // no bytes when in_regions
   bool in_regions = false;
+  bool fp8_output = false;
+  std::optional<wire::TensorView> out_scales;  // with fp8_output, unless in_regions
   std::optional<wire::TensorView> lse;
   wire::TimingView timing;
   absl::once_flag out_once;
   std::vector<uint16_t> out_copy;
+  absl::once_flag e4m3_once;
+  std::vector<uint8_t> e4m3_copy;
+  absl::once_flag scales_once;
+  std::vector<uint8_t> scales_copy;
   absl::once_flag lse_once;
   std::vector<float> lse_copy;
 };
@@ -667,7 +677,17 @@ uint64_t AttendResult::request_id() const { return data_->request_id; }
 int64_t AttendResult::num_tokens() const { return data_->out.shape[0]; }
 int32_t AttendResult::num_heads() const { return static_cast<int32_t>(data_->out.shape[1]); }
 absl::Span<const uint16_t> AttendResult::out() const {
+  if (data_->fp8_output) return {};
   return FlatView(data_->out, data_->out_once, data_->out_copy);
+}
+bool AttendResult::fp8_output() const { return data_->fp8_output; }
+absl::Span<const uint8_t> AttendResult::out_e4m3() const {
+  if (!data_->fp8_output) return {};
+  return FlatView(data_->out, data_->e4m3_once, data_->e4m3_copy);
+}
+absl::Span<const uint8_t> AttendResult::out_scales() const {
+  if (!data_->out_scales.has_value()) return {};
+  return FlatView(*data_->out_scales, data_->scales_once, data_->scales_copy);
 }
 absl::Span<const float> AttendResult::lse() const {
   if (!data_->lse.has_value()) return {};
@@ -750,18 +770,37 @@ absl::StatusOr<AttendShape> ShapeOf(const AttendInput& input) {
   return shape;
 }
 
-// The answer regions fit the answer: out [T, H, 512] bf16 and, with
-// return_lse, lse [T, H] f32; neither, or out alone without return_lse.
+// The answer regions fit the answer: out [T, H, 512] bf16 (or e4m3fn, and
+// then out_scales [T, H, 4] UE8M0) and, with return_lse, lse [T, H] f32;
+// none, or out (with its scales) alone without return_lse.
 absl::Status CheckAnswerRegions(const AttendInput& input, const AttendShape& shape) {
   if (!input.out_region.has_value()) {
-    if (!input.lse_region.has_value()) return absl::OkStatus();
-    return absl::InvalidArgumentError("AttendInput.lse_region: only with out_region");
+    if (input.lse_region.has_value()) {
+      return absl::InvalidArgumentError("AttendInput.lse_region: only with out_region");
+    }
+    if (input.out_scales_region.has_value()) {
+      return absl::InvalidArgumentError("AttendInput.out_scales_region: only with out_region");
+    }
+    return absl::OkStatus();
   }
   const int64_t values = shape.tokens * shape.heads;
-  if (input.out_region->bytes != values * kHeadDim * 2) {
+  const int64_t value_bytes = input.fp8_output ? 1 : 2;
+  if (input.out_region->bytes != values * kHeadDim * value_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "AttendInput.out_region: ", input.out_region->bytes, " bytes where out [T=", shape.tokens,
-        ", H=", shape.heads, ", 512] bf16 needs ", values * kHeadDim * 2));
+        ", H=", shape.heads, ", 512] ", input.fp8_output ? "e4m3fn" : "bf16", " needs ",
+        values * kHeadDim * value_bytes));
+  }
+  if (input.fp8_output != input.out_scales_region.has_value()) {
+    return absl::InvalidArgumentError(
+        "AttendInput.out_scales_region: give one exactly when fp8_output is set (with "
+        "out_region)");
+  }
+  if (input.fp8_output && input.out_scales_region->bytes != values * kOutputBlocks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AttendInput.out_scales_region: ", input.out_scales_region->bytes,
+        " bytes where out_scales [T=", shape.tokens, ", H=", shape.heads, ", 4] UE8M0 needs ",
+        values * kOutputBlocks));
   }
   if (input.return_lse != input.lse_region.has_value()) {
     return absl::InvalidArgumentError(
@@ -790,6 +829,7 @@ wire::AttendRequestView RequestOf(const AttendInput& input, const AttendShape& s
   request.head_offset = input.head_offset;
   request.return_lse = input.return_lse;
   request.derotate_output = input.derotate_output;
+  request.fp8_output = input.fp8_output;
   for (const AttendSegment& segment : input.segments) {
     request.segments.push_back({segment.session_id, segment.position, segment.num_tokens,
                                 segment.first_compressed_row, segment.num_compressed_rows});
@@ -821,6 +861,7 @@ wire::AttendRequestView RequestOf(const AttendInput& input, const AttendShape& s
   }
   request.out_region = RefView(input.out_region);
   request.lse_region = RefView(input.lse_region);
+  request.out_scales_region = RefView(input.out_scales_region);
   return request;
 }
 
@@ -842,7 +883,9 @@ absl::StatusOr<uint64_t> AttendStream::Send(const AttendInput& input) {
       [&](uint64_t id) -> absl::StatusOr<grpc::ByteBuffer> {
         return wire::SerializeAttendRequest(RequestOf(input, *shape, id, keep_alive));
       },
-      {shape->tokens, shape->heads, kHeadDim}, input.out_region.has_value());
+      internal::ExpectedAnswer{{shape->tokens, shape->heads, kHeadDim},
+                               input.out_region.has_value(),
+                               input.fp8_output});
   if (!sent.ok()) {
     stripes_->NotSent();
     return sent.status();
@@ -869,17 +912,21 @@ absl::StatusOr<AttendResult> AttendStream::Receive() {
     return absl::InternalError(absl::StrCat(what, ": answered with request_id ",
                                             response->request_id, " (answers out of order)"));
   }
-  const std::vector<int64_t>& shape = answer->expected_shape;  // [T, H, 512]
-  if (answer->in_regions) {
-    if (response->out.has_value() || response->lse.has_value()) {
+  const internal::ExpectedAnswer& expected = answer->expected;
+  const std::vector<int64_t>& shape = expected.shape;  // [T, H, 512]
+  const wire::DType out_dtype = expected.fp8_output ? wire::DType::kE4m3fn : wire::DType::kBf16;
+  if (expected.in_regions) {
+    if (response->out.has_value() || response->lse.has_value() ||
+        response->out_scales.has_value()) {
       return absl::InternalError(
           absl::StrCat(what, ": an answer written into out_region that also carries tensors"));
     }
     auto data = std::make_unique<AttendResult::Data>();
     data->request_id = received->id;
-    data->out.dtype = wire::DType::kBf16;
+    data->out.dtype = out_dtype;
     data->out.shape = shape;
     data->in_regions = true;
+    data->fp8_output = expected.fp8_output;
     if (response->timing.has_value()) data->timing = *response->timing;
     return AttendResult(std::move(data));
   }
@@ -903,9 +950,21 @@ absl::StatusOr<AttendResult> AttendStream::Receive() {
         dtype_name(tensor.dtype), " where [", absl::StrJoin(shape, ", "), "] ", dtype_name(dtype),
         " is expected", bytes_wrong ? ": " : "", bytes_wrong ? status.message() : ""));
   };
-  if (absl::Status status = check(*response->out, "AttendResponse.out", wire::DType::kBf16, shape);
+  if (absl::Status status = check(*response->out, "AttendResponse.out", out_dtype, shape);
       !status.ok()) {
     return status;
+  }
+  if (expected.fp8_output != response->out_scales.has_value()) {
+    return absl::InternalError(absl::StrCat(
+        what, expected.fp8_output ? ": an FP8 answer without out_scales"
+                                  : ": a bf16 answer with out_scales"));
+  }
+  if (expected.fp8_output) {
+    if (absl::Status status = check(*response->out_scales, "AttendResponse.out_scales",
+                                    wire::DType::kUe8m0, {shape[0], shape[1], kOutputBlocks});
+        !status.ok()) {
+      return status;
+    }
   }
   if (response->lse.has_value()) {
     if (absl::Status status =
@@ -917,6 +976,8 @@ absl::StatusOr<AttendResult> AttendStream::Receive() {
   auto data = std::make_unique<AttendResult::Data>();
   data->request_id = received->id;
   data->out = *std::move(response->out);
+  data->fp8_output = expected.fp8_output;
+  data->out_scales = std::move(response->out_scales);
   data->lse = std::move(response->lse);
   if (response->timing.has_value()) data->timing = *response->timing;
   return AttendResult(std::move(data));

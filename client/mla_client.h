@@ -96,6 +96,8 @@ namespace pb = ::mla_offload::v1;
 
 // Elements of one row of q, kv and the output: the model's head_dim.
 inline constexpr int64_t kHeadDim = 512;
+// The FP8 output's blocks a head (of 128 dims, one UE8M0 scale each).
+inline constexpr int64_t kOutputBlocks = 4;
 
 struct ConnectOptions {
   // TLS. Off by default (plaintext, for loopback and trusted networks).
@@ -203,8 +205,9 @@ struct RegionRef {
 // lie in a registered region (the *_region fields, the span left empty;
 // the server reads them while the step runs, so they must stay unchanged
 // until Receive returns its answer), and the answer may be written into
-// one (out_region, with return_lse also lse_region): the message then
-// carries and returns no tensor bytes. The top-k always travels inline.
+// one (out_region, with return_lse also lse_region, with fp8_output also
+// out_scales_region): the message then carries and returns no tensor
+// bytes. The top-k always travels inline.
 struct AttendInput {
   int32_t layer = 0;
   int32_t head_offset = 0;
@@ -215,18 +218,25 @@ struct AttendInput {
   absl::Span<const int32_t> topk;            // [T, K] on C4A layers; K = topk.size() / T
   bool return_lse = false;
   bool derotate_output = false;
+  // The output in FP8 (spec section 5): per token and head 512 e4m3fn bytes
+  // and 4 UE8M0 scales, one per 128 dims (AttendResult::out_e4m3 and
+  // out_scales): 516 bytes a head back instead of bf16's 1024.
+  bool fp8_output = false;
   // Optional: owns the memory above; held until gRPC has released the
   // message, so the caller need not keep the memory until Receive.
   std::shared_ptr<const void> keep_alive;
   // The same-host data plane (see above): q [T, H, 512], kv [T, 512] and
-  // compressed_kv [rows, 512] bf16 in a region; out [T, H, 512] bf16 and
-  // lse [T, H] f32 written into one (out at an even offset, lse at a
-  // multiple of 4), in place when Receive returns the answer.
+  // compressed_kv [rows, 512] bf16 in a region; out [T, H, 512] bf16 (with
+  // fp8_output e4m3fn, and out_scales [T, H, 4] UE8M0 in out_scales_region)
+  // and lse [T, H] f32 written into one (bf16 out at an even offset, the
+  // scales and lse at a multiple of 4), in place when Receive returns the
+  // answer.
   std::optional<RegionRef> q_region;
   std::optional<RegionRef> kv_region;
   std::optional<RegionRef> compressed_kv_region;
   std::optional<RegionRef> out_region;
   std::optional<RegionRef> lse_region;
+  std::optional<RegionRef> out_scales_region;
 };
 
 // The answer to one Attend message that the server served. Movable, not
@@ -240,8 +250,15 @@ class AttendResult {
   uint64_t request_id() const;
   int64_t num_tokens() const;  // T
   int32_t num_heads() const;   // H
-  // [T, H, 512] bf16 bit patterns; empty when in_regions().
+  // [T, H, 512] bf16 bit patterns; empty when in_regions() or fp8_output().
   absl::Span<const uint16_t> out() const;
+  // The message asked for the FP8 output: out_e4m3() [T, H, 512] e4m3fn
+  // codes and out_scales() [T, H, 4] UE8M0 bytes, block k of a head (dims
+  // 128k .. 128k + 127) worth e4m3 * 2^(scale - 127); both empty otherwise,
+  // and when in_regions().
+  bool fp8_output() const;
+  absl::Span<const uint8_t> out_e4m3() const;
+  absl::Span<const uint8_t> out_scales() const;
   // [T, H] fp32 log-sum-exp (+inf where nothing was attended); empty unless
   // the message asked for it, and when in_regions().
   absl::Span<const float> lse() const;
@@ -249,8 +266,9 @@ class AttendResult {
   // The server wrote out (and lse) into the message's out_region (and
   // lse_region): the answer is there, not here.
   bool in_regions() const;
-  // The output as the received pieces (no copy made): out_view().CopyTo(dst)
-  // writes it into the caller's buffer with one memcpy per piece.
+  // The output (bf16, or e4m3 with fp8_output) as the received pieces (no
+  // copy made): out_view().CopyTo(dst) writes it into the caller's buffer
+  // with one memcpy per piece.
   const wire::TensorView& out_view() const;
   // Server-side time of the message (queue, prologue, decode, total, batch
   // tokens).

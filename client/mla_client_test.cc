@@ -140,6 +140,12 @@ Prompt MakePrompt(const Sequence& seq, int32_t first, int32_t count) {
   return prompt;
 }
 
+// An FP8 answer of one token: e4m3 [kHeads, 512] and scales [kHeads, 4].
+struct Fp8Answer {
+  std::vector<uint8_t> e4m3;
+  std::vector<uint8_t> scales;
+};
+
 // CpuBackend on the test's own copy of the SWA rows of layers 0 and 1 of one
 // sequence: slot = layer * 256 + position.
 class SwaMirror {
@@ -170,9 +176,10 @@ class SwaMirror {
     ASSERT_TRUE(status.ok()) << status;
   }
 
-  // out [kHeads, 512] and lse [kHeads] of the token at `position` of `layer`.
+  // out [kHeads, 512] and lse [kHeads] of the token at `position` of
+  // `layer`; with `fp8`, the FP8 output into it instead of out.
   void Decode(int layer, int32_t position, bool derotate, std::vector<uint16_t>* out,
-              std::vector<float>* lse) {
+              std::vector<float>* lse, Fp8Answer* fp8 = nullptr) {
     const std::vector<uint16_t> q = seq_.Query(layer, position);
     std::vector<uint16_t> q_out(static_cast<size_t>(seq_.padded) * kHeadDim);
     PrologueParams prologue;
@@ -192,7 +199,6 @@ class SwaMirror {
     const int32_t length = position - first + 1;
     std::vector<float> sinks(seq_.sinks.begin() + layer * seq_.profile->num_query_heads,
                              seq_.sinks.begin() + layer * seq_.profile->num_query_heads + kHeads);
-    out->assign(static_cast<size_t>(kHeads) * kHeadDim, 0);
     lse->assign(kHeads, 0.0f);
     const CachePoolView pool{pool_.data(), kBlocks};
     DecodeParams decode;
@@ -207,7 +213,15 @@ class SwaMirror {
     decode.derotate = derotate;
     decode.positions = &position;
     decode.rope = View(layer);
-    decode.out = out->data();
+    if (fp8 != nullptr) {
+      fp8->e4m3.assign(static_cast<size_t>(kHeads) * kHeadDim, 0);
+      fp8->scales.assign(static_cast<size_t>(kHeads) * kOutputBlocks, 0);
+      decode.out_e4m3 = fp8->e4m3.data();
+      decode.out_scales = fp8->scales.data();
+    } else {
+      out->assign(static_cast<size_t>(kHeads) * kHeadDim, 0);
+      decode.out = out->data();
+    }
     decode.lse = lse->data();
     const absl::Status status = backend_.Decode(decode);
     ASSERT_TRUE(status.ok()) << status;
@@ -753,6 +767,116 @@ TEST_F(ClientTest, HostRegionsCarryTheTensorsAndTheAnswer) {
   EXPECT_LT(shm_open(name.c_str(), O_RDONLY, 0), 0) << name << " is left on this host";
 }
 
+// The FP8 output: asked with fp8_output, answered as e4m3 codes and UE8M0
+// scales (out() empty) with CpuBackend's bytes and lse, inline and written
+// into a HostRegion (out_region for the codes, out_scales_region for the
+// scales). Answer regions that do not fit the FP8 answer are refused by
+// Send, naming the field.
+TEST_F(ClientTest, Fp8AnswersInlineAndIntoAHostRegion) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  Sequence seq = MakeSequence(53);
+  ASSERT_NO_FATAL_FAILURE(CreateAndAppend(&seq, 200));
+  SwaMirror mirror(seq);
+  mirror.Insert(0, 204);
+  mirror.Insert(1, 204);
+  constexpr int64_t kAnswerBytes = kHeads * (kHeadDim + kOutputBlocks + 4);
+  absl::StatusOr<std::unique_ptr<HostRegion>> region = HostRegion::Create(*client_, 1 << 16);
+  ASSERT_TRUE(region.ok()) << region.status();
+  absl::StatusOr<std::unique_ptr<AttendStream>> stream = client_->OpenAttendStream();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  for (int32_t p = 200; p < 204; ++p) {
+    for (int layer = 0; layer < 2; ++layer) {
+      const bool into_region = p >= 202;
+      const std::string what = absl::StrCat("layer ", layer, " at ", p,
+                                            into_region ? " into the region" : " inline");
+      const Step step = MakeStep(seq, layer, p, 1, true, layer == 1);
+      AttendInput input = InputOf(seq, step);
+      input.fp8_output = true;
+      const int64_t at = (2 * (p - 202) + layer) * kAnswerBytes;
+      if (into_region) {
+        input.out_region = *(*region)->Ref(at, kHeads * kHeadDim);
+        input.out_scales_region = *(*region)->Ref(at + kHeads * kHeadDim, kHeads * kOutputBlocks);
+        input.lse_region =
+            *(*region)->Ref(at + kHeads * (kHeadDim + kOutputBlocks), kHeads * 4);
+      }
+      ASSERT_TRUE((*stream)->Send(input).ok()) << what;
+      absl::StatusOr<AttendResult> result = (*stream)->Receive();
+      ASSERT_TRUE(result.ok()) << what << ": " << result.status();
+      EXPECT_TRUE(result->fp8_output()) << what;
+      EXPECT_TRUE(result->out().empty()) << what << ": bf16 out of an FP8 answer";
+      EXPECT_EQ(result->num_tokens(), 1) << what;
+      EXPECT_EQ(result->num_heads(), kHeads) << what;
+      std::vector<uint16_t> unused;
+      std::vector<float> lse;
+      Fp8Answer expected;
+      mirror.Decode(layer, p, step.derotate, &unused, &lse, &expected);
+      if (into_region) {
+        EXPECT_TRUE(result->in_regions()) << what;
+        EXPECT_TRUE(result->out_e4m3().empty() && result->out_scales().empty()) << what;
+        const uint8_t* answer = (*region)->data() + at;
+        EXPECT_EQ(std::memcmp(answer, expected.e4m3.data(), expected.e4m3.size()), 0) << what;
+        EXPECT_EQ(std::memcmp(answer + kHeads * kHeadDim, expected.scales.data(),
+                              expected.scales.size()),
+                  0)
+            << what;
+        EXPECT_EQ(std::memcmp(answer + kHeads * (kHeadDim + kOutputBlocks), lse.data(),
+                              kHeads * 4),
+                  0)
+            << what;
+      } else {
+        EXPECT_EQ(std::vector<uint8_t>(result->out_e4m3().begin(), result->out_e4m3().end()),
+                  expected.e4m3)
+            << what;
+        EXPECT_EQ(std::vector<uint8_t>(result->out_scales().begin(), result->out_scales().end()),
+                  expected.scales)
+            << what;
+        EXPECT_EQ(std::memcmp(result->lse().data(), lse.data(), kHeads * 4), 0) << what;
+        std::vector<uint8_t> copied(kHeads * kHeadDim);
+        result->out_view().CopyTo(copied.data());
+        EXPECT_EQ(copied, expected.e4m3) << what << ": out_view";
+      }
+    }
+  }
+
+  const Step next = MakeStep(seq, 0, 204, 1, false, false);
+  struct Refusal {
+    std::string what;
+    std::function<void(AttendInput&)> change;
+    std::string words;
+  };
+  const std::vector<Refusal> refusals = {
+      {"a bf16-sized out region", [&](AttendInput& in) {
+         in.out_region = *(*region)->Ref(0, kHeads * kHeadDim * 2);
+       },
+       "AttendInput.out_region: 8192 bytes where out [T=1, H=8, 512] e4m3fn needs 4096"},
+      {"no scales region", [](AttendInput& in) { in.out_scales_region.reset(); },
+       "AttendInput.out_scales_region: give one exactly when fp8_output is set"},
+      {"a scales region for a bf16 answer", [&](AttendInput& in) {
+         in.fp8_output = false;
+         in.out_region = *(*region)->Ref(0, kHeads * kHeadDim * 2);
+       },
+       "AttendInput.out_scales_region: give one exactly when fp8_output is set"},
+      {"a scales region of the wrong size", [&](AttendInput& in) {
+         in.out_scales_region = *(*region)->Ref(kHeads * kHeadDim, kHeads * kOutputBlocks + 4);
+       },
+       "AttendInput.out_scales_region: 36 bytes where out_scales [T=1, H=8, 4] UE8M0 needs 32"},
+      {"a scales region without out_region", [](AttendInput& in) { in.out_region.reset(); },
+       "AttendInput.out_scales_region: only with out_region"},
+  };
+  for (const Refusal& refusal : refusals) {
+    AttendInput input = InputOf(seq, next);
+    input.fp8_output = true;
+    input.out_region = *(*region)->Ref(0, kHeads * kHeadDim);
+    input.out_scales_region = *(*region)->Ref(kHeads * kHeadDim, kHeads * kOutputBlocks);
+    refusal.change(input);
+    absl::StatusOr<uint64_t> sent = (*stream)->Send(input);
+    EXPECT_EQ(sent.status().code(), absl::StatusCode::kInvalidArgument) << refusal.what;
+    EXPECT_THAT(std::string(sent.status().message()), HasSubstr(refusal.words)) << refusal.what;
+  }
+  EXPECT_EQ((*stream)->outstanding(), 0) << "a refused message was sent";
+  EXPECT_TRUE((*stream)->Finish().ok());
+}
+
 // More messages than max_in_flight from one thread without receiving: Send
 // waits for answers (which the library reads meanwhile), and nothing stalls.
 TEST_F(ClientTest, SendWaitsForRoomAndNeverDeadlocks) {
@@ -1057,13 +1181,18 @@ TEST(UnaryDeadlineTest, CallsEndAtTheirDeadline) {
 }
 
 // A server whose Attend answers have the wrong shape: message 1's out is
-// [T, H, 256], message 2's lse is [T * H]; message 3 is answered right.
+// [T, H, 256], message 2's lse is [T * H]; message 3 is answered right; FP8
+// messages as Fp8Answer says.
 class WrongShapeService final : public pb::MlaOffload::Service {
   grpc::Status Attend(grpc::ServerContext*,
                       grpc::ServerReaderWriter<pb::AttendResponse, pb::AttendRequest>* stream)
       override {
     pb::AttendRequest request;
     while (stream->Read(&request)) {
+      if (request.fp8_output()) {
+        stream->Write(Fp8Answer(request));
+        continue;
+      }
       const int64_t tokens = request.q().shape(0), heads = request.q().shape(1);
       const int64_t width = request.request_id() == 1 ? 256 : 512;
       pb::AttendResponse response;
@@ -1085,9 +1214,32 @@ class WrongShapeService final : public pb::MlaOffload::Service {
     }
     return grpc::Status::OK;
   }
+
+  // To FP8 messages: request 4 bf16 out, request 5 e4m3 out without
+  // out_scales, request 6 scales of the wrong shape, request 7 a
+  // well-formed FP8 answer.
+  static pb::AttendResponse Fp8Answer(const pb::AttendRequest& request) {
+    const int64_t tokens = request.q().shape(0), heads = request.q().shape(1);
+    const uint64_t id = request.request_id();
+    pb::AttendResponse response;
+    response.set_request_id(id);
+    pb::Tensor* out = response.mutable_out();
+    out->set_dtype(id == 4 ? pb::DTYPE_BF16 : pb::DTYPE_E4M3FN);
+    for (int64_t dim : {tokens, heads, int64_t{512}}) out->add_shape(dim);
+    out->set_data(std::string(tokens * heads * 512 * (id == 4 ? 2 : 1), '\x38'));
+    if (id >= 6) {
+      const int64_t blocks = id == 6 ? 8 : 4;
+      pb::Tensor* scales = response.mutable_out_scales();
+      scales->set_dtype(pb::DTYPE_UE8M0);
+      for (int64_t dim : {tokens, heads, blocks}) scales->add_shape(dim);
+      scales->set_data(std::string(tokens * heads * blocks, '\x7f'));
+    }
+    return response;
+  }
 };
 
-// Answers are checked against the [T, H] of the message they answer.
+// Answers are checked against the [T, H] and the output format of the
+// message they answer.
 TEST(AnswerShapeTest, AnswersOfTheWrongShapeAreServerFaults) {
   WrongShapeService service;
   std::string target;
@@ -1117,6 +1269,28 @@ TEST(AnswerShapeTest, AnswersOfTheWrongShapeAreServerFaults) {
   EXPECT_EQ(right->num_tokens(), 2);
   EXPECT_EQ(right->num_heads(), kHeads);
   EXPECT_EQ(right->lse().size(), 2u * kHeads);
+
+  // An FP8 message needs an FP8 answer.
+  input.return_lse = false;
+  input.fp8_output = true;
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE((*stream)->Send(input).ok());
+  for (const char* words :
+       {"Attend request 4: AttendResponse.out is [2, 8, 512] DTYPE_BF16 where [2, 8, 512] "
+        "DTYPE_E4M3FN is expected",
+        "Attend request 5: an FP8 answer without out_scales",
+        "Attend request 6: AttendResponse.out_scales is [2, 8, 8] DTYPE_UE8M0 where [2, 8, 4] "
+        "DTYPE_UE8M0 is expected"}) {
+    absl::StatusOr<AttendResult> wrong = (*stream)->Receive();
+    EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInternal) << wrong.status();
+    EXPECT_THAT(wrong.status().message(), HasSubstr(words));
+  }
+  absl::StatusOr<AttendResult> fp8 = (*stream)->Receive();
+  ASSERT_TRUE(fp8.ok()) << fp8.status();
+  EXPECT_TRUE(fp8->fp8_output());
+  EXPECT_EQ(fp8->out_e4m3().size(), 2u * kHeads * 512);
+  EXPECT_EQ(fp8->out_scales().size(), 2u * kHeads * 4);
+  EXPECT_EQ(fp8->out_scales()[0], 0x7f);
+  EXPECT_TRUE(fp8->out().empty());
   EXPECT_TRUE((*stream)->Finish().ok());
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }

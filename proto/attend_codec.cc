@@ -31,6 +31,8 @@ static_assert(static_cast<int>(DType::kUnspecified) ==
 static_assert(static_cast<int>(DType::kBf16) == ::mla_offload::v1::DTYPE_BF16);
 static_assert(static_cast<int>(DType::kF32) == ::mla_offload::v1::DTYPE_F32);
 static_assert(static_cast<int>(DType::kI32) == ::mla_offload::v1::DTYPE_I32);
+static_assert(static_cast<int>(DType::kE4m3fn) == ::mla_offload::v1::DTYPE_E4M3FN);
+static_assert(static_cast<int>(DType::kUe8m0) == ::mla_offload::v1::DTYPE_UE8M0);
 
 // Where a field sits in the message, for error messages: built on the stack
 // as parsing descends, turned into text only when something fails.
@@ -414,6 +416,10 @@ absl::Status Parser::Request(const FieldPath& path,
         return RegionField(field, {&path, "out_region"}, &request->out_region);
       case AttendRequest::kLseRegionFieldNumber:
         return RegionField(field, {&path, "lse_region"}, &request->lse_region);
+      case AttendRequest::kFp8OutputFieldNumber:
+        return Varint(field, {&path, "fp8_output"}, &request->fp8_output);
+      case AttendRequest::kOutScalesRegionFieldNumber:
+        return RegionField(field, {&path, "out_scales_region"}, &request->out_scales_region);
       default:
         return Skip(field, path);
     }
@@ -434,6 +440,8 @@ absl::Status Parser::Response(const FieldPath& path,
         return TimingField(field, {&path, "timing"}, &response->timing);
       case AttendResponse::kStatusFieldNumber:
         return StatusField(field, {&path, "status"}, &response->status);
+      case AttendResponse::kOutScalesFieldNumber:
+        return TensorField(field, {&path, "out_scales"}, &response->out_scales);
       default:
         return Skip(field, path);
     }
@@ -561,6 +569,9 @@ grpc::ByteBuffer SerializeAttendRequest(const AttendRequestView& request) {
               &writer);
   WriteRegion(AttendRequest::kLseRegionFieldNumber, request.lse_region,
               &writer);
+  writer.WriteVarint(AttendRequest::kFp8OutputFieldNumber, request.fp8_output);
+  WriteRegion(AttendRequest::kOutScalesRegionFieldNumber,
+              request.out_scales_region, &writer);
   return writer.Finish();
 }
 
@@ -599,6 +610,8 @@ grpc::ByteBuffer SerializeAttendResponse(const AttendResponseView& response,
                         response.status->message);
     writer.WriteMessage(AttendResponse::kStatusFieldNumber, std::move(message));
   }
+  WriteTensor(AttendResponse::kOutScalesFieldNumber, response.out_scales,
+              &writer);
   return writer.Finish();
 }
 

@@ -82,7 +82,8 @@ grpc::ByteBuffer SerializeAttendRequest(const AttendRequestView& request);
 grpc::ByteBuffer SerializeAttendResponse(const AttendResponseView& response);
 // The same, with `stamp` called on (a copy of) the timing after out and lse
 // are written and before the timing is (it follows them on the wire), so
-// that it can say how long writing them took.
+// that it can say how long writing them took; out_scales (field 6, written
+// last, after the status) is a few bytes a head, referenced like out.
 grpc::ByteBuffer SerializeAttendResponse(const AttendResponseView& response,
                                          absl::FunctionRef<void(TimingView&)> stamp);
 

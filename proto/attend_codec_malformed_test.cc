@@ -160,6 +160,31 @@ std::vector<Malformed> MalformedCases() {
        true},
       {"TruncatedUtf8", LengthDelimited(3, LengthDelimited(1, "ab\xE6\xBC")),
        "AttendRequest.segments[0].session_id: not valid UTF-8"},
+      {"Fp8OutputAsLengthDelimited", LengthDelimited(13, "\x01"),
+       "AttendRequest.fp8_output: wire type 2 (length-delimited) where varint "
+       "is expected"},
+      {"TruncatedFp8Output", Key(13, WireType::kVarint) + "\x80",
+       "AttendRequest.fp8_output: truncated varint"},
+      {"OutScalesRegionAsVarint", VarintField(14, 4),
+       "AttendRequest.out_scales_region: wire type 0 (varint) where "
+       "length-delimited is expected"},
+      {"OutScalesRegionOffsetAsFixed64",
+       LengthDelimited(14, Fixed64Field(2, 4)),
+       "AttendRequest.out_scales_region.offset: wire type 1 (fixed64) where "
+       "varint is expected"},
+      {"OutScalesAsVarint", VarintField(6, 1),
+       "AttendResponse.out_scales: wire type 0 (varint) where "
+       "length-delimited is expected",
+       true},
+      {"OutScalesNegativeDimension",
+       LengthDelimited(6, LengthDelimited(2, Varint(2) + negative_three)),
+       "AttendResponse.out_scales.shape[1]: negative dimension -3", true},
+      {"OutScalesDataPastTheMessage",
+       LengthDelimited(6, Key(3, WireType::kLengthDelimited) + Varint(9) +
+                              "abcd"),
+       "AttendResponse.out_scales.data: length 9 runs past the end of the "
+       "message (4 bytes left)",
+       true},
   };
 }
 

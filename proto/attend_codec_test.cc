@@ -237,13 +237,13 @@ TEST(AttendCodecTest, UnknownFieldsOfEveryWireTypeAreSkipped) {
   const std::string timing =
       Fixed64Field(1, 0x3ff0000000000000) + UnknownFields(1000);
   ExpectRequestParsesLikeGenerated(
-      UnknownFields(13) + VarintField(1, 9) + LengthDelimited(3, segment) +
+      UnknownFields(15) + VarintField(1, 9) + LengthDelimited(3, segment) +
       UnknownFields(536870900) + LengthDelimited(5, tensor) +
       UnknownFields(50));
   const std::string status =
       UnknownFields(3) + VarintField(1, 5) + LengthDelimited(2, "why");
   ExpectResponseParsesLikeGenerated(
-      UnknownFields(6) + LengthDelimited(2, tensor) +
+      UnknownFields(7) + LengthDelimited(2, tensor) +
       LengthDelimited(4, timing) + LengthDelimited(5, status));
 }
 
@@ -321,6 +321,67 @@ TEST(AttendCodecTest, RegionReferencesParseAndMergeLikeProtobuf) {
   AttendRequest expected;
   ASSERT_TRUE(expected.ParseFromString(wire));
   EXPECT_EQ(Flatten(SerializeAttendRequest(*view)), expected.SerializeAsString());
+}
+
+// The FP8 output (fields 13 and 14 of the request, 6 of the response):
+// written as the generated class writes them, in field order (out_scales
+// after the status), and parsed in any order, repeated ones merged.
+TEST(AttendCodecTest, Fp8OutputFieldsRoundTripLikeGenerated) {
+  AttendRequest request;
+  request.set_request_id(5);
+  request.set_return_lse(true);
+  request.set_fp8_output(true);
+  request.mutable_out_region()->set_region_id(3);
+  request.mutable_out_region()->set_byte_size(512);
+  request.mutable_out_scales_region()->set_region_id(3);
+  request.mutable_out_scales_region()->set_offset(512);
+  request.mutable_out_scales_region()->set_byte_size(4);
+  const std::string request_wire = request.SerializeAsString();
+  absl::StatusOr<AttendRequestView> parsed =
+      ParseAttendRequest(StaticBuffer(request_wire), kNoLimit);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(parsed->fp8_output);
+  ASSERT_TRUE(parsed->out_scales_region.has_value());
+  EXPECT_EQ(parsed->out_scales_region->offset, 512);
+  EXPECT_EQ(parsed->out_scales_region->byte_size, 4);
+  EXPECT_EQ(Flatten(SerializeAttendRequest(*parsed)), request_wire);
+
+  AttendResponse response;
+  response.set_request_id(5);
+  response.mutable_out()->set_dtype(mla_offload::v1::DTYPE_E4M3FN);
+  for (int64_t dim : {1, 1, 512}) response.mutable_out()->add_shape(dim);
+  response.mutable_out()->set_data(std::string(512, '\x38'));
+  response.mutable_status()->set_message("");
+  response.mutable_out_scales()->set_dtype(mla_offload::v1::DTYPE_UE8M0);
+  for (int64_t dim : {1, 1, 4}) response.mutable_out_scales()->add_shape(dim);
+  response.mutable_out_scales()->set_data("\x7f\x69\x80\x01");
+  auto shared = std::make_shared<AttendResponse>(response);
+  const std::string response_wire = response.SerializeAsString();
+  EXPECT_EQ(Flatten(SerializeAttendResponse(ViewOf(*shared, shared))), response_wire);
+  absl::StatusOr<AttendResponseView> view =
+      ParseAttendResponse(StaticBuffer(response_wire), kNoLimit);
+  ASSERT_TRUE(view.ok()) << view.status();
+  ASSERT_TRUE(view->out_scales.has_value());
+  EXPECT_EQ(view->out_scales->dtype, DType::kUe8m0);
+  EXPECT_EQ(DTypeSize(view->out_scales->dtype), 1u);
+  EXPECT_EQ(view->out->dtype, DType::kE4m3fn);
+  EXPECT_TRUE(CheckTensor(view->out_scales, "out_scales", DType::kUe8m0, {1, 1, 4}).ok());
+  EXPECT_TRUE(CheckTensor(view->out, "out", DType::kE4m3fn, {1, 1, 512}).ok());
+
+  // Out of order and repeated: out_scales before out, its data replaced;
+  // out_scales_region before fp8_output, merged.
+  ExpectResponseParsesLikeGenerated(
+      LengthDelimited(6, VarintField(1, 5) + LengthDelimited(3, "ab")) +
+      LengthDelimited(2, VarintField(1, 4)) + LengthDelimited(6, LengthDelimited(3, "cdef")));
+  const std::string shuffled = LengthDelimited(14, VarintField(2, 8)) + VarintField(13, 1) +
+                               VarintField(2, 3) + LengthDelimited(14, VarintField(3, 12));
+  ExpectRequestParsesLikeGenerated(shuffled);
+  absl::StatusOr<AttendRequestView> merged = ParseAttendRequest(StaticBuffer(shuffled), kNoLimit);
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  EXPECT_TRUE(merged->fp8_output);
+  ASSERT_TRUE(merged->out_scales_region.has_value());
+  EXPECT_EQ(merged->out_scales_region->offset, 8);
+  EXPECT_EQ(merged->out_scales_region->byte_size, 12);
 }
 
 TEST(AttendCodecTest, NonCanonicalButValidEncodings) {

@@ -44,9 +44,9 @@ std::string RandomSessionId(Rng& rng) {
 
 void FillRandomTensor(Rng& rng, size_t max_bytes, Tensor* tensor) {
   // Mostly the real dtypes, sometimes unspecified or values DType lacks.
-  static const int kDtypes[] = {1, 1, 2, 3, 0, 7, -1};
+  static const int kDtypes[] = {1, 1, 2, 3, 4, 5, 0, 7, -1};
   tensor->set_dtype(static_cast<mla_offload::v1::DType>(
-      kDtypes[std::uniform_int_distribution<int>(0, 6)(rng)]));
+      kDtypes[std::uniform_int_distribution<int>(0, 8)(rng)]));
   const int rank = std::uniform_int_distribution<int>(0, 4)(rng);
   for (int i = 0; i < rank; ++i) {
     tensor->add_shape(
@@ -152,6 +152,8 @@ AttendRequest RandomRequest(Rng& rng, size_t max_tensor_bytes) {
   }
   if (Chance(rng, 0.3)) FillRandomRegion(rng, request.mutable_out_region());
   if (Chance(rng, 0.3)) FillRandomRegion(rng, request.mutable_lse_region());
+  request.set_fp8_output(Chance(rng, 0.5));
+  if (Chance(rng, 0.3)) FillRandomRegion(rng, request.mutable_out_scales_region());
   return request;
 }
 
@@ -189,6 +191,9 @@ AttendResponse RandomResponse(Rng& rng, size_t max_tensor_bytes) {
     status->set_code(RandomInt32(rng) % 17);
     status->set_message(RandomSessionId(rng));
   }
+  if (Chance(rng, 0.4)) {
+    FillRandomTensor(rng, max_tensor_bytes, response.mutable_out_scales());
+  }
   return response;
 }
 
@@ -215,6 +220,10 @@ AttendRequest ToProto(const AttendRequestView& view) {
   request.set_derotate_output(view.derotate_output);
   if (view.out_region) RegionToProto(*view.out_region, request.mutable_out_region());
   if (view.lse_region) RegionToProto(*view.lse_region, request.mutable_lse_region());
+  request.set_fp8_output(view.fp8_output);
+  if (view.out_scales_region) {
+    RegionToProto(*view.out_scales_region, request.mutable_out_scales_region());
+  }
   return request;
 }
 
@@ -239,6 +248,7 @@ AttendResponse ToProto(const AttendResponseView& view) {
     response.mutable_status()->set_code(view.status->code);
     response.mutable_status()->set_message(view.status->message);
   }
+  if (view.out_scales) TensorToProto(*view.out_scales, response.mutable_out_scales());
   return response;
 }
 
@@ -266,6 +276,10 @@ AttendRequestView ViewOf(const AttendRequest& message,
   view.derotate_output = message.derotate_output();
   if (message.has_out_region()) view.out_region = RegionViewOf(message.out_region());
   if (message.has_lse_region()) view.lse_region = RegionViewOf(message.lse_region());
+  view.fp8_output = message.fp8_output();
+  if (message.has_out_scales_region()) {
+    view.out_scales_region = RegionViewOf(message.out_scales_region());
+  }
   return view;
 }
 
@@ -290,6 +304,9 @@ AttendResponseView ViewOf(const AttendResponse& message,
   if (message.has_status()) {
     view.status =
         RequestStatusView{message.status().code(), message.status().message()};
+  }
+  if (message.has_out_scales()) {
+    view.out_scales = TensorViewOf(message.out_scales(), keep_alive, rng);
   }
   return view;
 }

@@ -24,6 +24,10 @@ std::string DTypeName(DType dtype) {
       return "f32";
     case DType::kI32:
       return "i32";
+    case DType::kE4m3fn:
+      return "e4m3fn";
+    case DType::kUe8m0:
+      return "ue8m0";
   }
   return absl::StrCat("dtype ", static_cast<int32_t>(dtype));
 }
@@ -38,6 +42,9 @@ std::string ShapeText(absl::Span<const int64_t> shape) {
 
 size_t DTypeSize(DType dtype) {
   switch (dtype) {
+    case DType::kE4m3fn:
+    case DType::kUe8m0:
+      return 1;
     case DType::kBf16:
       return 2;
     case DType::kF32:

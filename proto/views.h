@@ -36,7 +36,14 @@ using Piece = absl::Span<const uint8_t>;
 // Element types, numbered as mla_offload.v1.DType (the codec asserts that
 // the numbers match). A view holds the wire value as it came, possibly one
 // this enum does not name (proto3 enums are open).
-enum class DType : int32_t { kUnspecified = 0, kBf16 = 1, kF32 = 2, kI32 = 3 };
+enum class DType : int32_t {
+  kUnspecified = 0,
+  kBf16 = 1,
+  kF32 = 2,
+  kI32 = 3,
+  kE4m3fn = 4,  // FP8 e4m3fn, in units of its block's scale
+  kUe8m0 = 5,   // a power-of-two scale, 2^(byte - 127)
+};
 
 // Bytes per element of a known dtype; 0 for kUnspecified and unknown values.
 size_t DTypeSize(DType dtype);
@@ -126,6 +133,9 @@ struct AttendRequestView {
   // regions); nullopt when absent from the wire.
   std::optional<RegionRefView> out_region;
   std::optional<RegionRefView> lse_region;
+  // out as e4m3fn [T, H, 512] with out_scales [T, H, 4] instead of bf16.
+  bool fp8_output = false;
+  std::optional<RegionRefView> out_scales_region;
 };
 
 struct TimingView {
@@ -152,6 +162,7 @@ struct AttendResponseView {
   std::optional<TensorView> lse;
   std::optional<TimingView> timing;
   std::optional<RequestStatusView> status;
+  std::optional<TensorView> out_scales;  // with fp8_output
 };
 
 // ---- Unary requests the engine takes (CreateSession, AppendKV).

@@ -54,6 +54,10 @@ TEST(ViewsTest, CheckTensor) {
   EXPECT_TRUE(CheckTensor(tensor(DType::kF32, {6}, 24), "lse", DType::kF32, {-1}).ok());
   EXPECT_TRUE(CheckTensor(tensor(DType::kI32, {2, 3}, 24), "topk", DType::kI32, {2, -1}).ok());
   EXPECT_TRUE(CheckTensor(tensor(DType::kBf16, {}, 2), "q", DType::kBf16, {}).ok());
+  // The FP8 output's two byte types: one byte an element.
+  EXPECT_TRUE(CheckTensor(tensor(DType::kE4m3fn, {2, 12}, 24), "out", DType::kE4m3fn, {2, 12}).ok());
+  EXPECT_TRUE(
+      CheckTensor(tensor(DType::kUe8m0, {6, 4}, 24), "out_scales", DType::kUe8m0, {6, 4}).ok());
   // A dimension of 0 makes the tensor empty however large the others are.
   EXPECT_TRUE(CheckTensor(tensor(DType::kBf16, {int64_t{1} << 62, 0, int64_t{1} << 62}, 0), "q",
                           DType::kBf16, {-1, 0, -1})
@@ -67,6 +71,10 @@ TEST(ViewsTest, CheckTensor) {
             "q: expected bf16 [*, 4], got f32 [3, 2]");
   EXPECT_EQ(error(CheckTensor(tensor(DType::kBf16, {3, 4, 1}, 24), "q", DType::kBf16, {3, 4})),
             "q: expected bf16 [3, 4], got bf16 [3, 4, 1]");
+  EXPECT_EQ(error(CheckTensor(tensor(DType::kUe8m0, {2, 12}, 24), "out", DType::kE4m3fn, {2, 12})),
+            "out: expected e4m3fn [2, 12], got ue8m0 [2, 12]");
+  EXPECT_EQ(error(CheckTensor(tensor(DType::kE4m3fn, {2, 4}, 24), "out", DType::kE4m3fn, {2, 4})),
+            "out: shape [2, 4] needs 8 bytes of data, got 24");
   EXPECT_EQ(error(CheckTensor(tensor(static_cast<DType>(9), {12}, 24), "q", DType::kBf16, {12})),
             "q: expected bf16 [12], got dtype 9 [12]");
   EXPECT_EQ(error(CheckTensor(tensor(DType::kUnspecified, {12}, 24), "kv", DType::kI32, {12})),

@@ -59,9 +59,10 @@ absl::Status CheckCompressedRows(const wire::SegmentView& segment, size_t s, int
   return absl::OkStatus();
 }
 
-// The regions an answer goes into hold exactly its out ([T, H, 512] bf16)
-// and, when asked, its lse ([T, H] f32). T and H are bounded here (tokens
-// by the message limit, heads by the model), so the products fit.
+// The regions an answer goes into hold exactly its out ([T, H, 512] bf16,
+// or e4m3fn and then its out_scales, [T, H, 4] UE8M0) and, when asked, its
+// lse ([T, H] f32). T and H are bounded here (tokens by the message limit,
+// heads by the model), so the products fit.
 absl::Status CheckAnswerRegions(const wire::AttendRequestView& input, const AttendPlan& plan) {
   const int64_t values = plan.num_tokens * plan.num_heads;
   const auto check = [&](const char* field, const RegionSlice& slice, int64_t bytes,
@@ -72,10 +73,19 @@ absl::Status CheckAnswerRegions(const wire::AttendRequestView& input, const Atte
         plan.num_tokens, ", H = ", plan.num_heads, "); the reference names ", slice.bytes,
         ": name exactly ", bytes));
   };
-  if (absl::Status status =
-          check("out_region", plan.answer_regions->out, values * kRowBytes, "out [T, H, 512] bf16");
-      !status.ok()) {
-    return status;
+  const absl::Status out =
+      input.fp8_output
+          ? check("out_region", plan.answer_regions->out, values * kFp8RowBytes,
+                  "out [T, H, 512] e4m3fn")
+          : check("out_region", plan.answer_regions->out, values * kRowBytes,
+                  "out [T, H, 512] bf16");
+  if (!out.ok()) return out;
+  if (input.fp8_output) {
+    if (absl::Status status = check("out_scales_region", plan.answer_regions->scales,
+                                    values * kFp8ScaleRowBytes, "out_scales [T, H, 4] UE8M0");
+        !status.ok()) {
+      return status;
+    }
   }
   if (!input.return_lse) return absl::OkStatus();
   return check("lse_region", plan.answer_regions->lse, values * 4, "lse [T, H] f32");
@@ -356,8 +366,9 @@ absl::Status AttendPlanner::CheckHeadsAndSize(const wire::AttendRequestView& inp
         profile.num_query_heads, " query heads"));
   }
   if (plan.answer_regions != nullptr) return CheckAnswerRegions(input, plan);
-  const int64_t answer_bytes =
-      tokens * plan.num_heads * (kRowBytes + (input.return_lse ? 4 : 0)) + kAnswerFramingBytes;
+  const int64_t head_bytes = (input.fp8_output ? kFp8RowBytes + kFp8ScaleRowBytes : kRowBytes) +
+                             (input.return_lse ? 4 : 0);
+  const int64_t answer_bytes = tokens * plan.num_heads * head_bytes + kAnswerFramingBytes;
   if (limits_.max_answer_bytes > 0 && answer_bytes > limits_.max_answer_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the answer to this message would be about ", answer_bytes, " bytes (", tokens,
@@ -382,12 +393,14 @@ std::vector<LaunchGroup> GroupForLaunch(absl::Span<const AttendPlan> plans) {
   for (const AttendPlan& plan : plans) {
     const RopeKind rope = plan.profile->rope_kind(plan.input->layer);
     const bool derotate = plan.input->derotate_output;
+    const bool fp8_output = plan.input->fp8_output;
     LaunchGroup& group =
-        groups[{plan.profile->name, plan.padded_heads, plan.num_heads, rope, derotate}];
+        groups[{plan.profile->name, plan.padded_heads, plan.num_heads, rope, derotate, fp8_output}];
     group.num_heads = plan.num_heads;
     group.padded_heads = plan.padded_heads;
     group.rope = rope;
     group.derotate = derotate;
+    group.fp8_output = fp8_output;
     group.num_tokens += plan.num_tokens;
     group.plans.push_back(&plan);
   }

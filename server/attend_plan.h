@@ -116,14 +116,17 @@ class AttendPlanner {
 };
 
 // Plans that run in one prologue and one decode launch: the same model
-// (eps and softmax scale), head counts, RoPE kind and output flags. Plans
-// answered into regions and plans answered inline share launches.
+// (eps and softmax scale), head counts, RoPE kind and output flags
+// (de-rotation, and the output's format: bf16 and FP8 messages of one
+// batch launch apart). Plans answered into regions and plans answered
+// inline share launches.
 struct LaunchGroup {
   std::vector<const AttendPlan*> plans;  // in batch order; tokens in this order
   int num_heads = 0;
   int padded_heads = 0;
   RopeKind rope = RopeKind::kPlain;
   bool derotate = false;
+  bool fp8_output = false;
   int64_t num_tokens = 0;  // of every plan
 };
 
@@ -134,10 +137,11 @@ struct LaunchGroupKey {
   int num_heads = 0;
   RopeKind rope = RopeKind::kPlain;
   bool derotate = false;
+  bool fp8_output = false;
 
   friend bool operator<(const LaunchGroupKey& a, const LaunchGroupKey& b) {
-    return std::tie(a.model, a.padded_heads, a.num_heads, a.rope, a.derotate) <
-           std::tie(b.model, b.padded_heads, b.num_heads, b.rope, b.derotate);
+    return std::tie(a.model, a.padded_heads, a.num_heads, a.rope, a.derotate, a.fp8_output) <
+           std::tie(b.model, b.padded_heads, b.num_heads, b.rope, b.derotate, b.fp8_output);
   }
 };
 

@@ -289,11 +289,14 @@ void Engine::FinishLaunches(RunningBatch& run) {
       } else {
         result.num_tokens = plan->num_tokens;
         result.num_heads = heads;
+        result.fp8_output = group.fp8_output;
         if (const AnswerRegions* regions = plan->answer_regions; regions != nullptr) {
           result.out = regions->out.data;
+          result.out_scales = regions->scales.data;
           result.lse = regions->lse.data;
         } else {
           result.out = answer->out[i];
+          result.out_scales = answer->out_scales[i];
           if (plan->input->return_lse) result.lse = answer->lse[i];
           result.keep_alive = answer->memory;
         }

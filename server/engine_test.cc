@@ -494,6 +494,7 @@ struct MessageOptions {
   bool kv = true;        // send the tokens' SWA rows
   uint64_t garbage = 0;  // nonzero: kv and compressed rows are not the session's
   int topk_width = 24;   // C4A layers; 0 sends no top-k
+  bool fp8 = false;      // asks for the FP8 output
 };
 
 struct Message {
@@ -589,6 +590,7 @@ std::unique_ptr<Message> Build(int layer, const std::vector<SegmentSpec>& segmen
   }
   input.return_lse = options.lse;
   input.derotate_output = options.derotate;
+  input.fp8_output = options.fp8;
   return m;
 }
 
@@ -694,11 +696,24 @@ void ExpectMatches(const Message& m, const AttendResult& result, absl::string_vi
   ASSERT_NE(result.out, nullptr) << what;
   absl::StatusOr<DecodeReference> expected = Expected(m);
   ASSERT_TRUE(expected.ok()) << what << ": " << expected.status();
-  std::vector<uint16_t> out(tokens * m.heads * kHeadDim);
-  ASSERT_EQ(result.out_bytes(), static_cast<int64_t>(out.size() * 2)) << what;
-  std::memcpy(out.data(), result.out, out.size() * 2);
-  const ComparisonReport out_report = reference::CompareDecodeOut(out, *expected);
-  EXPECT_TRUE(out_report.ok()) << what << ": " << out_report.ToString();
+  ASSERT_EQ(result.fp8_output, m.input.fp8_output) << what;
+  const int64_t values = tokens * m.heads * kHeadDim;
+  if (m.input.fp8_output) {
+    ASSERT_EQ(result.out_bytes(), values) << what;
+    ASSERT_EQ(result.out_scales_bytes(), tokens * m.heads * kOutputQuantBlocks) << what;
+    const std::vector<uint8_t> out(result.out, result.out + result.out_bytes());
+    const std::vector<uint8_t> scales(result.out_scales,
+                                      result.out_scales + result.out_scales_bytes());
+    const ComparisonReport out_report = reference::CompareDecodeOutFp8(out, scales, *expected);
+    EXPECT_TRUE(out_report.ok()) << what << ": " << out_report.ToString();
+  } else {
+    EXPECT_EQ(result.out_scales, nullptr) << what;
+    std::vector<uint16_t> out(values);
+    ASSERT_EQ(result.out_bytes(), static_cast<int64_t>(out.size() * 2)) << what;
+    std::memcpy(out.data(), result.out, out.size() * 2);
+    const ComparisonReport out_report = reference::CompareDecodeOut(out, *expected);
+    EXPECT_TRUE(out_report.ok()) << what << ": " << out_report.ToString();
+  }
   if (m.input.return_lse) {
     ASSERT_NE(result.lse, nullptr) << what;
     std::vector<float> lse(tokens * m.heads);
@@ -857,7 +872,8 @@ class DecodeStepsTest : public ::testing::TestWithParam<StepsCase> {};
 // A prompt, then one token per step in a sample of layers of every kind,
 // crossing compressed-row boundaries (every 4 positions for C4A, position 383
 // or 511 for C128A) and a new C4A page (row 128 at position 515). Even steps
-// send the step's layers as one batch, odd steps one message per call.
+// send the step's layers as one batch, odd steps one message per call; half
+// the messages ask for the FP8 output, so batches mix both formats.
 TEST_P(DecodeStepsTest, MatchReference) {
   const StepsCase& c = GetParam();
   std::unique_ptr<Engine> engine = NewEngine(1200);
@@ -886,6 +902,9 @@ TEST_P(DecodeStepsTest, MatchReference) {
       options.derotate = (step + i) % 2 == 1;
       options.lse = (step + i) % 3 != 0;
       options.topk_width = topk_widths[(step + i) % 5];
+      // Half the messages FP8, with and without de-rotation, in the batches
+      // beside bf16 ones.
+      options.fp8 = (step + i) % 4 >= 2;
       messages.push_back(Build(c.layers[i], {{seq.get(), p}}, options));
     }
     if (step % 2 == 0) {
@@ -2042,6 +2061,139 @@ TEST(EngineTest, AnswersIntoRegionsAreTheInlineAnswers) {
   }
 }
 
+// The FP8 output in a batch with bf16 messages, answered inline and into
+// regions, on a backend with host access and on one without: the FP8
+// answers hold to the reference (spec section 7), the region answers are
+// bit for bit the inline ones (written by the decode when aligned for it,
+// else copied), and the bf16 answers are bit for bit those of the same
+// messages without FP8 ones beside them. Regions of another size than the
+// answer's are refused, naming the field, and change nothing.
+TEST(EngineTest, Fp8AnswersBesideBf16OnesInlineAndIntoRegions) {
+  for (const bool host : {true, false}) {
+    SCOPED_TRACE(host ? "host backend" : "copying backend");
+    std::unique_ptr<Engine> engine =
+        NewEngine(1400, kMaxPosition, 1024, absl::Minutes(10),
+                  host ? nullptr : std::make_unique<CopyingBackend>());
+    ASSERT_NE(engine, nullptr);
+    // The same salt: the same rows and sinks in every session.
+    std::vector<std::unique_ptr<Seq>> seqs;
+    for (int i = 0; i < 4; ++i) {
+      seqs.push_back(NewSeq(*engine, kFlash, 16, SinkMode::kWhole, 98));
+      ASSERT_TRUE(seqs.back() != nullptr);
+      ASSERT_TRUE(Append(*engine, *seqs.back(), 0, 255).ok());
+    }
+    Seq* bf16_alone = seqs[0].get();
+    Seq* bf16_mixed = seqs[1].get();
+    Seq* fp8_inline = seqs[2].get();
+    Seq* fp8_region = seqs[3].get();
+    for (int layer : {kFlashSwa, kFlashC4a, kFlashC128a}) {
+      int32_t p = 255;
+      for (const int misalign : {0, 1}) {
+        const std::string what = absl::StrCat("layer ", layer, " at ", p, ", e4m3 region ",
+                                              misalign ? "not " : "", "16-byte aligned");
+        MessageOptions o;
+        o.seed = 9800 + layer;
+        o.derotate = layer != kFlashSwa;
+        o.lse = layer != kFlashC128a;
+        const auto alone = Build(layer, {{bf16_alone, p, 2}}, o);
+        const auto mixed = Build(layer, {{bf16_mixed, p, 2}}, o);
+        o.fp8 = true;
+        const auto inline_fp8 = Build(layer, {{fp8_inline, p, 2}}, o);
+        const auto region_fp8 = Build(layer, {{fp8_region, p, 2}}, o);
+        const int64_t values = region_fp8->tokens() * region_fp8->heads;
+        std::vector<uint8_t> out(16 + values * kFp8RowBytes, 0x7f);
+        std::vector<uint8_t> scales(values * kFp8ScaleRowBytes, 0xff);
+        std::vector<float> lse(values, -1.0f);
+        AnswerRegions regions;
+        regions.out = {nullptr, out.data() + (misalign ? 1 : 16), values * kFp8RowBytes};
+        regions.scales = {nullptr, scales.data(), values * kFp8ScaleRowBytes};
+        if (o.lse) regions.lse = {nullptr, reinterpret_cast<uint8_t*>(lse.data()), values * 4};
+
+        const std::vector<AttendResult> single = AttendBatch(*engine, {alone.get()});
+        ExpectMatches(*alone, single[0], what + ", bf16 alone");
+        const std::vector<AttendResult> results =
+            AttendBatch(*engine, {mixed.get(), inline_fp8.get(), region_fp8.get()}, kT0,
+                        {std::nullopt, std::nullopt, regions});
+        ExpectMatches(*mixed, results[0], what + ", bf16 beside FP8");
+        ExpectMatches(*inline_fp8, results[1], what + ", FP8 inline");
+        ExpectMatches(*region_fp8, results[2], what + ", FP8 into regions");
+        ASSERT_TRUE(single[0].status.ok() && results[0].status.ok() && results[1].status.ok() &&
+                    results[2].status.ok());
+        EXPECT_EQ(std::memcmp(single[0].out, results[0].out, single[0].out_bytes()), 0)
+            << what << ": the bf16 answer changed beside FP8 ones";
+        EXPECT_EQ(results[2].out, regions.out.data) << what << ": not written in place";
+        EXPECT_EQ(results[2].out_scales, regions.scales.data) << what;
+        EXPECT_EQ(std::memcmp(regions.out.data, results[1].out, values * kFp8RowBytes), 0)
+            << what;
+        EXPECT_EQ(std::memcmp(scales.data(), results[1].out_scales, scales.size()), 0) << what;
+        if (o.lse) {
+          EXPECT_EQ(std::memcmp(lse.data(), results[1].lse, values * 4), 0) << what;
+          EXPECT_EQ(std::memcmp(lse.data(), single[0].lse, values * 4), 0)
+              << what << ": the FP8 lse is not the bf16 one";
+        }
+        // Nothing around the region's bytes.
+        for (int64_t i = 0; i < (misalign ? 1 : 16); ++i) ASSERT_EQ(out[i], 0x7f) << what;
+        for (const Message* m : {alone.get(), mixed.get(), inline_fp8.get(), region_fp8.get()}) {
+          Advance(*m);
+        }
+        p += 2;
+      }
+    }
+    // A message answered alone into its regions: by the decode itself when
+    // the e4m3 bytes are aligned for it, else copied; the same answer.
+    const int32_t p = 259;  // every layer's next position
+    std::vector<std::vector<uint8_t>> answers;
+    for (const int misalign : {0, 1}) {
+      MessageOptions o;
+      o.seed = 9900;
+      o.fp8 = true;
+      Seq* seq = misalign ? fp8_inline : fp8_region;
+      const auto m = Build(kFlashC4a, {{seq, p}}, o);
+      const int64_t values = m->tokens() * m->heads;
+      std::vector<uint8_t> memory(16 + values * (kFp8RowBytes + kFp8ScaleRowBytes + 4), 0x7f);
+      AnswerRegions regions;
+      regions.out = {nullptr, memory.data() + (misalign ? 1 : 16), values * kFp8RowBytes};
+      regions.scales = {nullptr, memory.data() + 16 + values * kFp8RowBytes,
+                        values * kFp8ScaleRowBytes};
+      regions.lse = {nullptr, regions.scales.data + values * kFp8ScaleRowBytes, values * 4};
+      const std::vector<AttendResult> results = AttendBatch(*engine, {m.get()}, kT0, {regions});
+      ExpectMatches(*m, results[0], absl::StrCat("alone into regions, misaligned by ", misalign));
+      answers.emplace_back(regions.out.data, regions.out.data + values * kFp8RowBytes);
+      answers.back().insert(answers.back().end(), regions.scales.data,
+                            regions.scales.data + values * kFp8ScaleRowBytes);
+      Advance(*m);
+    }
+    EXPECT_EQ(answers[0], answers[1]) << "the aligned and misaligned region answers differ";
+
+    const Snapshot before = Snap(*engine);
+    MessageOptions o;
+    o.seed = 9950;
+    o.fp8 = true;
+    const auto next = Build(kFlashSwa, {{fp8_region, p}}, o);
+    const int64_t out_bytes = 16 * kFp8RowBytes;
+    std::vector<uint8_t> memory(4 * out_bytes);
+    for (const auto& [out, scales, field] :
+         std::vector<std::tuple<int64_t, int64_t, std::string>>{
+             {out_bytes * 2, 64, "out_region.byte_size: the answer's out [T, H, 512] e4m3fn is "
+                                 "8192 bytes (T = 1, H = 16); the reference names 16384: name "
+                                 "exactly 8192"},
+             {out_bytes - 1, 64, "out_region.byte_size"},
+             {out_bytes, 63, "out_scales_region.byte_size: the answer's out_scales [T, H, 4] "
+                             "UE8M0 is 64 bytes (T = 1, H = 16); the reference names 63"},
+             {out_bytes, 0, "out_scales_region.byte_size"}}) {
+      AnswerRegions regions;
+      regions.out = {nullptr, memory.data(), out};
+      regions.scales = {nullptr, memory.data() + 2 * out_bytes, scales};
+      regions.lse = {nullptr, memory.data() + 2 * out_bytes + 64, 64};
+      const std::vector<AttendResult> results =
+          AttendBatch(*engine, {next.get()}, kT0, {regions});
+      ExpectError(results[0].status, absl::StatusCode::kInvalidArgument, field, field);
+      EXPECT_EQ(Snap(*engine), before) << field;
+    }
+    ExpectListed(*engine, {bf16_alone, bf16_mixed, fp8_inline, fp8_region});
+  }
+}
+
 // A backend without host access that copies straight from the memory in
 // `direct` (as the CUDA backend does from a pinned region) and records the
 // sources of its queued copies.
@@ -2193,8 +2345,10 @@ void MoveInputsToDevice(FakeDeviceMemory& memory, Message& m) {
 // into them are bit for bit those of the same messages inline, in a launch
 // that batches them with an inline message and a host-region one (the
 // device copies them in and out) and in launches of one message (the
-// kernels read and write them directly; lse only where asked).
-TEST(EngineTest, DeviceRegionsAreReadAndWrittenByTheDeviceAlone) {
+// kernels read and write them directly; lse only where asked). With `fp8`
+// every message asks for the FP8 output, whose scales take a region of
+// their own beside out's.
+void ExpectDeviceRegionsReadAndWrittenByTheDeviceAlone(bool fp8) {
   FakeDeviceMemory memory(int64_t{16} << 20);
   std::unique_ptr<Engine> engine = NewEngine(1000, kMaxPosition, 1024, absl::Minutes(10),
                                              std::make_unique<DeviceRegionBackend>(memory));
@@ -2207,30 +2361,38 @@ TEST(EngineTest, DeviceRegionsAreReadAndWrittenByTheDeviceAlone) {
   for (Seq* seq : {inline_seq.get(), device_seq.get(), host_seq.get()}) {
     ASSERT_TRUE(Append(*engine, *seq, 0, 253).ok());
   }
+  const int64_t row_bytes = fp8 ? kFp8RowBytes : kRowBytes;
   int32_t p = 253;
   for (bool batched : {true, false}) {
     for (int layer : {kFlashSwa, kFlashC4a, kFlashC128a}) {
-      const std::string what = absl::StrCat(batched ? "batched" : "alone", ", layer ", layer);
+      const std::string what = absl::StrCat(batched ? "batched" : "alone", ", layer ", layer,
+                                            fp8 ? ", fp8" : "");
       MessageOptions o;
       o.seed = 9800 + layer;
       o.lse = layer != kFlashC4a;
+      o.fp8 = fp8;
       // Three tokens from 253: a compressed row at 256 on C4A.
       const auto reference = Build(layer, {{inline_seq.get(), p, 3}}, o);
       const auto on_device = Build(layer, {{device_seq.get(), p, 3}}, o);
       const auto on_host = Build(layer, {{host_seq.get(), p, 3}}, o);
       MoveInputsToDevice(memory, *on_device);
       const int64_t values = reference->tokens() * reference->heads;
-      const std::vector<uint16_t> out_poison(values * kHeadDim, 0xffff);
+      const std::vector<uint8_t> out_poison(values * row_bytes, 0xff);
+      const std::vector<uint8_t> scales_poison(values * kFp8ScaleRowBytes, 0xff);
       const std::vector<float> lse_poison(values, -1.0f);
       AnswerRegions device_regions;
-      device_regions.out = {nullptr, memory.Put(out_poison.data(), values * kRowBytes),
-                            values * kRowBytes, true};
+      device_regions.out = {nullptr, memory.Put(out_poison.data(), out_poison.size()),
+                            values * row_bytes, true};
+      uint8_t* device_scales = memory.Put(scales_poison.data(), scales_poison.size());
+      if (fp8) device_regions.scales = {nullptr, device_scales, values * kFp8ScaleRowBytes, true};
       uint8_t* device_lse = memory.Put(lse_poison.data(), values * 4);
       if (o.lse) device_regions.lse = {nullptr, device_lse, values * 4, true};
-      std::vector<uint16_t> host_out = out_poison;
+      std::vector<uint8_t> host_out = out_poison;
+      std::vector<uint8_t> host_scales = scales_poison;
       std::vector<float> host_lse = lse_poison;
       AnswerRegions host_regions;
-      host_regions.out = {nullptr, reinterpret_cast<uint8_t*>(host_out.data()), values * kRowBytes};
+      host_regions.out = {nullptr, host_out.data(), values * row_bytes};
+      if (fp8) host_regions.scales = {nullptr, host_scales.data(), values * kFp8ScaleRowBytes};
       if (o.lse) host_regions.lse = {nullptr, reinterpret_cast<uint8_t*>(host_lse.data()), values * 4};
       std::vector<AttendResult> results;
       if (batched) {
@@ -2244,9 +2406,19 @@ TEST(EngineTest, DeviceRegionsAreReadAndWrittenByTheDeviceAlone) {
       ASSERT_EQ(results.size(), 3u);
       ExpectMatches(*reference, results[0], what);
       for (int i : {1, 2}) ASSERT_TRUE(results[i].status.ok()) << what << ": " << results[i].status;
-      const std::vector<uint8_t> out = memory.Read(device_regions.out.data, values * kRowBytes);
+      const std::vector<uint8_t> out = memory.Read(device_regions.out.data, values * row_bytes);
       EXPECT_EQ(std::memcmp(out.data(), results[0].out, out.size()), 0) << what << ", device";
       EXPECT_EQ(std::memcmp(host_out.data(), results[0].out, out.size()), 0) << what << ", host";
+      const std::vector<uint8_t> scales = memory.Read(device_scales, scales_poison.size());
+      if (fp8) {
+        EXPECT_EQ(std::memcmp(scales.data(), results[0].out_scales, scales.size()), 0)
+            << what << ", device";
+        EXPECT_EQ(std::memcmp(host_scales.data(), results[0].out_scales, scales.size()), 0)
+            << what << ", host";
+      } else {
+        EXPECT_EQ(scales, scales_poison) << what << ": scales written for a bf16 answer";
+        EXPECT_EQ(host_scales, scales_poison) << what << ": scales written for a bf16 answer";
+      }
       const std::vector<uint8_t> lse = memory.Read(device_lse, values * 4);
       if (o.lse) {
         EXPECT_EQ(std::memcmp(lse.data(), results[0].lse, lse.size()), 0) << what << ", device";
@@ -2263,9 +2435,18 @@ TEST(EngineTest, DeviceRegionsAreReadAndWrittenByTheDeviceAlone) {
   // The sessions' caches are alike too: the next step of each matches.
   MessageOptions o;
   o.seed = 9900;
+  o.fp8 = fp8;
   const auto a = Build(kFlashC4a, {{inline_seq.get(), p}}, o);
   const auto b = Build(kFlashC4a, {{device_seq.get(), p}}, o);
   RunAndExpect(*engine, {a.get(), b.get()}, "after the device steps");
+}
+
+TEST(EngineTest, DeviceRegionsAreReadAndWrittenByTheDeviceAlone) {
+  ExpectDeviceRegionsReadAndWrittenByTheDeviceAlone(/*fp8=*/false);
+}
+
+TEST(EngineTest, Fp8AnswersInDeviceRegionsAreWrittenByTheDeviceAlone) {
+  ExpectDeviceRegionsReadAndWrittenByTheDeviceAlone(/*fp8=*/true);
 }
 
 // The other mixes of device memory in a launch: every message answered into

@@ -150,9 +150,20 @@ class Launcher::GroupLaunch {
   // neighbouring plans, the others each from where it lies.
   absl::Status UploadQueries();
   // The answers' copies out of the decode's output (out_device_,
-  // lse_device_) when they do not all go into one response buffer: plan by
-  // plan, into its regions or its part of the answer memory.
+  // scales_device_, lse_device_) when they do not all go into one response
+  // buffer: plan by plan, into its regions or its part of the answer memory.
   absl::Status ReadBackByPlan();
+  // Where out, the FP8 scales and lse of `rows` head rows lie in memory laid
+  // out that way from `base` (the answer memory, the decode's output).
+  struct AnswerPlaces {
+    uint8_t* out;
+    uint8_t* scales;  // lse's place in a bf16 group: it has no scales
+    uint8_t* lse;
+  };
+  AnswerPlaces PlacesIn(uint8_t* base, int64_t rows) const {
+    uint8_t* scales = base + rows * out_row_bytes_;
+    return {base, scales, scales + rows * scales_row_bytes_};
+  }
   // Token t, the message's token m, at position p of segment s.
   void StageToken(const AttendPlan& plan, size_t s, int64_t t, int64_t m, int32_t p);
   // Points `into` at the arena's `slot`, at least `bytes` of it.
@@ -186,7 +197,11 @@ class Launcher::GroupLaunch {
   const TableWrites tables_;
   const bool host_;  // the backend's memory is host memory
   const int64_t q_bytes_;
-  const int64_t out_bytes_;  // out, then lse
+  // A head row's bytes of the answer: out (bf16, or e4m3 in an FP8 group),
+  // the FP8 scales (none in a bf16 group), lse.
+  const int64_t out_row_bytes_;
+  const int64_t scales_row_bytes_;
+  const int64_t out_bytes_;  // the decode's output: out, then scales, then lse
   const bool any_regions_;  // some plan is answered into its regions
   // Where each plan's answer starts in the answer memory, in tokens (-1 for
   // one answered into regions), and the tokens it holds: on a host backend
@@ -237,9 +252,11 @@ class Launcher::GroupLaunch {
   // byte of out and lse that an answer reads.
   std::shared_ptr<uint8_t> output_;
   uint8_t* out_host_ = nullptr;
+  uint8_t* scales_host_ = nullptr;
   uint8_t* lse_host_ = nullptr;
-  // Where the decode writes out and lse.
+  // Where the decode writes out, the scales and lse.
   uint8_t* out_device_ = nullptr;
+  uint8_t* scales_device_ = nullptr;
   uint8_t* lse_device_ = nullptr;
   // One message's q and kv as it arrived (nothing staged), read there by a
   // host-accessible backend, or by the device from a device region; null:
@@ -261,13 +278,18 @@ bool AnyRegions(const LaunchGroup& group) {
 }
 
 // Whether the decode of `group` can write its one plan's answer into its
-// regions itself: host memory on a host backend, device memory (out, and lse
-// if asked) on a device.
+// regions itself: host memory on a host backend (an FP8 output's e4m3 bytes
+// at the 16-byte alignment DecodeParams asks), device memory (out, the
+// scales and lse, those asked) on a device.
 bool DecodeWritesRegions(const LaunchGroup& group, bool host) {
   if (group.plans.size() != 1 || group.plans[0]->answer_regions == nullptr) return false;
   const AnswerRegions& regions = *group.plans[0]->answer_regions;
-  if (host) return !regions.out.device;
-  return regions.out.device && (regions.lse.data == nullptr || regions.lse.device);
+  if (host) {
+    return !regions.out.device &&
+           (!group.fp8_output || reinterpret_cast<uintptr_t>(regions.out.data) % 16 == 0);
+  }
+  return regions.out.device && (regions.lse.data == nullptr || regions.lse.device) &&
+         (regions.scales.data == nullptr || regions.scales.device);
 }
 
 // The tensor's bytes when they lie in one piece aligned for bf16, else null.
@@ -299,7 +321,9 @@ Launcher::GroupLaunch::GroupLaunch(Launcher& launcher, const LaunchGroup& group,
       tables_(std::move(tables)),
       host_(backend_.host_accessible()),
       q_bytes_(shape_.tokens * group.num_heads * kRowBytes),
-      out_bytes_(shape_.tokens * group.num_heads * (kRowBytes + 4)),
+      out_row_bytes_(group.fp8_output ? kFp8RowBytes : kRowBytes),
+      scales_row_bytes_(group.fp8_output ? kFp8ScaleRowBytes : 0),
+      out_bytes_(shape_.tokens * group.num_heads * (out_row_bytes_ + scales_row_bytes_ + 4)),
       any_regions_(AnyRegions(group)),
       direct_answer_(DecodeWritesRegions(group, host_)),
       q_p_(packed_.Reserve<uint8_t>(q_bytes_, 0)),
@@ -337,11 +361,13 @@ absl::Status Launcher::GroupLaunch::Stage() {
   if (answer_tokens_ > 0) {
     const int64_t rows = answer_tokens_ * group_.num_heads;
     absl::StatusOr<std::shared_ptr<uint8_t>> output =
-        launcher_.answers_.Take(rows * (kRowBytes + 4));
+        launcher_.answers_.Take(rows * (out_row_bytes_ + scales_row_bytes_ + 4));
     if (!output.ok()) return output.status();
     output_ = *std::move(output);
-    out_host_ = output_.get();
-    lse_host_ = out_host_ + rows * kRowBytes;
+    const AnswerPlaces places = PlacesIn(output_.get(), rows);
+    out_host_ = places.out;
+    scales_host_ = places.scales;
+    lse_host_ = places.lse;
   }
   compressed_.Open(packed_);
   positions_ = packed_.Raw(positions_p_);
@@ -590,16 +616,21 @@ absl::Status Launcher::GroupLaunch::Decode() {
   if (direct_answer_) {
     const AnswerRegions& regions = *group_.plans[0]->answer_regions;
     out_device_ = regions.out.data;
-    lse_device_ = regions.lse.data;  // null: not asked
+    scales_device_ = regions.scales.data;  // null: a bf16 output
+    lse_device_ = regions.lse.data;        // null: not asked
   } else if (host_) {
     out_device_ = out_host_;
+    scales_device_ = scales_host_;
     lse_device_ = lse_host_;
   } else {
-    if (absl::Status status = Reserve(DeviceArena::kOutput, out_bytes_, out_device_);
-        !status.ok()) {
+    uint8_t* output = nullptr;
+    if (absl::Status status = Reserve(DeviceArena::kOutput, out_bytes_, output); !status.ok()) {
       return status;
     }
-    lse_device_ = out_device_ + q_bytes_;
+    const AnswerPlaces places = PlacesIn(output, tokens * heads);
+    out_device_ = places.out;
+    scales_device_ = places.scales;
+    lse_device_ = places.lse;
   }
   const CachePoolView pool = launcher_.pool_;
   DecodeParams params;
@@ -615,7 +646,12 @@ absl::Status Launcher::GroupLaunch::Decode() {
   params.derotate = group_.derotate;
   params.positions = Device(positions_p_);
   params.rope = launcher_.rope_view(group_.rope);
-  params.out = reinterpret_cast<uint16_t*>(out_device_);
+  if (group_.fp8_output) {
+    params.out_e4m3 = out_device_;
+    params.out_scales = scales_device_;
+  } else {
+    params.out = reinterpret_cast<uint16_t*>(out_device_);
+  }
   params.lse = reinterpret_cast<float*>(lse_device_);
   return backend_.Decode(params);
 }
@@ -632,38 +668,47 @@ GroupAnswer Launcher::GroupLaunch::answer() const {
   GroupAnswer answer;
   answer.memory = output_;
   for (int64_t at : answer_at_) {
-    answer.out.push_back(at < 0 ? nullptr : out_host_ + at * group_.num_heads * kRowBytes);
-    answer.lse.push_back(at < 0 ? nullptr : lse_host_ + at * group_.num_heads * 4);
+    const int64_t row = at * group_.num_heads;
+    answer.out.push_back(at < 0 ? nullptr : out_host_ + row * out_row_bytes_);
+    answer.out_scales.push_back(at < 0 || !group_.fp8_output
+                                    ? nullptr
+                                    : scales_host_ + row * scales_row_bytes_);
+    answer.lse.push_back(at < 0 ? nullptr : lse_host_ + row * 4);
   }
   return answer;
 }
 
 absl::Status Launcher::GroupLaunch::ReadBackByPlan() {
-  const int64_t row_bytes = int64_t{group_.num_heads} * kRowBytes;
-  const int64_t lse_bytes = int64_t{group_.num_heads} * 4;
+  const int64_t heads = group_.num_heads;
   for (size_t i = 0; i < group_.plans.size(); ++i) {
     const AttendPlan& plan = *group_.plans[i];
     const int64_t t = shape_.starts[i].token;
     uint8_t* out = nullptr;
+    uint8_t* scales = nullptr;
     uint8_t* lse = nullptr;
     if (plan.answer_regions != nullptr) {
       out = plan.answer_regions->out.data;
+      scales = plan.answer_regions->scales.data;
       lse = plan.answer_regions->lse.data;
     } else if (!host_) {
-      out = out_host_ + answer_at_[i] * row_bytes;
-      if (plan.input->return_lse) lse = lse_host_ + answer_at_[i] * lse_bytes;
+      const int64_t row = answer_at_[i] * heads;
+      out = out_host_ + row * out_row_bytes_;
+      if (group_.fp8_output) scales = scales_host_ + row * scales_row_bytes_;
+      if (plan.input->return_lse) lse = lse_host_ + row * 4;
     }
     // The copies run on the device when a region is device memory.
-    if (out != nullptr) {
-      if (absl::Status status = backend_.CopyToHostAsync(out, out_device_ + t * row_bytes,
-                                                         plan.num_tokens * row_bytes);
-          !status.ok()) {
-        return status;
-      }
-    }
-    if (lse != nullptr) {
-      if (absl::Status status = backend_.CopyToHostAsync(lse, lse_device_ + t * lse_bytes,
-                                                         plan.num_tokens * lse_bytes);
+    const struct {
+      uint8_t* to;
+      const uint8_t* from;
+      int64_t row_bytes;
+    } copies[] = {{out, out_device_, out_row_bytes_},
+                  {scales, scales_device_, scales_row_bytes_},
+                  {lse, lse_device_, 4}};
+    for (const auto& copy : copies) {
+      if (copy.to == nullptr) continue;
+      const int64_t bytes = heads * copy.row_bytes;
+      if (absl::Status status =
+              backend_.CopyToHostAsync(copy.to, copy.from + t * bytes, plan.num_tokens * bytes);
           !status.ok()) {
         return status;
       }

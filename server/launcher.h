@@ -14,8 +14,9 @@
 // and sends only the table entries that changed), one prologue
 // (queries normalised and rotated, new SWA and compressed rows written), one
 // decode (both key lists of every token, sinks, the optional de-rotation)
-// and one copy of out and lse into a pinned answer buffer from the
-// HostBufferPool, which the responses are serialised from. Large tensors
+// and one copy of out (bf16, or the FP8 output's e4m3 bytes and scales)
+// and lse into a pinned answer buffer from the HostBufferPool, which the
+// responses are serialised from. Large tensors
 // (q above all) are copied into the staging by a few threads at once. On a
 // host-accessible backend the staging is the backend's memory and nothing
 // is copied to a device, and a launch of one message reads its q and kv
@@ -25,11 +26,12 @@
 // device memory (wire::TensorView::device) are never touched by the host: a
 // launch of one message has its kernels read q and kv there, a larger one
 // copies them on the device into its staging's device copy (DeviceCopies).
-// A plan answered into regions (AttendPlan::answer_regions) has its out and
-// lse written there: by the decode itself when it is its launch's only plan
-// and the regions are the backend's kind of memory (host memory on a
-// host-accessible backend, device memory on a device), else copied out of
-// the decode's output plan by plan, beside the inline answers. Each step
+// A plan answered into regions (AttendPlan::answer_regions) has its out
+// (and out_scales) and lse written there: by the decode itself when it is
+// its launch's only plan and the regions are the backend's kind of memory
+// (host memory on a host-accessible backend, aligned as the decode writes
+// it; device memory on a device), else copied out of the decode's output
+// plan by plan, beside the inline answers. Each step
 // returns its failure at once and Start answers the first; the time of each
 // step is reported (LaunchTimes: the backend's marks between the steps).
 // Append() writes an AppendKV's rows with the same
@@ -82,13 +84,15 @@
 
 namespace mla {
 
-// What one group's launch answers: the out and lse of each plan answered
-// inline, in host memory that `memory` keeps alive.
+// What one group's launch answers: the out (and out_scales) and lse of each
+// plan answered inline, in host memory that `memory` keeps alive.
 struct GroupAnswer {
   std::shared_ptr<uint8_t> memory;
-  // Per plan, in the group's order: where its out ([T, H, 512] bf16) and lse
-  // ([T, H] f32) lie; null for a plan answered into its regions.
+  // Per plan, in the group's order: where its out ([T, H, 512] bf16, or
+  // e4m3fn in an FP8 group), out_scales ([T, H, 4] UE8M0, FP8 groups only)
+  // and lse ([T, H] f32) lie; null for a plan answered into its regions.
   std::vector<const uint8_t*> out;
+  std::vector<const uint8_t*> out_scales;
   std::vector<const uint8_t*> lse;
 };
 

@@ -89,6 +89,18 @@ absl::Status CheckAnswerFields(const wire::AttendRequestView& request) {
         "AttendRequest.lse_region: an answer written into out_region sends no tensors, so "
         "return_lse needs an lse_region too ([T, H] f32)");
   }
+  if (request.out_scales_region.has_value() &&
+      !(request.out_region.has_value() && request.fp8_output)) {
+    return absl::InvalidArgumentError(
+        "AttendRequest.out_scales_region: only with out_region and fp8_output; drop it, or set "
+        "both");
+  }
+  if (request.out_region.has_value() && request.fp8_output &&
+      !request.out_scales_region.has_value()) {
+    return absl::InvalidArgumentError(
+        "AttendRequest.out_scales_region: an answer written into out_region sends no tensors, "
+        "so fp8_output needs an out_scales_region too ([T, H, 4] UE8M0 scales)");
+  }
   return absl::OkStatus();
 }
 
@@ -119,7 +131,8 @@ absl::StatusOr<std::string> RegionOwnerOf(const grpc::ServerContextBase& context
 }
 
 bool UsesRegions(const wire::AttendRequestView& request) {
-  bool uses = request.out_region.has_value() || request.lse_region.has_value();
+  bool uses = request.out_region.has_value() || request.lse_region.has_value() ||
+              request.out_scales_region.has_value();
   for (const std::optional<wire::TensorView>* tensor :
        {&request.q, &request.kv, &request.compressed_kv, &request.topk}) {
     uses = uses || (tensor->has_value() && (*tensor)->region.has_value());
@@ -147,8 +160,11 @@ absl::StatusOr<std::optional<AnswerRegions>> ResolveRegionReferences(
   }
   if (!request.out_region.has_value()) return std::nullopt;
   AnswerRegions regions;
-  absl::StatusOr<RegionSlice> out = ResolveAnswer(registry, owner, "AttendRequest.out_region",
-                                                  *request.out_region, alignof(uint16_t));
+  // e4m3 codes are single bytes; bf16 values two; scales are written as
+  // 4-byte words.
+  absl::StatusOr<RegionSlice> out =
+      ResolveAnswer(registry, owner, "AttendRequest.out_region", *request.out_region,
+                    request.fp8_output ? 1 : alignof(uint16_t));
   if (!out.ok()) return out.status();
   regions.out = *std::move(out);
   if (request.lse_region.has_value()) {
@@ -157,8 +173,16 @@ absl::StatusOr<std::optional<AnswerRegions>> ResolveRegionReferences(
     if (!lse.ok()) return lse.status();
     regions.lse = *std::move(lse);
   }
+  if (request.out_scales_region.has_value()) {
+    absl::StatusOr<RegionSlice> scales =
+        ResolveAnswer(registry, owner, "AttendRequest.out_scales_region",
+                      *request.out_scales_region, alignof(uint32_t));
+    if (!scales.ok()) return scales.status();
+    regions.scales = *std::move(scales);
+  }
   request.out_region.reset();
   request.lse_region.reset();
+  request.out_scales_region.reset();
   return regions;
 }
 

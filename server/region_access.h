@@ -55,17 +55,22 @@ bool IsSameHostPeer(absl::string_view peer);
 absl::StatusOr<std::string> RegionOwnerOf(const grpc::ServerContextBase& context,
                                           const std::string& tenant);
 
-// Whether the message names any region (tensors, out_region, lse_region).
+// Whether the message names any region (tensors, out_region, lse_region,
+// out_scales_region).
 bool UsesRegions(const wire::AttendRequestView& request);
 
 // Replaces the region references of `request` by the bytes they name in
 // `owner`'s regions: q, kv and compressed_kv become views of the region's
 // memory (kept mapped while the view lives) with `region` cleared, and
-// out_region / lse_region become the answer regions returned (nullopt
-// without out_region). INVALID_ARGUMENT for a top-k in a region, a tensor
-// with both data and a region, an lse_region without out_region and
-// return_lse (or return_lse with out_region but no lse_region), an
-// out_region at an odd offset or an lse_region at one not a multiple of 4;
+// out_region / lse_region / out_scales_region become the answer regions
+// returned (nullopt without out_region). INVALID_ARGUMENT for a top-k in a
+// region, a tensor with both data and a region, an lse_region without
+// out_region and return_lse (or return_lse with out_region but no
+// lse_region), an out_scales_region without out_region and fp8_output (or
+// fp8_output with out_region but no out_scales_region), a bf16 out_region
+// at an odd offset, an lse_region or out_scales_region at one not a
+// multiple of 4, a reference into a CUDA IPC region at one not a multiple
+// of 16;
 // the registry's errors (NOT_FOUND, INVALID_ARGUMENT) for references to
 // unknown or foreign regions or outside them. Errors name the field, e.g.
 // "AttendRequest.q.region". The answer regions' sizes are the planner's to

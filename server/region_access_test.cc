@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -136,6 +137,75 @@ TEST_F(ResolveTest, EachBadReferenceIsRefusedNamingItsField) {
   cases[8] = {"negative offset", {}, absl::StatusCode::kInvalidArgument,
               "AttendRequest.out_region: bytes [-2, -2 + 1024)"};
   cases[8].request.out_region = wire::RegionRefView{id_, -2, 1024};
+  for (const Case& c : cases) {
+    const absl::Status status = Refusal(c.request);
+    EXPECT_EQ(status.code(), c.code) << c.what << ": " << status;
+    EXPECT_THAT(std::string(status.message()), HasSubstr(c.words)) << c.what;
+  }
+}
+
+// The FP8 output's answer: out holds its e4m3 bytes (one a value, so any
+// offset of a shared-memory region), out_scales_region its scales.
+TEST_F(ResolveTest, Fp8AnswersTakeAnOutScalesRegion) {
+  wire::AttendRequestView request;
+  request.fp8_output = true;
+  request.out_region = wire::RegionRefView{id_, 7, 512};
+  request.out_scales_region = wire::RegionRefView{id_, 1024, 4};
+  wire::AttendRequestView scales_only;
+  scales_only.out_scales_region = request.out_scales_region;
+  EXPECT_TRUE(UsesRegions(scales_only));
+  absl::StatusOr<std::optional<AnswerRegions>> regions =
+      ResolveRegionReferences(registry_, "a", request);
+  ASSERT_TRUE(regions.ok()) << regions.status();
+  ASSERT_TRUE(regions->has_value());
+  EXPECT_EQ((*regions)->out.bytes, 512);
+  EXPECT_EQ((*regions)->scales.data, (*regions)->out.data - 7 + 1024);
+  EXPECT_EQ((*regions)->scales.bytes, 4);
+  EXPECT_EQ((*regions)->lse.data, nullptr);
+  (*regions)->scales.data[3] = 0x69;
+  EXPECT_EQ(memory_.data()[1027], 0x69) << "the scales land in the client's memory";
+  EXPECT_FALSE(request.out_scales_region.has_value());
+  EXPECT_FALSE(UsesRegions(request)) << "resolved";
+}
+
+TEST_F(ResolveTest, EachBadFp8ReferenceIsRefusedNamingItsField) {
+  struct Case {
+    std::string what;
+    wire::AttendRequestView request;
+    absl::StatusCode code;
+    std::string words;
+  };
+  std::vector<Case> cases(6);
+  cases[0] = {"scales without fp8_output", {}, absl::StatusCode::kInvalidArgument,
+              "AttendRequest.out_scales_region: only with out_region and fp8_output; drop it, "
+              "or set both"};
+  cases[0].request.out_region = wire::RegionRefView{id_, 0, 1024};
+  cases[0].request.out_scales_region = wire::RegionRefView{id_, 2048, 4};
+  cases[1] = {"scales without out_region", {}, absl::StatusCode::kInvalidArgument,
+              "AttendRequest.out_scales_region: only with out_region and fp8_output"};
+  cases[1].request.fp8_output = true;
+  cases[1].request.out_scales_region = wire::RegionRefView{id_, 2048, 4};
+  cases[2] = {"fp8 into out_region, no scales region", {}, absl::StatusCode::kInvalidArgument,
+              "so fp8_output needs an out_scales_region too ([T, H, 4] UE8M0 scales)"};
+  cases[2].request.fp8_output = true;
+  cases[2].request.out_region = wire::RegionRefView{id_, 0, 512};
+  cases[3] = {"scales not a multiple of 4", {}, absl::StatusCode::kInvalidArgument,
+              "AttendRequest.out_scales_region.offset: 2054 is not a multiple of 4"};
+  cases[3].request.fp8_output = true;
+  cases[3].request.out_region = wire::RegionRefView{id_, 0, 512};
+  cases[3].request.out_scales_region = wire::RegionRefView{id_, 2054, 4};
+  cases[4] = {"scales past the end", {}, absl::StatusCode::kInvalidArgument,
+              "AttendRequest.out_scales_region: bytes [65536, 65536 + 4) of region"};
+  cases[4].request.fp8_output = true;
+  cases[4].request.out_region = wire::RegionRefView{id_, 0, 512};
+  cases[4].request.out_scales_region = wire::RegionRefView{id_, kBytes, 4};
+  cases[5] = {"scales at an offset that overflows", {}, absl::StatusCode::kInvalidArgument,
+              "AttendRequest.out_scales_region: bytes [9223372036854775804, "
+              "9223372036854775804 + 8)"};
+  cases[5].request.fp8_output = true;
+  cases[5].request.out_region = wire::RegionRefView{id_, 0, 512};
+  cases[5].request.out_scales_region =
+      wire::RegionRefView{id_, std::numeric_limits<int64_t>::max() - 3, 8};
   for (const Case& c : cases) {
     const absl::Status status = Refusal(c.request);
     EXPECT_EQ(status.code(), c.code) << c.what << ": " << status;

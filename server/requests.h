@@ -63,11 +63,14 @@ struct RegionSlice {
 };
 
 // Where an Attend message's answer goes instead of into its response: `out`
-// for out ([T, H, 512] bf16) and, when the message asks for lse, `lse` for
-// it ([T, H] f32; else empty). Their sizes are the planner's to check.
+// for out ([T, H, 512] bf16, or with fp8_output e4m3fn), with fp8_output
+// `scales` for out_scales ([T, H, 4] UE8M0; else empty) and, when the
+// message asks for lse, `lse` for it ([T, H] f32; else empty). Their sizes
+// are the planner's to check.
 struct AnswerRegions {
   RegionSlice out;
   RegionSlice lse;
+  RegionSlice scales;
 };
 
 // Asked, when set, about the KV pages an Attend message's new compressed
@@ -88,21 +91,29 @@ struct ReceivedAttend {
   AdmitAttendPages admit_pages;  // null: any
 };
 
-// The answer to one Attend message. On success `out` ([T, H, 512] bf16) and,
-// when asked, `lse` ([T, H] fp32) point into memory kept alive by
-// `keep_alive`, shared with the other requests of the same launch, or into
-// the message's answer regions, which the message keeps alive.
+// The answer to one Attend message. On success `out` ([T, H, 512] bf16, or
+// with fp8_output e4m3fn and then `out_scales`, [T, H, 4] UE8M0) and, when
+// asked, `lse` ([T, H] fp32) point into memory kept alive by `keep_alive`,
+// shared with the other requests of the same launch, or into the message's
+// answer regions, which the message keeps alive.
 struct AttendResult {
   uint64_t request_id = 0;
   absl::Status status;
   int64_t num_tokens = 0;
   int num_heads = 0;
+  bool fp8_output = false;
   const uint8_t* out = nullptr;
-  const uint8_t* lse = nullptr;  // null when not asked
+  const uint8_t* out_scales = nullptr;  // null without fp8_output
+  const uint8_t* lse = nullptr;         // null when not asked
   std::shared_ptr<void> keep_alive;
   wire::TimingView timing;  // microseconds in each stage
 
-  int64_t out_bytes() const { return num_tokens * num_heads * kRowBytes; }
+  int64_t out_bytes() const {
+    return num_tokens * num_heads * (fp8_output ? kFp8RowBytes : kRowBytes);
+  }
+  int64_t out_scales_bytes() const {
+    return out_scales == nullptr ? 0 : num_tokens * num_heads * kFp8ScaleRowBytes;
+  }
   int64_t lse_bytes() const { return lse == nullptr ? 0 : num_tokens * num_heads * 4; }
 };
 

@@ -80,9 +80,15 @@ grpc::ByteBuffer ResultResponse(const AttendResult& result, bool in_regions) {
   response.request_id = result.request_id;
   response.timing = result.timing;
   if (!in_regions) {
-    response.out =
-        wire::MakeTensorView(wire::DType::kBf16, {result.num_tokens, result.num_heads, kHeadDim},
-                             result.out, result.out_bytes(), result.keep_alive);
+    response.out = wire::MakeTensorView(
+        result.fp8_output ? wire::DType::kE4m3fn : wire::DType::kBf16,
+        {result.num_tokens, result.num_heads, kHeadDim}, result.out, result.out_bytes(),
+        result.keep_alive);
+    if (result.out_scales != nullptr) {
+      response.out_scales = wire::MakeTensorView(
+          wire::DType::kUe8m0, {result.num_tokens, result.num_heads, kOutputQuantBlocks},
+          result.out_scales, result.out_scales_bytes(), result.keep_alive);
+    }
     if (result.lse != nullptr) {
       response.lse = wire::MakeTensorView(wire::DType::kF32, {result.num_tokens, result.num_heads},
                                           result.lse, result.lse_bytes(), result.keep_alive);

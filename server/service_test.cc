@@ -788,6 +788,106 @@ TEST_F(RegionServiceTest, ARegionUnregisteredWhileAStepUsesItStaysMappedForThatS
   ExpectStepRuns(session, 1);
 }
 
+// The FP8 output on the wire: out as [T, H, 512] e4m3fn and out_scales as
+// [T, H, 4] UE8M0 (516 bytes a head, against bf16's 1024), or written into
+// out_region and out_scales_region, bit for bit the inline answer. Each
+// malformed combination is refused naming the field and what to change,
+// and changes nothing: the step then runs at the same position.
+TEST_F(RegionServiceTest, Fp8AnswersGoInlineOrIntoTheirRegions) {
+  Start();
+  const std::string twin = CreateSession();
+  const std::string session = CreateSession();
+  SharedMemory memory(1 << 20);
+  absl::StatusOr<uint64_t> id = Register(memory);
+  ASSERT_TRUE(id.ok()) << id.status();
+
+  grpc::ClientContext context;
+  Deadline(context, absl::Seconds(30));
+  auto stream = stub_->Attend(&context);
+  pb::AttendRequest inline_step = Step(twin, 0);
+  inline_step.set_fp8_output(true);
+  inline_step.set_return_lse(true);
+  pb::AttendResponse inline_answer;
+  ASSERT_TRUE(stream->Write(inline_step));
+  ASSERT_TRUE(stream->Read(&inline_answer));
+  ASSERT_EQ(inline_answer.status().code(), 0) << inline_answer.status().message();
+  EXPECT_EQ(inline_answer.out().dtype(), pb::DTYPE_E4M3FN);
+  EXPECT_THAT(inline_answer.out().shape(), ::testing::ElementsAre(1, kHeads, kHeadDim));
+  EXPECT_EQ(inline_answer.out().data().size(), size_t{kHeads} * 512);
+  EXPECT_EQ(inline_answer.out_scales().dtype(), pb::DTYPE_UE8M0);
+  EXPECT_THAT(inline_answer.out_scales().shape(), ::testing::ElementsAre(1, kHeads, 4));
+  EXPECT_EQ(inline_answer.out_scales().data().size(), size_t{kHeads} * 4);
+  EXPECT_EQ(inline_answer.lse().data().size(), size_t{kHeads} * 4);
+
+  // Into regions: q, kv, then out (its e4m3 bytes), the scales and lse.
+  const auto into_regions = [&](int32_t position) {
+    pb::AttendRequest step = InRegion(Step(session, position), *id, memory.data());
+    step.set_fp8_output(true);
+    step.set_return_lse(true);
+    const int64_t out_at = step.out_region().offset();
+    SetRegion(step.mutable_out_region(), *id, out_at, kHeads * 512);
+    SetRegion(step.mutable_out_scales_region(), *id, out_at + kHeads * 512, kHeads * 4);
+    SetRegion(step.mutable_lse_region(), *id, out_at + kHeads * 516, kHeads * 4);
+    return step;
+  };
+  struct Refusal {
+    std::string what;
+    std::function<void(pb::AttendRequest&)> change;
+    std::string words;
+  };
+  const std::vector<Refusal> refusals = {
+      {"scales without fp8_output", [](pb::AttendRequest& r) { r.set_fp8_output(false); },
+       "AttendRequest.out_scales_region: only with out_region and fp8_output; drop it, or set "
+       "both"},
+      {"fp8 into out_region without a scales region",
+       [](pb::AttendRequest& r) { r.clear_out_scales_region(); },
+       "AttendRequest.out_scales_region: an answer written into out_region sends no tensors, so "
+       "fp8_output needs an out_scales_region too"},
+      {"a bf16-sized out_region",
+       [](pb::AttendRequest& r) { r.mutable_out_region()->set_byte_size(kHeads * 1024); },
+       "out_region.byte_size: the answer's out [T, H, 512] e4m3fn is 4096 bytes (T = 1, H = 8); "
+       "the reference names 8192: name exactly 4096"},
+      {"scales one byte short",
+       [](pb::AttendRequest& r) { r.mutable_out_scales_region()->set_byte_size(kHeads * 4 - 1); },
+       "out_scales_region.byte_size: the answer's out_scales [T, H, 4] UE8M0 is 32 bytes"},
+      {"scales at an offset not a multiple of 4",
+       [](pb::AttendRequest& r) {
+         r.mutable_out_scales_region()->set_offset(r.out_scales_region().offset() + 2);
+       },
+       "is not a multiple of 4"},
+      {"scales past the region",
+       [](pb::AttendRequest& r) { r.mutable_out_scales_region()->set_offset(int64_t{1} << 62); },
+       "AttendRequest.out_scales_region: bytes [4611686018427387904, 4611686018427387904 + 32)"},
+  };
+  for (const Refusal& refusal : refusals) {
+    pb::AttendRequest step = into_regions(0);
+    refusal.change(step);
+    pb::AttendResponse answer;
+    ASSERT_TRUE(stream->Write(step));
+    ASSERT_TRUE(stream->Read(&answer));
+    EXPECT_EQ(answer.status().code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT))
+        << refusal.what << ": " << answer.status().message();
+    EXPECT_THAT(answer.status().message(), HasSubstr(refusal.words)) << refusal.what;
+  }
+  EXPECT_EQ(List().sessions(0).next_position(), 0) << "a refused step moved a session";
+  EXPECT_EQ(List().sessions(1).next_position(), 0) << "a refused step moved a session";
+
+  const pb::AttendRequest step = into_regions(0);
+  const int64_t out_at = step.out_region().offset();
+  pb::AttendResponse answer;
+  ASSERT_TRUE(stream->Write(step));
+  ASSERT_TRUE(stream->Read(&answer));
+  ASSERT_EQ(answer.status().code(), 0) << answer.status().message();
+  EXPECT_FALSE(answer.has_out() || answer.has_out_scales() || answer.has_lse())
+      << "the answer is in the regions";
+  const std::string expected = inline_answer.out().data() + inline_answer.out_scales().data() +
+                               inline_answer.lse().data();
+  EXPECT_EQ(std::memcmp(memory.data() + out_at, expected.data(), expected.size()), 0);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  ExpectStepRuns(session, 1);
+}
+
 // Clients that send an mla-client-id are told apart by it (over TCP and
 // over a Unix socket alike): one's region does not exist for another, in
 // its list, for references and to unregister. A malformed id is refused.

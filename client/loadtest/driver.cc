@@ -77,6 +77,7 @@ struct Setup {
   int32_t max_position = 0;
   uint64_t seed = 1;
   bool derotate = false;
+  bool fp8_output = false;
 };
 
 struct SessionRef {
@@ -86,19 +87,20 @@ struct SessionRef {
 
 // Where one layer step's tensors lie in a slot of a group's region
 // (--data_plane=shm|cuda_ipc): each part 64-byte aligned, sized for the
-// largest step.
+// largest step; `scales` (the FP8 output's) only with --fp8_output.
 struct SlotLayout {
-  int64_t q = 0, kv = 0, compressed = 0, out = 0, lse = 0;  // offsets
-  int64_t bytes = 0;                                        // of the slot
+  int64_t q = 0, kv = 0, compressed = 0, out = 0, lse = 0, scales = 0;  // offsets
+  int64_t bytes = 0;                                                    // of the slot
 
-  static SlotLayout For(int64_t tokens, int heads, int64_t max_new_rows) {
+  static SlotLayout For(int64_t tokens, int heads, int64_t max_new_rows, bool fp8_output) {
     const auto aligned = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
     SlotLayout slot;
     slot.kv = aligned(tokens * heads * kRowBytes);
     slot.compressed = slot.kv + aligned(tokens * kRowBytes);
     slot.out = slot.compressed + aligned(max_new_rows * kRowBytes);
-    slot.lse = slot.out + aligned(tokens * heads * kRowBytes);
-    slot.bytes = slot.lse + aligned(tokens * heads * 4);
+    slot.lse = slot.out + aligned(tokens * heads * (fp8_output ? kFp8RowBytes : kRowBytes));
+    slot.scales = slot.lse + aligned(tokens * heads * 4);
+    slot.bytes = slot.scales + (fp8_output ? aligned(tokens * heads * kFp8ScaleRowBytes) : 0);
     return slot;
   }
 };
@@ -143,12 +145,21 @@ struct Sample {
   int head_offset = 0;
   std::vector<SessionRef> sessions;
   client::AttendResult result;
-  // An answer written into the region: copied out of it on arrival.
+  // An answer written into the region: copied out of it on arrival (out,
+  // or with --fp8_output its e4m3 codes and scales).
   std::vector<uint16_t> region_out;
+  std::vector<uint8_t> region_e4m3;
+  std::vector<uint8_t> region_scales;
   std::vector<float> region_lse;
 
   absl::Span<const uint16_t> out() const {
     return result.in_regions() ? absl::MakeConstSpan(region_out) : result.out();
+  }
+  absl::Span<const uint8_t> e4m3() const {
+    return result.in_regions() ? absl::MakeConstSpan(region_e4m3) : result.out_e4m3();
+  }
+  absl::Span<const uint8_t> scales() const {
+    return result.in_regions() ? absl::MakeConstSpan(region_scales) : result.out_scales();
   }
   absl::Span<const float> lse() const {
     return result.in_regions() ? absl::MakeConstSpan(region_lse) : result.lse();
@@ -244,7 +255,7 @@ class Node {
     for (Group& group : groups_) {
       const int64_t sessions = static_cast<int64_t>(group.sessions.size());
       group.slot = SlotLayout::For(sessions * setup_.tokens_per_step, setup_.heads,
-                                   sessions * max_new_rows);
+                                   sessions * max_new_rows, setup_.fp8_output);
       client::Client& client = cluster_->client(group.server);
       const int64_t bytes = group.slot.bytes * setup_.concurrency;
       absl::StatusOr<std::unique_ptr<SlotMemory>> region =
@@ -415,9 +426,16 @@ class Node {
       if (!status.ok()) return status;
     }
     const int64_t rows = tokens * setup_.heads;
-    absl::StatusOr<client::RegionRef> out = group.region->Ref(base + group.slot.out, rows * kRowBytes);
+    absl::StatusOr<client::RegionRef> out = group.region->Ref(
+        base + group.slot.out, rows * (setup_.fp8_output ? kFp8RowBytes : kRowBytes));
     if (!out.ok()) return out.status();
     input.out_region = *out;
+    if (setup_.fp8_output) {
+      absl::StatusOr<client::RegionRef> scales =
+          group.region->Ref(base + group.slot.scales, rows * kFp8ScaleRowBytes);
+      if (!scales.ok()) return scales.status();
+      input.out_scales_region = *scales;
+    }
     if (input.return_lse) {
       absl::StatusOr<client::RegionRef> lse = group.region->Ref(base + group.slot.lse, rows * 4);
       if (!lse.ok()) return lse.status();
@@ -446,6 +464,7 @@ class Node {
     input.head_offset = head_offset_;
     input.return_lse = sample;
     input.derotate_output = setup_.derotate;
+    input.fp8_output = setup_.fp8_output;
     for (const SessionRef& session : group.sessions) {
       client::AttendSegment segment;
       segment.session_id = session.id;
@@ -636,8 +655,11 @@ class Node {
         absl::StatusOr<client::AttendResult> answer = group.attend->Receive();
         if (answer.ok()) {
           const int64_t rows = answer->num_tokens() * answer->num_heads();
-          bytes_out = answer->in_regions() ? rows * kRowBytes
-                                           : static_cast<int64_t>(answer->out_view().size_bytes());
+          bytes_out = answer->in_regions()
+                          ? rows * (answer->fp8_output() ? kFp8RowBytes + kFp8ScaleRowBytes
+                                                         : kRowBytes)
+                          : static_cast<int64_t>(answer->out_view().size_bytes() +
+                                                 answer->out_scales().size());
           if (answer->has_lse() || (answer->in_regions() && Sampled(seq))) bytes_out += rows * 4;
           timing = answer->timing();
           result.emplace(*std::move(answer));
@@ -715,10 +737,22 @@ class Node {
         // Copied before the slot takes a later step.
         const int64_t rows = sample.result.num_tokens() * sample.result.num_heads();
         const int64_t slot = SlotOf(group, seq);
-        sample.region_out.resize(rows * kHeadDim);
         sample.region_lse.resize(rows);
-        absl::Status read = group.region->Read(slot + group.slot.out, sample.region_out.data(),
-                                               rows * kRowBytes);
+        absl::Status read;
+        if (setup_.fp8_output) {
+          sample.region_e4m3.resize(rows * kFp8RowBytes);
+          sample.region_scales.resize(rows * kFp8ScaleRowBytes);
+          read = group.region->Read(slot + group.slot.out, sample.region_e4m3.data(),
+                                    rows * kFp8RowBytes);
+          if (read.ok()) {
+            read = group.region->Read(slot + group.slot.scales, sample.region_scales.data(),
+                                      rows * kFp8ScaleRowBytes);
+          }
+        } else {
+          sample.region_out.resize(rows * kHeadDim);
+          read = group.region->Read(slot + group.slot.out, sample.region_out.data(),
+                                    rows * kRowBytes);
+        }
         if (read.ok()) {
           read = group.region->Read(slot + group.slot.lse, sample.region_lse.data(), rows * 4);
         }
@@ -981,6 +1015,8 @@ VerifyStats VerifySamples(std::vector<std::unique_ptr<Node>>& nodes, const LoadO
           Workload::MessageKey(setup.seed, node->index(), sample.step, sample.layer, sample.server),
           tokens, setup.heads);
       const absl::Span<const uint16_t> out = sample.out();
+      const absl::Span<const uint8_t> e4m3 = sample.e4m3();
+      const absl::Span<const uint8_t> scales = sample.scales();
       const absl::Span<const float> lse = sample.lse();
       const int64_t checked = std::min<int64_t>(tokens, options.verify_tokens);
       for (int64_t i = 0; i < checked; ++i) {
@@ -990,6 +1026,7 @@ VerifyStats VerifySamples(std::vector<std::unique_ptr<Node>>& nodes, const LoadO
         token.heads = setup.heads;
         token.head_offset = sample.head_offset;
         token.derotate = setup.derotate;
+        token.fp8_output = setup.fp8_output;
         token.salt = sample.sessions[t / setup.tokens_per_step].salt;
         token.position = setup.prompt + static_cast<int32_t>(sample.step) * setup.tokens_per_step +
                          static_cast<int32_t>(t % setup.tokens_per_step);
@@ -999,15 +1036,26 @@ VerifyStats VerifySamples(std::vector<std::unique_ptr<Node>>& nodes, const LoadO
           setup.workload->AppendTopK(token.salt, sample.layer, token.position, &token.topk);
         }
         ++stats.tokens;
-        const bool shape_ok = out.size() == static_cast<size_t>(tokens) * setup.heads * kHeadDim &&
-                              lse.size() == static_cast<size_t>(tokens) * setup.heads;
+        const size_t values = static_cast<size_t>(tokens) * setup.heads;
+        const size_t head_values = static_cast<size_t>(setup.heads) * kHeadDim;
+        const absl::Span<const float> token_lse =
+            lse.subspan(static_cast<size_t>(t) * setup.heads, setup.heads);
+        const size_t out_values = setup.fp8_output ? e4m3.size() : out.size();
+        const bool shape_ok =
+            out_values == values * kHeadDim && lse.size() == values &&
+            (!setup.fp8_output || scales.size() == values * kOutputQuantBlocks);
         absl::StatusOr<TokenVerdict> verdict =
-            shape_ok ? verifier.Check(
-                           token, out.subspan(row, static_cast<size_t>(setup.heads) * kHeadDim),
-                           lse.subspan(static_cast<size_t>(t) * setup.heads, setup.heads))
-                     : absl::InternalError(absl::StrCat("the answer holds ", out.size(),
-                                                        " out and ", lse.size(), " lse values for ",
-                                                        tokens, " tokens"));
+            !shape_ok ? absl::InternalError(absl::StrCat("the answer holds ", out_values,
+                                                         " out and ", lse.size(),
+                                                         " lse values for ", tokens, " tokens"))
+            : setup.fp8_output
+                ? verifier.CheckFp8(token, e4m3.subspan(row, head_values),
+                                    scales.subspan(static_cast<size_t>(t) * setup.heads *
+                                                       kOutputQuantBlocks,
+                                                   static_cast<size_t>(setup.heads) *
+                                                       kOutputQuantBlocks),
+                                    token_lse)
+                : verifier.Check(token, out.subspan(row, head_values), token_lse);
         std::string failure;
         if (!verdict.ok()) {
           failure = std::string(verdict.status().message());
@@ -1110,6 +1158,7 @@ absl::StatusOr<RunOutput> RunLoadTest(const LoadOptions& options) {
   setup.prompt = options.prompt;
   setup.seed = options.seed;
   setup.derotate = options.derotate;
+  setup.fp8_output = options.fp8_output;
   setup.regions = options.data_plane != "inline";
   setup.cuda_ipc = options.data_plane == "cuda_ipc";
   setup.cuda_device = options.cuda_device;
@@ -1133,6 +1182,7 @@ absl::StatusOr<RunOutput> RunLoadTest(const LoadOptions& options) {
   config.concurrency = options.concurrency;
   config.connections_per_stream = options.connections_per_stream;
   config.data_plane = options.data_plane;
+  config.fp8_output = options.fp8_output;
   config.rate = options.rate;
   config.warmup_s = options.warmup_s;
   config.duration_s = options.steps == 0 ? options.duration_s : 0;

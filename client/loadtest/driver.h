@@ -68,6 +68,9 @@ struct LoadOptions {
   int verify_tokens = 4;  // tokens checked per sampled layer step
   int verify_threads = 2;
   bool derotate = false;
+  // Ask for the FP8 output (fp8_output): e4m3 out with UE8M0 scales, 516
+  // bytes a head back instead of 1024; --verify holds it to its tolerance.
+  bool fp8_output = false;
   bool connection_per_node = true;
   // TCP connections each node's Attend stream (and its Echo baseline) is
   // spread over (client::StreamOptions::connections).

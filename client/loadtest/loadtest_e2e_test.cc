@@ -295,6 +295,40 @@ TEST(LoadTestEndToEnd, TensorsInSharedMemory) {
   }
 }
 
+// --fp8_output, inline and in shared memory: every answer is e4m3 out with
+// its scales (516 bytes a head, counted so), --verify holds the sampled
+// ones to the FP8 rule and finds them the CPU backend's bytes, and the
+// report and JSON say which output was asked.
+TEST(LoadTestEndToEnd, Fp8OutputInlineAndInSharedMemory) {
+  std::unique_ptr<client::TestServer> server = StartServer();
+  ASSERT_NE(server, nullptr);
+  for (const std::string plane : {"inline", "shm"}) {
+    SCOPED_TRACE(plane);
+    const std::string json_path = OutDir() + "/fp8_" + plane + ".json";
+    const std::string csv_path = OutDir() + "/fp8_" + plane + ".csv";
+    const LoadTestRun run = LoadTest(
+        {"--target=" + server->target(), "--model=deepseek-v4-flash", "--tp=8", "--layers=4",
+         "--streams=2", "--sessions=2", "--prompt=200", "--concurrency=2",
+         "--data_plane=" + plane, "--fp8_output", "--derotate", "--warmup_s=0.2",
+         "--duration_s=1", "--verify", "--verify_every=3", "--verify_max=8", "--verify_tokens=2",
+         "--json_out=" + json_path, "--csv_out=" + csv_path});
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_THAT(run.output, HasSubstr("FP8 output (--fp8_output"));
+    EXPECT_THAT(run.output, HasSubstr("errors                   none"));
+    EXPECT_THAT(run.output, HasSubstr("verify                   PASSED: 8 layer steps (16 tokens)"));
+    const nlohmann::json json = nlohmann::json::parse(ReadFile(json_path));
+    EXPECT_TRUE(json["config"]["fp8_output"].get<bool>());
+    EXPECT_EQ(json["verify"]["failed_tokens"], 0);
+    EXPECT_EQ(json["verify"]["bit_identical_tokens"], 16);
+    for (const auto& row : ReadCsv(csv_path)) {
+      // out [2, 8, 512] e4m3 and its scales [2, 8, 4], and lse [2, 8] on
+      // the steps sampled for --verify.
+      const int64_t out = std::stoll(row.at("bytes_out"));
+      EXPECT_TRUE(out == 2 * 8 * 516 || out == 2 * 8 * 516 + 2 * 8 * 4) << out;
+    }
+  }
+}
+
 // CUDA IPC regions against a server without a GPU (or from a machine
 // without one): the setup fails saying why, and leaves no session behind.
 TEST(LoadTestEndToEnd, CudaIpcWithoutAGpuServerFailsAtSetup) {

@@ -69,6 +69,10 @@ ABSL_FLAG(int, verify_every, 17, "--verify samples every N-th layer step of each
 ABSL_FLAG(int, verify_max, 32, "--verify checks at most this many layer steps (all nodes).");
 ABSL_FLAG(int, verify_tokens, 4, "--verify checks this many tokens of each sampled layer step.");
 ABSL_FLAG(bool, derotate, false, "Ask the server to de-rotate outputs (derotate_output).");
+ABSL_FLAG(bool, fp8_output, false,
+          "Ask for the FP8 output (fp8_output): e4m3 out with one UE8M0 scale per 128 dims, 516 "
+          "bytes a head back instead of bf16's 1024 (counted so in the payload out); --verify "
+          "holds it to the FP8 tolerance of spec section 7.");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the synthetic data, session keys and arrivals.");
 ABSL_FLAG(double, step_timeout_s, 30,
           "A layer step not answered within this many seconds (at most 3600) is "
@@ -142,6 +146,7 @@ int Main(const std::vector<std::string>& repeated_targets) {
   options.verify_max = absl::GetFlag(FLAGS_verify_max);
   options.verify_tokens = absl::GetFlag(FLAGS_verify_tokens);
   options.derotate = absl::GetFlag(FLAGS_derotate);
+  options.fp8_output = absl::GetFlag(FLAGS_fp8_output);
   options.seed = absl::GetFlag(FLAGS_seed);
   options.step_timeout_s = absl::GetFlag(FLAGS_step_timeout_s);
   options.connection_per_node = absl::GetFlag(FLAGS_connection_per_node);

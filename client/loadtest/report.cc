@@ -182,14 +182,17 @@ std::string FormatReport(const RunReport& report) {
       : c.data_plane == "cuda_ipc" ? "; tensors in device memory (--data_plane=cuda_ipc), top-k "
                                      "inline"
                                    : "";
+  const std::string format =
+      c.fp8_output ? "; FP8 output (--fp8_output: e4m3 with a scale a 128 dims, 516 bytes a head)"
+                   : "";
   const PhaseStats& a = report.attend;
   const std::string spread =
       c.connections_per_stream > 1
           ? absl::StrFormat("; each node's stream over %d connections", c.connections_per_stream)
           : "";
   absl::StrAppend(
-      &text, Line("load", absl::StrFormat("%s%s%s; warm-up %.1f s excluded; measured %.2f s (%s)",
-                                          load, spread, plane, c.warmup_s, a.seconds,
+      &text, Line("load", absl::StrFormat("%s%s%s%s; warm-up %.1f s excluded; measured %.2f s (%s)",
+                                          load, spread, plane, format, c.warmup_s, a.seconds,
                                           a.stop_reason)));
   if (a.planned_seconds > 0 && a.seconds > 1.05 * a.planned_seconds) {
     absl::StrAppend(&text, Line("", absl::StrFormat("(the window's last answer came %.2f s after "
@@ -311,6 +314,7 @@ nlohmann::json ReportJson(const RunReport& report) {
                     {"concurrency", c.concurrency},
                     {"connections_per_stream", c.connections_per_stream},
                     {"data_plane", c.data_plane},
+                    {"fp8_output", c.fp8_output},
                     {"rate", c.rate},
                     {"warmup_s", c.warmup_s},
                     {"duration_s", c.duration_s},

@@ -51,6 +51,7 @@ struct RunConfig {
   int concurrency = 1;  // closed loop: layer steps in flight per node
   int connections_per_stream = 1;  // TCP connections each node's streams spread over
   std::string data_plane = "inline";  // or "shm", "cuda_ipc" (LoadOptions::data_plane)
+  bool fp8_output = false;            // LoadOptions::fp8_output
   double rate = 0;      // open loop: target layer steps/s, all nodes
   double warmup_s = 0;
   double duration_s = 0;  // 0 when --steps bounds the run

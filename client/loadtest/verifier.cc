@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -133,7 +132,6 @@ absl::StatusOr<LocalAnswer> Verifier::RecomputeWith(const SentToken& token,
 
   LocalAnswer answer;
   answer.q_out.assign(q_out.begin(), q_out.end());
-  answer.out.assign(static_cast<size_t>(token.heads) * kHeadDim, 0xffff);
   answer.lse.assign(token.heads, std::nanf(""));
   DecodeParams decode;
   decode.num_tokens = 1;
@@ -148,7 +146,15 @@ absl::StatusOr<LocalAnswer> Verifier::RecomputeWith(const SentToken& token,
   decode.derotate = token.derotate;
   decode.positions = &p;
   decode.rope = rope;
-  decode.out = answer.out.data();
+  if (token.fp8_output) {
+    answer.e4m3.assign(static_cast<size_t>(token.heads) * kFp8RowBytes, 0x7f);
+    answer.scales.assign(static_cast<size_t>(token.heads) * kFp8ScaleRowBytes, 0xff);
+    decode.out_e4m3 = answer.e4m3.data();
+    decode.out_scales = answer.scales.data();
+  } else {
+    answer.out.assign(static_cast<size_t>(token.heads) * kHeadDim, 0xffff);
+    decode.out = answer.out.data();
+  }
   decode.lse = answer.lse.data();
   if (absl::Status status = backend_.Decode(decode); !status.ok()) return status;
 
@@ -179,27 +185,46 @@ absl::StatusOr<LocalAnswer> Verifier::RecomputeWith(const SentToken& token,
   return answer;
 }
 
-absl::StatusOr<TokenVerdict> Verifier::Check(const SentToken& token, absl::Span<const uint16_t> out,
-                                             absl::Span<const float> lse) {
-  absl::StatusOr<LocalAnswer> local = Recompute(token);
-  if (!local.ok()) return local.status();
+TokenVerdict Verifier::Verdict(const reference::ComparisonReport& out_report,
+                               absl::Span<const float> lse, const LocalAnswer& local,
+                               bool bit_identical) {
   TokenVerdict verdict;
-  const reference::ComparisonReport out_report = reference::CompareDecodeOut(out, local->reference);
   verdict.ok = out_report.ok();
   verdict.max_excess = out_report.max_excess();
   if (!out_report.ok()) verdict.failure = out_report.ToString();
   if (!lse.empty()) {
-    const reference::ComparisonReport lse_report = reference::CompareLse(lse, local->reference);
+    const reference::ComparisonReport lse_report = reference::CompareLse(lse, local.reference);
     verdict.max_excess = std::max(verdict.max_excess, lse_report.max_excess());
     if (!lse_report.ok()) {
       verdict.ok = false;
       absl::StrAppend(&verdict.failure, verdict.failure.empty() ? "" : "; ", lse_report.ToString());
     }
   }
-  verdict.bit_identical =
-      out.size() == local->out.size() &&
-      std::memcmp(out.data(), local->out.data(), out.size() * sizeof(uint16_t)) == 0;
+  verdict.bit_identical = bit_identical;
   return verdict;
+}
+
+absl::StatusOr<TokenVerdict> Verifier::Check(const SentToken& token, absl::Span<const uint16_t> out,
+                                             absl::Span<const float> lse) {
+  absl::StatusOr<LocalAnswer> local = Recompute(token);
+  if (!local.ok()) return local.status();
+  return Verdict(reference::CompareDecodeOut(out, local->reference), lse, *local,
+                 std::equal(out.begin(), out.end(), local->out.begin(), local->out.end()));
+}
+
+absl::StatusOr<TokenVerdict> Verifier::CheckFp8(const SentToken& token,
+                                                absl::Span<const uint8_t> e4m3,
+                                                absl::Span<const uint8_t> scales,
+                                                absl::Span<const float> lse) {
+  if (!token.fp8_output) {
+    return absl::InvalidArgumentError("CheckFp8 of a token that did not ask for the FP8 output");
+  }
+  absl::StatusOr<LocalAnswer> local = Recompute(token);
+  if (!local.ok()) return local.status();
+  return Verdict(reference::CompareDecodeOutFp8(e4m3, scales, local->reference), lse, *local,
+                 std::equal(e4m3.begin(), e4m3.end(), local->e4m3.begin(), local->e4m3.end()) &&
+                     std::equal(scales.begin(), scales.end(), local->scales.begin(),
+                                local->scales.end()));
 }
 
 }  // namespace mla::loadtest

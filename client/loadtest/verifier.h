@@ -13,7 +13,8 @@
 //   composition clause, because the server's q_out is its own prologue's, not
 //   this one: where the token's float64 q_out lies within 2^-20 of a bf16
 //   rounding midpoint the two may differ by one ulp (delta_t added to the lse
-//   allowance, 2 delta_t A_t to the out allowance);
+//   allowance, 2 delta_t A_t to the out allowance); an FP8 answer
+//   (--fp8_output) by the section's FP8 rule instead (CheckFp8);
 // - the CPU backend decodes too, keys in the server's order (SWA ascending,
 //   then compressed rows in top-k or row order): a server on the CPU backend
 //   should match it bit for bit (reported, not required: a CUDA server
@@ -33,6 +34,7 @@
 #include "client/loadtest/workload.h"
 #include "kernels/cpu_backend.h"
 #include "kernels/reference/reference_f64.h"
+#include "kernels/reference/tolerance.h"
 #include "kernels/rope.h"
 
 namespace mla::loadtest {
@@ -43,6 +45,7 @@ struct SentToken {
   int heads = 0;        // H
   int head_offset = 0;  // first head of the rank
   bool derotate = false;
+  bool fp8_output = false;  // the answer is the FP8 output
   uint64_t salt = 0;  // its session
   int32_t position = 0;
   absl::Span<const uint16_t> q;  // [H, 512] bf16
@@ -52,7 +55,9 @@ struct SentToken {
 // What the CPU backend and the float64 reference make of a token.
 struct LocalAnswer {
   std::vector<uint16_t> q_out;           // [Hp, 512] bf16: the q both decodes read
-  std::vector<uint16_t> out;             // [H, 512] bf16, CPU backend
+  std::vector<uint16_t> out;             // [H, 512] bf16, CPU backend (not fp8_output)
+  std::vector<uint8_t> e4m3;             // [H, 512] e4m3fn, CPU backend (fp8_output)
+  std::vector<uint8_t> scales;           // [H, 4] UE8M0, CPU backend (fp8_output)
   std::vector<float> lse;                // [H], CPU backend
   reference::DecodeReference reference;  // with the composition clause's deltas
 };
@@ -60,7 +65,7 @@ struct LocalAnswer {
 // The verdict on one token of the server's answer.
 struct TokenVerdict {
   bool ok = false;             // out (and lse, when given) within tolerance
-  bool bit_identical = false;  // out equals the CPU backend's bit for bit
+  bool bit_identical = false;  // out (or e4m3 and scales) equals the CPU backend's bit for bit
   double max_excess = 0;       // largest error as a fraction of the allowed one
   std::string failure;         // the comparators' report when !ok
 };
@@ -83,8 +88,17 @@ class Verifier {
   // step did not ask for it.
   absl::StatusOr<TokenVerdict> Check(const SentToken& token, absl::Span<const uint16_t> out,
                                      absl::Span<const float> lse);
+  // The same for an FP8 answer (token.fp8_output): `e4m3` [H, 512] and
+  // `scales` [H, 4].
+  absl::StatusOr<TokenVerdict> CheckFp8(const SentToken& token, absl::Span<const uint8_t> e4m3,
+                                        absl::Span<const uint8_t> scales,
+                                        absl::Span<const float> lse);
 
  private:
+  // The verdict of an out comparison, with the lse's added.
+  static TokenVerdict Verdict(const reference::ComparisonReport& out_report,
+                              absl::Span<const float> lse, const LocalAnswer& local,
+                              bool bit_identical);
   // Hp of a token, or why the token cannot be recomputed.
   absl::StatusOr<int> PaddedHeads(const SentToken& token) const;
   const RopeTable& Table(RopeKind kind, int32_t position);

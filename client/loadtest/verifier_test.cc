@@ -232,6 +232,56 @@ TEST_F(VerifierTest, DerotatedOutputIsCheckedToo) {
   EXPECT_FALSE(verifier_.Check(token, derotated->out, {})->ok);
 }
 
+// --fp8_output: the CPU backend's own FP8 answer passes bit for bit (with
+// and without de-rotation); a scale one off, a flipped sign, the bf16
+// token's lse and a CheckFp8 of a bf16 token do not.
+TEST_F(VerifierTest, Fp8AnswersAreHeldToTheFp8Rule) {
+  for (int layer : {0, 2, 3}) {
+    for (bool derotate : {false, true}) {
+      SentToken token = Token(layer, 300);
+      token.derotate = derotate;
+      token.fp8_output = true;
+      absl::StatusOr<LocalAnswer> local = verifier_.Recompute(token);
+      ASSERT_TRUE(local.ok()) << local.status();
+      ASSERT_EQ(local->e4m3.size(), 16u * kHeadDim);
+      ASSERT_EQ(local->scales.size(), 16u * kOutputQuantBlocks);
+      EXPECT_TRUE(local->out.empty());
+      absl::StatusOr<TokenVerdict> verdict =
+          verifier_.CheckFp8(token, local->e4m3, local->scales, local->lse);
+      ASSERT_TRUE(verdict.ok()) << verdict.status();
+      EXPECT_TRUE(verdict->ok) << verdict->failure;
+      EXPECT_TRUE(verdict->bit_identical);
+      EXPECT_LT(verdict->max_excess, 1.0);
+
+      std::vector<uint8_t> scales = local->scales;
+      scales[7] += 1;
+      verdict = verifier_.CheckFp8(token, local->e4m3, scales, local->lse);
+      ASSERT_TRUE(verdict.ok());
+      EXPECT_FALSE(verdict->ok) << "a scale one off, layer " << layer;
+      EXPECT_FALSE(verdict->bit_identical);
+      EXPECT_THAT(verdict->failure, HasSubstr("decode out (fp8)"));
+    }
+  }
+  SentToken token = Token(2, 300);
+  token.fp8_output = true;
+  absl::StatusOr<LocalAnswer> local = verifier_.Recompute(token);
+  ASSERT_TRUE(local.ok()) << local.status();
+  // The largest code of head 3's first block, its sign flipped.
+  int largest = 3 * kHeadDim;
+  for (int d = 3 * kHeadDim; d < 3 * kHeadDim + kOutputQuantBlock; ++d) {
+    if ((local->e4m3[d] & 0x7f) > (local->e4m3[largest] & 0x7f)) largest = d;
+  }
+  std::vector<uint8_t> e4m3 = local->e4m3;
+  e4m3[largest] ^= 0x80;
+  EXPECT_FALSE(verifier_.CheckFp8(token, e4m3, local->scales, {})->ok);
+  std::vector<float> lse = local->lse;
+  lse[0] += 0.01f;
+  EXPECT_FALSE(verifier_.CheckFp8(token, local->e4m3, local->scales, lse)->ok);
+  token.fp8_output = false;
+  EXPECT_EQ(verifier_.CheckFp8(token, local->e4m3, local->scales, local->lse).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(VerifierTest, BadTokensAreErrors) {
   SentToken token = Token(0, 3);
   token.layer = 99;

@@ -179,7 +179,7 @@ bool MutateTensor(Rng& rng, wire::AttendRequestView& view) {
       return true;
     case 1:
       if (!tensor.has_value()) return false;
-      tensor->dtype = static_cast<wire::DType>(Below(rng, 5));
+      tensor->dtype = static_cast<wire::DType>(Below(rng, 7));
       return true;
     case 2: {
       if (!tensor.has_value()) return false;
@@ -211,7 +211,11 @@ bool Mutate(Rng& rng, wire::AttendRequestView& view) {
       view.return_lse = !view.return_lse;
       return true;
     case 4:
-      view.derotate_output = !view.derotate_output;
+      if (Below(rng, 2) == 0) {
+        view.derotate_output = !view.derotate_output;
+      } else {
+        view.fp8_output = !view.fp8_output;
+      }
       return true;
     case 5:
       return MutateTopK(rng, view);

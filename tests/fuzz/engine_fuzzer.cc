@@ -8,8 +8,9 @@
 // tests/fuzz/engine_fixture.h, and run as a batch of one through
 // Engine::Attend. Besides the sanitizers, it holds the engine to its
 // contract: one answer with the message's request id; on success an output
-// of the message's tokens and the session's heads, every byte of it
-// readable; on failure the sessions and the pool exactly as they were.
+// of the message's tokens and the session's heads in the format asked (FP8
+// with its scales, or bf16), every byte of it readable; on failure the
+// sessions and the pool exactly as they were.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -106,7 +107,12 @@ void Run(const uint8_t* data, size_t size) {
           "the output's tokens or heads are not the message's", result.status);
   Require(result.out != nullptr && (result.lse != nullptr) == input->return_lse,
           "the output or lse is missing, or lse came unasked", result.status);
-  checksum = Checksum(result.out, result.out_bytes()) ^ Checksum(result.lse, result.lse_bytes());
+  Require(result.fp8_output == input->fp8_output &&
+              (result.out_scales != nullptr) == input->fp8_output,
+          "the output's format is not the one asked, or its scales are missing", result.status);
+  checksum = Checksum(result.out, result.out_bytes()) ^
+             Checksum(result.out_scales, result.out_scales_bytes()) ^
+             Checksum(result.lse, result.lse_bytes());
   for (const wire::SegmentView& segment : input->segments) {
     const absl::Status restarted = fixture->Restart(segment.session_id);
     Require(restarted.ok(), "the fixture failed to restart a session", restarted);

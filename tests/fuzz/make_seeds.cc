@@ -159,6 +159,16 @@ std::vector<std::pair<std::string, wire::AttendRequestView>> AttendSeeds() {
   wire::AttendRequestView h4 = AttendC4A(14, 2, 4, {{"flash-h4", 0, 1}}, 4);
   h4.head_offset = 60;
   add("attend-h4-c4a", h4);
+  // The FP8 output, on the padded head count and on a C4A step with lse.
+  wire::AttendRequestView fp8_h4 = h4;
+  fp8_h4.request_id = 17;
+  fp8_h4.fp8_output = true;
+  fp8_h4.derotate_output = true;
+  add("attend-fp8-h4-c4a-derotate", fp8_h4);
+  wire::AttendRequestView fp8_c4a = c4a;
+  fp8_c4a.request_id = 18;
+  fp8_c4a.fp8_output = true;
+  add("attend-fp8-c4a-prompt-lse", fp8_c4a);
 
   // Near the edges, each refused: a head range far past the model's 64
   // heads that ends at the largest int32, positions and counts at the
@@ -180,6 +190,14 @@ std::vector<std::pair<std::string, wire::AttendRequestView>> AttendSeeds() {
   huge_q.q = OwnedTensor<uint16_t>(wire::DType::kBf16,
                                    {1, std::numeric_limits<int64_t>::max(), kHeadDim}, {});
   add("edge-q-shape-int64-max", huge_q);
+  // FP8 answer regions: the engine never sees a reference (the service
+  // resolves them), so these go as the codec reads them.
+  wire::AttendRequestView fp8_regions = swa;
+  fp8_regions.fp8_output = true;
+  fp8_regions.out_region = wire::RegionRefView{1, 0, 16 * kFp8RowBytes};
+  fp8_regions.out_scales_region =
+      wire::RegionRefView{1, std::numeric_limits<int64_t>::max() - 3, 16 * kFp8ScaleRowBytes};
+  add("edge-fp8-out-scales-region", fp8_regions);
   wire::AttendRequestView topk_extremes = AttendC4A(15, 2, 16, {prompt_next}, 2);
   topk_extremes.topk = OwnedTensor<int32_t>(wire::DType::kI32, {1, 2},
                                             {std::numeric_limits<int32_t>::min(), kInt32Max});
@@ -230,6 +248,14 @@ std::vector<std::pair<std::string, std::string>> OtherCodecSeeds() {
                                               "64 query heads"};
   refused.timing = wire::TimingView{-0.0, std::numeric_limits<double>::quiet_NaN(), 0, 1e300, -1};
   seeds.emplace_back("response-status-edge-timing", Flat(wire::SerializeAttendResponse(refused)));
+  wire::AttendResponseView fp8_answer;
+  fp8_answer.request_id = 2;
+  fp8_answer.out = OwnedTensor(wire::DType::kE4m3fn, {1, 16, kHeadDim},
+                               std::vector<uint8_t>(16 * kFp8RowBytes, 0x38));
+  fp8_answer.out_scales = OwnedTensor(wire::DType::kUe8m0, {1, 16, kOutputQuantBlocks},
+                                      std::vector<uint8_t>(16 * kFp8ScaleRowBytes, 0x69));
+  fp8_answer.timing = wire::TimingView{1.0, 2.0, 3.0, 7.0, 1};
+  seeds.emplace_back("response-fp8-out-scales", Flat(wire::SerializeAttendResponse(fp8_answer)));
 
   const ModelProfile& flash = **FindModelProfile("deepseek-v4-flash");
   const int layers = flash.num_attention_layers();

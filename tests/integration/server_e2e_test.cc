@@ -357,10 +357,13 @@ std::vector<float> RandomSinks(const ModelProfile& profile, uint64_t seed) {
 // ---- The host-side model of the server's cache and its answers.
 
 // One token's expected answer: what CpuBackend gives on the test's own copy
-// of the rows (`out`, `lse`), and the float64 reference of the same decode.
+// of the rows (`out`, or with the FP8 output `e4m3` and `scales`; `lse`),
+// and the float64 reference of the same decode.
 struct TokenAnswer {
-  std::vector<uint16_t> out;  // [H, 512]
-  std::vector<float> lse;     // [H]
+  std::vector<uint16_t> out;     // [H, 512]
+  std::vector<uint8_t> e4m3;     // [H, 512]
+  std::vector<uint8_t> scales;   // [H, 4]
+  std::vector<float> lse;        // [H]
   reference::DecodeReference ref;
 };
 
@@ -373,9 +376,10 @@ class Mirror {
         yarn_(RopeKind::kYarn, kMaxPosition) {}
 
   // The answer to one token at `position` of `seq`'s layer, for the rank
-  // whose first head is `head_offset`; `topk` is its C4A top-k (may be empty).
+  // whose first head is `head_offset`; `topk` is its C4A top-k (may be
+  // empty); `fp8`: the FP8 output.
   TokenAnswer Decode(const Seq& seq, int layer, int32_t position, int head_offset,
-                     absl::Span<const int32_t> topk, bool derotate) {
+                     absl::Span<const int32_t> topk, bool derotate, bool fp8) {
     std::lock_guard<std::mutex> lock(mutex_);
     const RopeTable& table = Table(seq, layer);
     const int heads = seq.heads;
@@ -429,7 +433,6 @@ class Mirror {
     }
 
     TokenAnswer answer;
-    answer.out.assign(static_cast<size_t>(heads) * kHeadDim, 0xffff);
     answer.lse.assign(heads, std::numeric_limits<float>::quiet_NaN());
     const CachePoolView pool{pool_.data(), kBlocks};
     DecodeParams decode;
@@ -445,7 +448,15 @@ class Mirror {
     decode.derotate = derotate;
     decode.positions = &position;
     decode.rope = View(table);
-    decode.out = answer.out.data();
+    if (fp8) {
+      answer.e4m3.assign(static_cast<size_t>(heads) * kFp8RowBytes, 0x7f);
+      answer.scales.assign(static_cast<size_t>(heads) * kFp8ScaleRowBytes, 0xff);
+      decode.out_e4m3 = answer.e4m3.data();
+      decode.out_scales = answer.scales.data();
+    } else {
+      answer.out.assign(static_cast<size_t>(heads) * kHeadDim, 0xffff);
+      decode.out = answer.out.data();
+    }
     decode.lse = answer.lse.data();
     const absl::Status decode_status = backend_.Decode(decode);
     EXPECT_TRUE(decode_status.ok()) << decode_status;
@@ -537,6 +548,7 @@ struct StepSpec {
   // compressed rows).
   bool send_kv = true;
   int topk_width = 40;  // C4A layers
+  bool fp8 = false;     // the FP8 output
 };
 
 struct Step {
@@ -555,6 +567,7 @@ Step BuildStep(Mirror& mirror, const StepSpec& spec) {
   request.set_head_offset(spec.head_offset);
   request.set_return_lse(spec.lse);
   request.set_derotate_output(spec.derotate);
+  request.set_fp8_output(spec.fp8);
   std::vector<uint16_t> q, kv, compressed;
   std::vector<int32_t> topk;
   int64_t tokens = 0;
@@ -587,8 +600,8 @@ Step BuildStep(Mirror& mirror, const StepSpec& spec) {
       std::vector<int32_t> token_topk;
       if (c4a) token_topk = seq.TopK(spec.layer, p, spec.topk_width);
       topk.insert(topk.end(), token_topk.begin(), token_topk.end());
-      step.answers.push_back(
-          mirror.Decode(seq, spec.layer, p, spec.head_offset, token_topk, spec.derotate));
+      step.answers.push_back(mirror.Decode(seq, spec.layer, p, spec.head_offset, token_topk,
+                                           spec.derotate, spec.fp8));
     }
   }
   SetTensor(request.mutable_q(), pb::DTYPE_BF16, {tokens, step.heads, kHeadDim}, Bytes(q));
@@ -624,19 +637,49 @@ void Scramble(pb::Tensor* tensor, uint64_t seed) {
   tensor->set_data(std::move(data));
 }
 
-// `response` answers `step` with the mirror's bits and within tolerance of
-// the float64 reference.
-void ExpectAnswer(const pb::AttendResponse& response, const Step& step, absl::string_view what) {
-  const pb::AttendRequest& request = step.request;
-  EXPECT_EQ(response.request_id(), request.request_id()) << what;
-  ASSERT_EQ(response.status().code(), 0) << what << ": " << response.status().message();
+// The FP8 answer of `step`: e4m3 out [T, H, 512] and UE8M0 out_scales
+// [T, H, 4], with the mirror's bytes and within the FP8 tolerance of the
+// float64 reference, token by token.
+void ExpectFp8Out(const pb::Tensor& out, const pb::Tensor& scales, const Step& step,
+                  absl::string_view what) {
   const int64_t tokens = static_cast<int64_t>(step.answers.size());
   const int heads = step.heads;
-  ASSERT_EQ(response.out().dtype(), pb::DTYPE_BF16) << what;
-  ASSERT_THAT(response.out().shape(), ::testing::ElementsAre(tokens, heads, kHeadDim)) << what;
-  ASSERT_EQ(static_cast<int64_t>(response.out().data().size()), tokens * heads * kRowBytes) << what;
+  ASSERT_EQ(out.dtype(), pb::DTYPE_E4M3FN) << what;
+  ASSERT_THAT(out.shape(), ::testing::ElementsAre(tokens, heads, kHeadDim)) << what;
+  ASSERT_EQ(static_cast<int64_t>(out.data().size()), tokens * heads * kFp8RowBytes) << what;
+  ASSERT_EQ(scales.dtype(), pb::DTYPE_UE8M0) << what;
+  ASSERT_THAT(scales.shape(), ::testing::ElementsAre(tokens, heads, kOutputQuantBlocks)) << what;
+  ASSERT_EQ(static_cast<int64_t>(scales.data().size()), tokens * heads * kFp8ScaleRowBytes)
+      << what;
+  const auto* codes = reinterpret_cast<const uint8_t*>(out.data().data());
+  const auto* bytes = reinterpret_cast<const uint8_t*>(scales.data().data());
+  for (int64_t t = 0; t < tokens; ++t) {
+    const std::vector<uint8_t> token_codes(codes + t * heads * kFp8RowBytes,
+                                           codes + (t + 1) * heads * kFp8RowBytes);
+    const std::vector<uint8_t> token_scales(bytes + t * heads * kFp8ScaleRowBytes,
+                                            bytes + (t + 1) * heads * kFp8ScaleRowBytes);
+    const ComparisonReport report =
+        reference::CompareDecodeOutFp8(token_codes, token_scales, step.answers[t].ref);
+    EXPECT_TRUE(report.ok()) << what << ", token " << t << ": " << report.ToString();
+    if (ExpectMirrorBits()) {
+      EXPECT_EQ(token_codes, step.answers[t].e4m3)
+          << what << ", token " << t << ": e4m3 out differs from CpuBackend on the same rows";
+      EXPECT_EQ(token_scales, step.answers[t].scales)
+          << what << ", token " << t << ": scales differ from CpuBackend on the same rows";
+    }
+  }
+}
+
+// The bf16 answer of `step`: out [T, H, 512] with the mirror's bits and
+// within tolerance of the float64 reference, token by token.
+void ExpectBf16Out(const pb::Tensor& tensor, const Step& step, absl::string_view what) {
+  const int64_t tokens = static_cast<int64_t>(step.answers.size());
+  const int heads = step.heads;
+  ASSERT_EQ(tensor.dtype(), pb::DTYPE_BF16) << what;
+  ASSERT_THAT(tensor.shape(), ::testing::ElementsAre(tokens, heads, kHeadDim)) << what;
+  ASSERT_EQ(static_cast<int64_t>(tensor.data().size()), tokens * heads * kRowBytes) << what;
   std::vector<uint16_t> out(tokens * heads * kHeadDim);
-  std::memcpy(out.data(), response.out().data().data(), out.size() * 2);
+  std::memcpy(out.data(), tensor.data().data(), out.size() * 2);
   int64_t mismatches = 0;
   double max_difference = 0;
   for (int64_t t = 0; t < tokens; ++t) {
@@ -657,6 +700,22 @@ void ExpectAnswer(const pb::AttendResponse& response, const Step& step, absl::st
     EXPECT_EQ(mismatches, 0) << what << ": out differs from CpuBackend on the same rows in "
                              << mismatches << " of " << out.size()
                              << " elements; max |difference| " << max_difference;
+  }
+}
+
+// `response` answers `step` with the mirror's bits and within tolerance of
+// the float64 reference, in the format it asked for.
+void ExpectAnswer(const pb::AttendResponse& response, const Step& step, absl::string_view what) {
+  const pb::AttendRequest& request = step.request;
+  EXPECT_EQ(response.request_id(), request.request_id()) << what;
+  ASSERT_EQ(response.status().code(), 0) << what << ": " << response.status().message();
+  const int64_t tokens = static_cast<int64_t>(step.answers.size());
+  const int heads = step.heads;
+  if (request.fp8_output()) {
+    ExpectFp8Out(response.out(), response.out_scales(), step, what);
+  } else {
+    EXPECT_FALSE(response.has_out_scales()) << what << ": scales of a bf16 answer";
+    ExpectBf16Out(response.out(), step, what);
   }
   if (!request.return_lse()) {
     EXPECT_FALSE(response.has_lse()) << what << ": lse was not asked for";
@@ -693,6 +752,7 @@ void ExpectError(const pb::AttendResponse& response, std::optional<uint64_t> req
       << what << ": " << response.status().message();
   EXPECT_THAT(response.status().message(), HasSubstr(std::string(field))) << what;
   EXPECT_FALSE(response.has_out()) << what;
+  EXPECT_FALSE(response.has_out_scales()) << what;
   EXPECT_FALSE(response.has_lse()) << what;
 }
 
@@ -924,7 +984,8 @@ class EndToEndTest : public ServerE2eTest, public ::testing::WithParamInterface<
 
 // Server info, a session with sinks, a prompt, then decode steps over every
 // layer kind with compressed rows arriving as the model emits them, a
-// 2-token segment, top-k at the model's full width, lse and de-rotation.
+// 2-token segment, top-k at the model's full width, lse, de-rotation and
+// the FP8 output (a third of the steps, with and without de-rotation).
 TEST_P(EndToEndTest, DecodeStepsMatchCpuBackendAndReference) {
   const ModelCase& param = GetParam();
   ASSERT_NO_FATAL_FAILURE(StartServer());
@@ -987,6 +1048,7 @@ TEST_P(EndToEndTest, DecodeStepsMatchCpuBackendAndReference) {
       spec.segments = {{&seq, position, num_tokens}};
       spec.lse = position % 2 == 1;
       spec.derotate = (position + layer) % 2 == 0;
+      spec.fp8 = (position + layer) % 3 == 0;
       spec.topk_width = position == kPrompt ? profile.indexer_topk : 40;
       const Step step = BuildStep(mirror_, spec);
       ExpectAnswer(stream.RoundTrip(step.request), step,
@@ -1023,7 +1085,9 @@ INSTANTIATE_TEST_SUITE_P(Models, EndToEndTest,
 // own session's answers: one message at a time, or (`all_in_flight`) every
 // message written before the first answer is read, so that batches of a
 // stream follow each other through the engine while the one before still
-// runs, the next position of a layer among them.
+// runs, the next position of a layer among them. Half the messages ask for
+// the FP8 output, so batches mix both formats; the bf16 answers keep the
+// mirror's bits.
 void ServerE2eTest::StepTwoStreams(const std::vector<std::string>& flags, bool all_in_flight) {
   ASSERT_NO_FATAL_FAILURE(StartServer(flags));
   Seq a, b;
@@ -1043,6 +1107,7 @@ void ServerE2eTest::StepTwoStreams(const std::vector<std::string>& flags, bool a
         spec.head_offset = 8 * s;
         spec.segments = {{seqs[s], p}};
         spec.lse = true;
+        spec.fp8 = (s + p + layer) % 2 == 0;
         steps[s].push_back(BuildStep(mirror_, spec));
       }
     }
@@ -2398,6 +2463,7 @@ TEST_F(ServerE2eTest, PipelinedMessagesAreAnsweredInOrder) {
     spec.segments = std::move(segments);
     spec.lse = id % 2 == 0;
     spec.derotate = id % 3 == 0;
+    spec.fp8 = id % 4 == 1;
     return spec;
   };
   std::vector<Step> steps;
@@ -2453,12 +2519,15 @@ void SetRegion(pb::RegionRef* ref, uint64_t id, int64_t offset, int64_t bytes) {
 }
 
 // A step whose tensors (but the top-k) lie in region `id` from offset `at`,
-// copied there, and whose answer is written after them.
+// copied there, and whose answer is written after them: out, the FP8
+// output's scales (when asked), lse (when asked).
 struct RegionStep {
   pb::AttendRequest request;
   int64_t out_at = 0;
+  int64_t scales_at = 0;
   int64_t lse_at = 0;
   int64_t out_bytes = 0;
+  int64_t scales_bytes = 0;
   int64_t lse_bytes = 0;
 };
 
@@ -2494,24 +2563,36 @@ RegionStep IntoRegion(const Step& step, uint64_t id, const RegionWriter& write, 
   if (!step.request.has_compressed_kv()) request.clear_compressed_kv();
   const int64_t values = static_cast<int64_t>(step.answers.size()) * step.heads;
   moved.out_at = at;
-  moved.out_bytes = values * kRowBytes;
+  moved.out_bytes = values * (request.fp8_output() ? kFp8RowBytes : kRowBytes);
   SetRegion(request.mutable_out_region(), id, moved.out_at, moved.out_bytes);
+  at += moved.out_bytes;
+  if (request.fp8_output()) {
+    moved.scales_at = at;
+    moved.scales_bytes = values * kFp8ScaleRowBytes;
+    SetRegion(request.mutable_out_scales_region(), id, moved.scales_at, moved.scales_bytes);
+    at += moved.scales_bytes;
+  }
   if (request.return_lse()) {
-    moved.lse_at = at + moved.out_bytes;
+    moved.lse_at = at;
     moved.lse_bytes = values * 4;
     SetRegion(request.mutable_lse_region(), id, moved.lse_at, moved.lse_bytes);
   }
   return moved;
 }
 
-// The response to a region step as if the answer had come inline: out and
-// lse read from the region, for ExpectAnswer.
+// The response to a region step as if the answer had come inline: out (and
+// the FP8 output's scales) and lse read from the region, for ExpectAnswer.
 pb::AttendResponse AsInline(const pb::AttendResponse& response, const RegionStep& moved,
                             const RegionReader& bytes, const Step& step) {
   pb::AttendResponse inline_response = response;
   const int64_t tokens = static_cast<int64_t>(step.answers.size());
-  SetTensor(inline_response.mutable_out(), pb::DTYPE_BF16, {tokens, step.heads, kHeadDim},
-            bytes(moved.out_at, moved.out_bytes));
+  const bool fp8 = moved.request.fp8_output();
+  SetTensor(inline_response.mutable_out(), fp8 ? pb::DTYPE_E4M3FN : pb::DTYPE_BF16,
+            {tokens, step.heads, kHeadDim}, bytes(moved.out_at, moved.out_bytes));
+  if (fp8) {
+    SetTensor(inline_response.mutable_out_scales(), pb::DTYPE_UE8M0,
+              {tokens, step.heads, kOutputQuantBlocks}, bytes(moved.scales_at, moved.scales_bytes));
+  }
   if (moved.lse_bytes > 0) {
     SetTensor(inline_response.mutable_lse(), pb::DTYPE_F32, {tokens, step.heads},
               bytes(moved.lse_at, moved.lse_bytes));
@@ -2522,7 +2603,8 @@ pb::AttendResponse AsInline(const pb::AttendResponse& response, const RegionStep
 // Steps of every layer kind with q, kv and compressed rows in a region and
 // the answer written there give, bit for bit, the inline answers of a twin
 // session fed the same rows (and both are the mirror's); the answers carry
-// no tensors.
+// no tensors. A third of the steps ask for the FP8 output (its scales in a
+// region of their own).
 TEST_F(ServerE2eTest, SharedMemoryStepsAreBitIdenticalToInlineOnes) {
   ASSERT_NO_FATAL_FAILURE(StartServer());
   const ModelProfile& profile = **FindModelProfile(kPro);
@@ -2542,6 +2624,7 @@ TEST_F(ServerE2eTest, SharedMemoryStepsAreBitIdenticalToInlineOnes) {
       spec.head_offset = 16;
       spec.lse = p % 2 == 0;
       spec.derotate = (p + layer) % 2 == 1;
+      spec.fp8 = (p + layer) % 3 == 1;
       spec.topk_width = p == 254 ? profile.indexer_topk : 40;
       spec.request_id = request_id++;
       spec.segments = {{&plain, p}};
@@ -2555,11 +2638,18 @@ TEST_F(ServerE2eTest, SharedMemoryStepsAreBitIdenticalToInlineOnes) {
       const RegionStep moved = IntoRegion(region_step, id, WriterOf(memory), 0);
       const pb::AttendResponse response = stream.RoundTrip(moved.request);
       ASSERT_EQ(response.status().code(), 0) << what << ": " << response.status().message();
-      EXPECT_FALSE(response.has_out() || response.has_lse()) << what << ": tensors in the answer";
+      EXPECT_FALSE(response.has_out() || response.has_lse() || response.has_out_scales())
+          << what << ": tensors in the answer";
       EXPECT_EQ(std::memcmp(memory.data() + moved.out_at, inline_response.out().data().data(),
                             moved.out_bytes),
                 0)
           << what << ": out differs from the inline answer";
+      if (spec.fp8) {
+        EXPECT_EQ(std::memcmp(memory.data() + moved.scales_at,
+                              inline_response.out_scales().data().data(), moved.scales_bytes),
+                  0)
+            << what << ": the scales differ from the inline answer";
+      }
       if (spec.lse) {
         EXPECT_EQ(std::memcmp(memory.data() + moved.lse_at, inline_response.lse().data().data(),
                               moved.lse_bytes),
@@ -2605,12 +2695,16 @@ TEST_F(ServerE2eTest, BadRegionReferencesFailAloneAndChangeNothing) {
   spec.lse = true;
   const Step step = BuildStep(mirror_, spec);
   const RegionStep good = IntoRegion(step, id, WriterOf(memory), 0);
+  spec.fp8 = true;
+  const Step fp8_step = BuildStep(mirror_, spec);
+  const RegionStep fp8 = IntoRegion(fp8_step, id, WriterOf(memory), 0);
   const int64_t size = memory.bytes();
   struct Bad {
     std::string what;
     grpc::StatusCode code;
     std::string field;
     std::function<void(pb::AttendRequest&)> change;
+    const RegionStep* of = nullptr;  // the step it breaks; null: the bf16 one
   };
   using grpc::StatusCode;
   const std::vector<Bad> bad = {
@@ -2638,11 +2732,36 @@ TEST_F(ServerE2eTest, BadRegionReferencesFailAloneAndChangeNothing) {
       {"q in data and in a region", StatusCode::INVALID_ARGUMENT,
        "AttendRequest.q: it carries both data and a region",
        [&](pb::AttendRequest& r) { r.mutable_q()->set_data(step.request.q().data()); }},
+      {"a scales region without fp8_output", StatusCode::INVALID_ARGUMENT,
+       "AttendRequest.out_scales_region: only with out_region and fp8_output",
+       [&](pb::AttendRequest& r) { r.set_fp8_output(false); }, &fp8},
+      {"fp8_output into out_region without a scales region", StatusCode::INVALID_ARGUMENT,
+       "fp8_output needs an out_scales_region too",
+       [&](pb::AttendRequest& r) { r.clear_out_scales_region(); }, &fp8},
+      {"a bf16-sized out region for an FP8 answer", StatusCode::INVALID_ARGUMENT,
+       "out_region.byte_size: the answer's out [T, H, 512] e4m3fn is 4096 bytes",
+       [&](pb::AttendRequest& r) { r.mutable_out_region()->set_byte_size(2 * fp8.out_bytes); },
+       &fp8},
+      {"a scales region too small", StatusCode::INVALID_ARGUMENT,
+       "out_scales_region.byte_size: the answer's out_scales [T, H, 4] UE8M0 is 32 bytes",
+       [&](pb::AttendRequest& r) { r.mutable_out_scales_region()->set_byte_size(28); }, &fp8},
+      {"a scales region at an offset not a multiple of 4", StatusCode::INVALID_ARGUMENT,
+       "AttendRequest.out_scales_region.offset",
+       [&](pb::AttendRequest& r) {
+         r.mutable_out_scales_region()->set_offset(fp8.scales_at + 1);
+       },
+       &fp8},
+      {"a scales region past the region's end", StatusCode::INVALID_ARGUMENT,
+       "AttendRequest.out_scales_region: bytes",
+       [&](pb::AttendRequest& r) {
+         r.mutable_out_scales_region()->set_offset(std::numeric_limits<int64_t>::max() - 31);
+       },
+       &fp8},
   };
   const std::vector<uint8_t> before(memory.data(), memory.data() + size);
   AttendStream stream(*stub_);
   for (const Bad& b : bad) {
-    pb::AttendRequest request = good.request;
+    pb::AttendRequest request = (b.of != nullptr ? *b.of : good).request;
     b.change(request);
     ExpectError(stream.RoundTrip(request), request.request_id(), b.code, b.field, b.what);
     EXPECT_EQ(std::memcmp(memory.data(), before.data(), size), 0) << b.what << " wrote the region";

@@ -9,7 +9,8 @@
             out = mo.bf16_to_float32(future.result().out)
 
 Tensors are numpy arrays; bf16 tensors are uint16 arrays of bit patterns
-(float32_to_bf16 / bf16_to_float32 convert). On the server's host, tensors
+(float32_to_bf16 / bf16_to_float32 convert); the optional FP8 output is
+uint8 e4m3 codes and scales (dequantize_fp8 converts). On the server's host, tensors
 and answers may lie in shared memory (client.host_region(), regions.py).
 Failures raise MlaOffloadError with the gRPC code and the server's message.
 See README.md beside the package.
@@ -20,6 +21,7 @@ from .bf16 import bf16_to_float32, float32_to_bf16, round_to_bf16
 from .client import (READINESS_SERVICE, AppendResult, Client, LayerRows, Session, TlsConfig,
                      connect, load_token)
 from .errors import MlaOffloadError
+from .fp8 import dequantize_fp8
 from .placement import Cluster, rendezvous_place, rendezvous_weight, statefulset_targets
 from .regions import HostRegion, RegionArray
 from ._stubs import pb
@@ -27,7 +29,8 @@ from ._stubs import pb
 __all__ = [
     "READINESS_SERVICE", "AppendResult", "AttendResult", "AttendStream", "Client", "Cluster",
     "HostRegion", "LayerRows", "MlaOffloadError", "RegionArray", "Segment", "Session",
-    "TlsConfig", "bf16_to_float32", "connect", "float32_to_bf16", "load_token", "pb",
+    "TlsConfig", "bf16_to_float32", "connect", "dequantize_fp8", "float32_to_bf16", "load_token",
+    "pb",
     "rendezvous_place",
     "rendezvous_weight", "round_to_bf16", "statefulset_targets",
 ]

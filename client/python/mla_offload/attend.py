@@ -13,9 +13,10 @@ Every message must be answered within `step_timeout` seconds of its submit()
 (default 30 s, as the C++ client's StreamOptions::step_timeout); otherwise the
 stream is cancelled and fails with DEADLINE_EXCEEDED: a layer step that late
 means the server or the network is in trouble, and the answers after it
-cannot come in order. An OK answer is checked to be out [T, H, 512] bf16 (and
-lse [T, H] float32, which must be there when return_lse asked for it) for the
-message's T and H; anything else fails its future with INTERNAL.
+cannot come in order. An OK answer is checked to be out [T, H, 512] bf16 (with
+fp8_output: e4m3fn, and out_scales [T, H, 4] UE8M0) and lse [T, H] float32,
+which must be there when return_lse asked for it, for the message's T and H;
+anything else fails its future with INTERNAL.
 
 Thread safety: submit() and close() may be called from any thread; answers
 are delivered by one reader thread per stream (future callbacks run on it,
@@ -69,23 +70,30 @@ class Segment:
 class AttendResult:
     """The answer to one Attend message.
 
-    out: uint16 bf16 patterns [T, H, 512] (a read-only view of the response,
-      or the region array the message named as `out`, the answer written in it).
+    out: uint16 bf16 patterns [T, H, 512], or with fp8_output uint8 e4m3fn
+      codes [T, H, 512] (a read-only view of the response, or the region
+      array the message named as `out`, the answer written in it).
     lse: float32 [T, H] when asked for (+inf where nothing was attended), else None.
     timing: the server's pb.Timing (queue_us, plan_us, upload_us, prologue_us,
         decode_us, readback_us, total_us, batch_tokens, serialize_us).
+    out_scales: with fp8_output, uint8 UE8M0 [T, H, 4], the scale of each
+      128-dim block of out (mla_offload.dequantize_fp8(out, out_scales)
+      gives float32); else None.
     """
     request_id: int
     out: np.ndarray
     lse: Optional[np.ndarray]
     timing: object
+    out_scales: Optional[np.ndarray] = None
 
 
 def build_request(request_id, layer, segments, q, kv=None, compressed_kv=None, topk=None,
-                  head_offset=0, return_lse=False, derotate_output=False, out=None, lse=None):
+                  head_offset=0, return_lse=False, derotate_output=False, out=None, lse=None,
+                  fp8_output=False, out_scales=None):
     """A pb.AttendRequest from numpy arrays and RegionArrays (see AttendStream.submit)."""
     request = pb.AttendRequest(request_id=request_id, layer=layer, head_offset=head_offset,
-                               return_lse=return_lse, derotate_output=derotate_output)
+                               return_lse=return_lse, derotate_output=derotate_output,
+                               fp8_output=fp8_output)
     for segment in segments:
         request.segments.add(session_id=session_id_of(segment.session), position=segment.position,
                              num_tokens=segment.num_tokens,
@@ -102,6 +110,8 @@ def build_request(request_id, layer, segments, q, kv=None, compressed_kv=None, t
         fill_region(out, request.out_region)
     if lse is not None:
         fill_region(lse, request.lse_region)
+    if out_scales is not None:
+        fill_region(out_scales, request.out_scales_region)
     return request
 
 
@@ -116,6 +126,8 @@ class _Pending:
     return_lse: bool
     out: Optional[RegionArray] = None  # where the answer is written instead
     lse: Optional[RegionArray] = None
+    fp8_output: bool = False
+    out_scales: Optional[RegionArray] = None
 
 
 def _tensor_description(tensor):
@@ -133,29 +145,40 @@ def _check_tensor(response, field, dtype, shape):
                          f"{expected} is expected")
 
 
-def parse_response(response, tokens=None, heads=None, return_lse=False, out=None, lse=None):
+def parse_response(response, tokens=None, heads=None, return_lse=False, out=None, lse=None,
+                   fp8_output=False, out_scales=None):
     """An AttendResult, or the MlaOffloadError of a refused message.
 
     With tokens and heads (the message's T and H), an OK answer must hold out
-    bf16 [T, H, 512] and lse float32 [T, H] when present or return_lse;
-    ValueError otherwise (a server fault, not something to hand on). With
-    `out` (the RegionArray the message named, and `lse`), the answer is in
-    their arrays and the response must carry no tensors.
+    bf16 [T, H, 512] (with fp8_output e4m3fn, and out_scales UE8M0 [T, H, 4])
+    and lse float32 [T, H] when present or return_lse; ValueError otherwise
+    (a server fault, not something to hand on). With `out` (the RegionArray
+    the message named, and `lse`, `out_scales`), the answer is in their
+    arrays and the response must carry no tensors.
     """
     if response.HasField("status") and response.status.code != 0:
         return MlaOffloadError(status_code(response.status.code), response.status.message,
                                _METHOD, response.request_id)
     if out is not None:
-        if response.HasField("out") or response.HasField("lse"):
+        if any(response.HasField(field) for field in ("out", "lse", "out_scales")):
             raise ValueError("an answer written into out_region carries tensors too")
         return AttendResult(response.request_id, out.array,
-                            lse.array if lse is not None else None, response.timing)
+                            lse.array if lse is not None else None, response.timing,
+                            out_scales.array if out_scales is not None else None)
     if tokens is not None and heads is not None:
-        _check_tensor(response, "out", pb.DTYPE_BF16, (tokens, heads, HEAD_DIM))
+        _check_tensor(response, "out", pb.DTYPE_E4M3FN if fp8_output else pb.DTYPE_BF16,
+                      (tokens, heads, HEAD_DIM))
+        if fp8_output or response.HasField("out_scales"):
+            if not fp8_output:
+                raise ValueError("a bf16 answer carries out_scales")
+            _check_tensor(response, "out_scales", pb.DTYPE_UE8M0, (tokens, heads, 4))
         if return_lse or response.HasField("lse"):
             _check_tensor(response, "lse", pb.DTYPE_F32, (tokens, heads))
     lse = to_array(response.lse, "lse") if response.HasField("lse") else None
-    return AttendResult(response.request_id, to_array(response.out, "out"), lse, response.timing)
+    scales = (to_array(response.out_scales, "out_scales")
+              if response.HasField("out_scales") else None)
+    return AttendResult(response.request_id, to_array(response.out, "out"), lse, response.timing,
+                        scales)
 
 
 class AttendStream:
@@ -194,7 +217,8 @@ class AttendStream:
         self._watchdog.start()
 
     def submit(self, layer, segments, q, kv=None, compressed_kv=None, topk=None, head_offset=0,
-               return_lse=False, derotate_output=False, request_id=None, out=None, lse=None):
+               return_lse=False, derotate_output=False, request_id=None, out=None, lse=None,
+               fp8_output=False, out_scales=None):
         """Sends one layer step; returns a Future of its AttendResult.
 
         layer: the attention layer. segments: Segment list (T = sum of num_tokens).
@@ -210,6 +234,11 @@ class AttendStream:
           lse) a RegionArray of out [T, H, 512] uint16 (lse [T, H] float32)
           the server writes the answer into: the result's out and lse are
           then those arrays, filled.
+        fp8_output: the output in FP8 (fp8.py): out uint8 e4m3fn [T, H, 512]
+          and out_scales uint8 UE8M0 [T, H, 4], 516 bytes a head back instead
+          of 1024; into a region, out is then a uint8 RegionArray and
+          out_scales one of [T, H, 4] uint8 (at an offset that is a multiple
+          of 4).
         Blocks while max_in_flight messages are unanswered, at most step_timeout
         (then MlaOffloadError DEADLINE_EXCEEDED, nothing sent). Raises
         MlaOffloadError if the stream has failed or was closed.
@@ -217,7 +246,8 @@ class AttendStream:
         if request_id is None:
             request_id = next(self._ids)
         request = build_request(request_id, layer, segments, q, kv, compressed_kv, topk,
-                                head_offset, return_lse, derotate_output, out, lse)
+                                head_offset, return_lse, derotate_output, out, lse, fp8_output,
+                                out_scales)
         # The answer's T and H, as the server checks q against the segments.
         tokens = sum(int(segment.num_tokens) for segment in segments)
         q_values = int(np.prod(tuple(request.q.shape), dtype=np.int64))
@@ -237,7 +267,8 @@ class AttendStream:
             future.set_running_or_notify_cancel()
             self._pending.append(_Pending(request_id, future,
                                           time.monotonic() + self._step_timeout, tokens, heads,
-                                          bool(return_lse), out, lse))
+                                          bool(return_lse), out, lse, bool(fp8_output),
+                                          out_scales))
             if len(self._pending) == 1:
                 self._changed.notify_all()  # the watchdog may be waiting for no deadline
             self._requests.put(request)
@@ -306,7 +337,8 @@ class AttendStream:
         request_id, future = pending.request_id, pending.future
         try:
             result = parse_response(response, pending.tokens, pending.heads, pending.return_lse,
-                                    pending.out, pending.lse)
+                                    pending.out, pending.lse, pending.fp8_output,
+                                    pending.out_scales)
         except ValueError as malformed:  # not the answer asked for, or out's bytes do not fit
             result = MlaOffloadError(grpc.StatusCode.INTERNAL, str(malformed), _METHOD, request_id)
         if isinstance(result, MlaOffloadError):

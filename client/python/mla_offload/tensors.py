@@ -1,7 +1,8 @@
 """numpy arrays <-> mla_offload.v1.Tensor (raw little-endian bytes, C order).
 
 bf16 tensors are uint16 arrays of bit patterns (see bf16.py); int32 and
-float32 tensors are arrays of those types. Arrays of another type are refused
+float32 tensors are arrays of those types; the FP8 output's e4m3fn codes and
+UE8M0 scales (fp8.py) are uint8 arrays. Arrays of another type are refused
 rather than converted, so that no rounding happens behind the caller's back.
 The shape is sent as the array has it: the server checks it and names the
 field when it is wrong.
@@ -16,6 +17,9 @@ _WIRE = {
     pb.DTYPE_BF16: np.dtype("<u2"),
     pb.DTYPE_F32: np.dtype("<f4"),
     pb.DTYPE_I32: np.dtype("<i4"),
+    # The FP8 output's codes and scales (fp8.py), as uint8.
+    pb.DTYPE_E4M3FN: np.dtype("u1"),
+    pb.DTYPE_UE8M0: np.dtype("u1"),
 }
 _NAMES = {pb.DTYPE_BF16: "bf16 (uint16 bit patterns)", pb.DTYPE_F32: "float32", pb.DTYPE_I32: "int32"}
 

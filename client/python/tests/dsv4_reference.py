@@ -5,8 +5,8 @@ the pinned float32 frequencies (section 2), the prologue's q RMSNorm + RoPE
 and the KV row's RoPE + bf16 round trip + UE8M0 FP8 quantisation (sections
 3 and 4, producing the dequantised key), the sparse MLA decode with
 attention sink (section 5) and the decode tolerances (section 7, with its
-composition clause for a q_out computed here rather than by the server).
-Not part of the package.
+composition clause for a q_out computed here rather than by the server), the
+FP8 output's among them. Not part of the package.
 """
 
 import numpy as np
@@ -215,4 +215,64 @@ def decode_violations(out, lse, ref_out, ref_lse, keys, deltas=None):
             if not np.all(lse_error <= lse_bound):
                 problems.append(f"token {t}: lse off by up to {np.nanmax(lse_error):.3g} "
                                 f"(or NaN): {lse[t]} vs {ref_lse[t]}")
+    return problems
+
+
+def e4m3_value(codes):
+    """Section 3's e4m3fn: the float64 value of each code (0x7f, 0xff: NaN)."""
+    codes = np.asarray(codes, dtype=np.int64)
+    exponent = (codes >> 3) & 0xF
+    mantissa = codes & 7
+    magnitude = np.where(exponent == 0, mantissa * 2.0 ** -9,
+                         (8 + mantissa) * 2.0 ** (exponent - 10.0))
+    magnitude = np.where((codes & 0x7F) == 0x7F, np.nan, magnitude)
+    return np.where(codes & 0x80, -magnitude, magnitude)
+
+
+def scale_exponent(amax):
+    """The smallest e with 2^e >= max(amax, 1e-4) / 448, exactly."""
+    mantissa, exponent = np.frexp(max(float(amax), 1e-4) / E4M3_MAX)
+    return int(exponent - 1 if mantissa == 0.5 else exponent)
+
+
+def fp8_violations(e4m3, scales, ref_out, keys, deltas=None):
+    """Section 7's FP8 rule: a list of what is outside it (empty: all within).
+    e4m3 uint8 [T, H, 512] and scales uint8 [T, H, 4] (the server's FP8
+    output), ref_out [T, H, 512] (decode), keys and deltas as for
+    decode_violations. Each element: |deq - ref| <= 1.0625 * B + 2^-4 |ref| +
+    2^-10 s, with B the decode out allowance and s its block's scale; each
+    scale byte between the exponents of the block's reference amax minus and
+    plus its largest B; an empty key set exactly 0x00 codes and scale 105."""
+    tokens, heads, _ = ref_out.shape
+    if deltas is None:
+        deltas = np.zeros((tokens, heads))
+    problems = []
+    for t in range(tokens):
+        if len(keys[t]) == 0:
+            if np.any(e4m3[t] != 0) or np.any(scales[t] != scale_exponent(0) + 127):
+                problems.append(f"token {t}: no keys, but codes or scales are not 0x00 and 105")
+            continue
+        a_t = float(np.max(np.abs(keys[t])))
+        allowance = (2e-3 * max(1.0, a_t) + 1e-2 * np.abs(ref_out[t])
+                     + 2.0 * deltas[t][:, None] * a_t)  # [H, 512]
+        for h in range(heads):
+            for k in range(4):
+                block = slice(128 * k, 128 * k + 128)
+                amax = float(np.max(np.abs(ref_out[t, h, block])))
+                widest = float(np.max(allowance[h, block]))
+                e = int(scales[t, h, k]) - 127
+                lowest, highest = scale_exponent(max(amax - widest, 0.0)), scale_exponent(amax + widest)
+                if not lowest <= e <= highest:
+                    problems.append(f"token {t} head {h} block {k}: scale 2^{e} where "
+                                    f"2^{lowest}..2^{highest} fit amax {amax:.6g}")
+                s = 2.0 ** e
+                deq = e4m3_value(e4m3[t, h, block]) * s
+                ref = ref_out[t, h, block]
+                bound = 1.0625 * allowance[h, block] + 2.0 ** -4 * np.abs(ref) + 2.0 ** -10 * s
+                bad = ~(np.abs(deq - ref) <= bound)  # NaN never passes
+                if bad.any():
+                    d = int(np.argwhere(bad)[0][0]) + 128 * k
+                    problems.append(f"token {t} head {h}: {int(bad.sum())} elements of block {k} "
+                                    f"outside the FP8 rule, e.g. dim {d}: "
+                                    f"{e4m3_value(e4m3[t, h, d]) * s} vs {ref_out[t, h, d]:.6g}")
     return problems

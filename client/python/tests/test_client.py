@@ -274,6 +274,50 @@ class ClientTest(ServerTestCase):
                 region.ref(np.zeros(4, np.uint16))  # not in the region
         self.assertEqual(self.client.list_regions(), [])
 
+    def test_fp8_answers_inline_and_into_a_host_region(self):
+        """fp8_output: out uint8 e4m3 codes and out_scales uint8 [T, H, 4] (the
+        server's bytes, 516 a head); written into a region, bit for bit a
+        twin session's inline answer; the same message as bf16 is within the
+        e4m3 rounding of the dequantised codes."""
+        plain = Sequence(self.client, self.flash, 8, 98, 200)
+        shared = Sequence(self.client, self.flash, 8, 98, 200)
+        bf16 = Sequence(self.client, self.flash, 8, 98, 200)
+        for sequence in (plain, shared, bf16):
+            self.addCleanup(self.client.close_session, sequence.session)
+        with self.client.host_region(1 << 20) as region, self.client.attend() as stream:
+            for layer in (0, 2, 3):  # SWA, C4A, C128A
+                inline = stream.attend(**plain.step(layer, 200, fp8_output=True))
+                self.assertEqual((inline.out.shape, inline.out.dtype), ((1, 8, 512), np.uint8))
+                self.assertEqual((inline.out_scales.shape, inline.out_scales.dtype),
+                                 ((1, 8, 4), np.uint8))
+                out = region.array((1, 8, 512), np.uint8, 0)
+                scales = region.array((1, 8, 4), np.uint8, 4096)
+                lse = region.array((1, 8), np.float32, 4096 + 32)
+                result = stream.attend(**shared.step(layer, 200, fp8_output=True),
+                                       out=region.ref(out), out_scales=region.ref(scales),
+                                       lse=region.ref(lse))
+                self.assertIs(result.out, out)
+                self.assertIs(result.out_scales, scales)
+                np.testing.assert_array_equal(out, inline.out)
+                np.testing.assert_array_equal(scales, inline.out_scales)
+                np.testing.assert_array_equal(lse, inline.lse)
+                # The bf16 answer rounds the same fp32 output the codes quantise.
+                other = stream.attend(**bf16.step(layer, 200))
+                self.assertIsNone(other.out_scales)
+                np.testing.assert_array_equal(other.lse, inline.lse)
+                values = mo.dequantize_fp8(inline.out, inline.out_scales).astype(np.float64)
+                reference = mo.bf16_to_float32(other.out).astype(np.float64)
+                block_scale = np.repeat(2.0 ** (inline.out_scales.astype(np.float64) - 127), 128,
+                                        axis=-1)
+                bound = (2.0 ** -4 * np.abs(reference) + 2.0 ** -10 * block_scale
+                         + 2.0 ** -8 * np.abs(reference))  # e4m3 and bf16 rounding
+                self.assertTrue(np.all(np.abs(values - reference) <= bound), f"layer {layer}")
+            arguments = shared.step(0, 201, fp8_output=True, return_lse=False)
+            with self.assertRaises(mo.MlaOffloadError) as raised:
+                stream.attend(**arguments, out=region.ref(region.array((1, 8, 512), np.uint8)))
+            self.assertError(raised, INVALID_ARGUMENT, "out_scales_region",
+                             "fp8_output needs an out_scales_region too")
+
     def test_closed_stream_refuses_new_messages(self):
         stream = self.client.attend()
         stream.close()

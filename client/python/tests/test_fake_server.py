@@ -6,9 +6,12 @@ cancel() from a future's callback; and CreateSession's idle TTL as the
 client sends it.
 
 The fake's Attend answers each message by its first segment's session id:
-"ok" a well-formed answer, "wrong-out" out float32 [3, 7], "no-lse" no lse
-(whatever return_lse), "wrong-lse" lse bf16, "silent" nothing, to it and
-to every later message, and the stream ends only when the client cancels it.
+"ok" a well-formed answer (an FP8 one when asked), "wrong-out" out float32
+[3, 7], "no-lse" no lse (whatever return_lse), "wrong-lse" lse bf16,
+"bf16-out" a bf16 out whatever fp8_output, "no-scales" an FP8 out without
+out_scales, "scales" out_scales beside whatever out, "silent" nothing, to
+it and to every later message, and the stream ends only when the client
+cancels it.
 """
 
 import concurrent.futures
@@ -28,7 +31,7 @@ INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT
 
 
 def tensor(dtype, shape):
-    itemsize = 4 if dtype == pb.DTYPE_F32 else 2
+    itemsize = {pb.DTYPE_F32: 4, pb.DTYPE_E4M3FN: 1, pb.DTYPE_UE8M0: 1}.get(dtype, 2)
     return pb.Tensor(dtype=dtype, shape=shape, data=bytes(int(np.prod(shape)) * itemsize))
 
 
@@ -51,8 +54,12 @@ class FakeService(pb_grpc.MlaOffloadServicer):
                 silent = True
                 continue
             tokens, heads = request.q.shape[0], request.q.shape[1]
-            response = pb.AttendResponse(request_id=request.request_id,
-                                         out=tensor(pb.DTYPE_BF16, [tokens, heads, 512]))
+            fp8 = request.fp8_output and kind != "bf16-out"
+            response = pb.AttendResponse(
+                request_id=request.request_id,
+                out=tensor(pb.DTYPE_E4M3FN if fp8 else pb.DTYPE_BF16, [tokens, heads, 512]))
+            if (fp8 and kind != "no-scales") or kind == "scales":
+                response.out_scales.CopyFrom(tensor(pb.DTYPE_UE8M0, [tokens, heads, 4]))
             if request.return_lse:
                 response.lse.CopyFrom(tensor(pb.DTYPE_F32, [tokens, heads]))
             if kind == "wrong-out":
@@ -113,6 +120,22 @@ class FakeServerTest(unittest.TestCase):
             self.assertEqual(ok.result(10).lse.shape, (1, 4))
             self.assertEqual(ok_without_lse.result(10).out.shape, (2, 16, 512))
             self.assertIsNone(ok_without_lse.result(10).lse)
+
+    def test_an_fp8_message_needs_an_fp8_answer(self):
+        with self.client.attend() as stream:
+            bf16_out = stream.submit(0, [mo.Segment("bf16-out", 0)], q(), fp8_output=True)
+            no_scales = stream.submit(0, [mo.Segment("no-scales", 0)], q(), fp8_output=True)
+            stray_scales = stream.submit(0, [mo.Segment("scales", 0)], q())
+            ok = stream.submit(0, [mo.Segment("ok", 0, 2)], q(2, 4), fp8_output=True)
+            self.assertFails(bf16_out, INTERNAL, "AttendResponse.out is [1, 4, 512] DTYPE_BF16",
+                             "[1, 4, 512] DTYPE_E4M3FN is expected")
+            self.assertFails(no_scales, INTERNAL, "AttendResponse.out_scales is missing",
+                             "[1, 4, 4] DTYPE_UE8M0 is expected")
+            self.assertFails(stray_scales, INTERNAL, "a bf16 answer carries out_scales")
+            result = ok.result(10)
+            self.assertEqual((result.out.shape, result.out.dtype), ((2, 4, 512), np.uint8))
+            self.assertEqual((result.out_scales.shape, result.out_scales.dtype),
+                             ((2, 4, 4), np.uint8))
 
     def test_an_unanswered_message_fails_within_the_step_timeout(self):
         stream = self.client.attend(step_timeout=0.3)

@@ -1,6 +1,6 @@
-"""End to end through the Python client: the server's Attend answers against
-the numpy float64 model of the spec (dsv4_reference.py), within section 7's
-tolerances."""
+"""End to end through the Python client: the server's Attend answers (bf16,
+and the FP8 output) against the numpy float64 model of the spec
+(dsv4_reference.py), within section 7's tolerances."""
 
 import unittest
 
@@ -84,9 +84,15 @@ class NumericsTest(ServerTestCase):
                     if new_rows else None,
                     topk=topk.get(layer), head_offset=head_offset, return_lse=True,
                     derotate_output=derotate)
-                steps.append((layer, head_offset, q, derotate, future))
+                # The same step again as a rank that brings no rows, asking
+                # for the FP8 output.
+                fp8_future = stream.submit(
+                    layer, [mo.Segment(session, PROMPT, 2)], q, topk=topk.get(layer),
+                    head_offset=head_offset, return_lse=True, derotate_output=derotate,
+                    fp8_output=True)
+                steps.append((layer, head_offset, q, derotate, future, fp8_future))
 
-        for layer, head_offset, q, derotate, future in steps:
+        for layer, head_offset, q, derotate, future, fp8_future in steps:
             with self.subTest(layer=layer, ratio=ratios[layer], head_offset=head_offset):
                 result = future.result(60)
                 self.assertEqual(result.out.shape, (2, HEADS, 512))
@@ -120,6 +126,23 @@ class NumericsTest(ServerTestCase):
                                         derotate)
                 self.assertNotEqual(
                     ref.decode_violations(out, None, no_sink, expected_lse, keys, deltas), [])
+
+                fp8 = fp8_future.result(60)
+                self.assertEqual((fp8.out.shape, fp8.out.dtype), ((2, HEADS, 512), np.uint8))
+                self.assertEqual((fp8.out_scales.shape, fp8.out_scales.dtype),
+                                 ((2, HEADS, 4), np.uint8))
+                problems = ref.fp8_violations(fp8.out, fp8.out_scales, expected_out, keys, deltas)
+                self.assertEqual(problems, [], "\n".join(problems))
+                problems = ref.decode_violations(mo.dequantize_fp8(fp8.out, fp8.out_scales),
+                                                 fp8.lse, expected_out, expected_lse, keys, deltas)
+                self.assertEqual([p for p in problems if "lse" in p], [], "the FP8 answer's lse")
+                # The FP8 rule has teeth: a scale one off, or no sink, fails it.
+                wrong = fp8.out_scales.copy()
+                wrong[1, 2, 0] += 1
+                self.assertNotEqual(ref.fp8_violations(fp8.out, wrong, expected_out, keys, deltas),
+                                    [])
+                self.assertNotEqual(ref.fp8_violations(fp8.out, fp8.out_scales, no_sink, keys,
+                                                       deltas), [])
         self.client.close_session(session)
 
 
