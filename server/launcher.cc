@@ -245,6 +245,9 @@ class Launcher::GroupLaunch {
   absl::Span<float> sinks_;
   uint8_t* arrays_ = nullptr;  // the backend's view of packed_
   uint8_t* q_out_ = nullptr;   // the prologue's [N, Hp, 512]
+  // Made by Prologue(), run with the decode by Decode() (PrologueAndDecode:
+  // a GPU overlaps the two).
+  PrologueParams prologue_;
   // The inline answers live in host memory shared by the answers of this
   // group (none when every plan is answered into regions and the host need
   // not hold the decode's output); a host-accessible backend's decode writes
@@ -588,10 +591,12 @@ absl::Status Launcher::GroupLaunch::Prologue() {
   lists.extra_width = shape_.extra_width;
   lists.extra_indices = Device(extra_p());
   lists.extra_lengths = Device(extra_lengths_p_);
-  // The prologue right after is a plain launch that always runs (every
-  // token has query rows): the decode, which reads its lists before it waits
-  // for the kernel before it (CudaBackend::native_stream), never follows the
-  // key list kernel directly.
+  // The prologue (or, fused, its inserts) runs before the decode and always
+  // has rows (every token has its SWA row, -1 or not): the decode, which
+  // reads its lists before it waits for the kernel before it
+  // (CudaBackend::native_stream), never follows the key list kernel
+  // directly. The prologue itself runs with the decode (Decode()), so that a
+  // backend may overlap or fuse the two.
   if (absl::Status status = backend_.BuildKeyLists(lists); !status.ok()) return status;
   const int64_t tokens = shape_.tokens;
   PrologueParams params;
@@ -607,7 +612,8 @@ absl::Status Launcher::GroupLaunch::Prologue() {
       kv_in_place_ != nullptr ? kv_in_place_ : reinterpret_cast<const uint16_t*>(Device(kv_p_));
   params.swa = {tokens, kv, Device(positions_p_), Device(swa_slots_p_), launcher_.pool_};
   params.compressed = compressed_.Params(arrays_, launcher_.pool_);
-  return backend_.Prologue(params);
+  prologue_ = params;
+  return absl::OkStatus();
 }
 
 absl::Status Launcher::GroupLaunch::Decode() {
@@ -653,7 +659,7 @@ absl::Status Launcher::GroupLaunch::Decode() {
     params.out = reinterpret_cast<uint16_t*>(out_device_);
   }
   params.lse = reinterpret_cast<float*>(lse_device_);
-  return backend_.Decode(params);
+  return backend_.PrologueAndDecode(prologue_, params);
 }
 
 absl::Status Launcher::GroupLaunch::ReadBack() {
