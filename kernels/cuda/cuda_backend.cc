@@ -548,8 +548,8 @@ absl::Status CudaBackend::Decode(const DecodeParams& params) {
 
 absl::Status CudaBackend::PrologueAndDecode(const PrologueParams& prologue,
                                             const DecodeParams& decode) {
-  const bool fusable = (decode_kernels_ == cuda::DecodeKernels::kWgmma ||
-                        decode_kernels_ == cuda::DecodeKernels::kPadded) &&
+  const bool fusable = decode_kernels_ == cuda::DecodeKernels::kWgmma &&
+                       decode.padded_heads <= cuda::kNarrowMaxHeads &&
                        decode.q == prologue.q_out && decode.num_tokens == prologue.num_tokens &&
                        decode.num_heads == prologue.num_heads &&
                        decode.padded_heads == prologue.padded_heads;

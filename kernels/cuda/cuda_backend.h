@@ -67,11 +67,11 @@ class CudaBackend : public ComputeBackend {
   absl::Status BuildKeyLists(const KeyListBuildParams& params) override;
   absl::Status Prologue(const PrologueParams& params) override;
   absl::Status Decode(const DecodeParams& params) override;
-  // Fused with the default decode kernels (and MLA_CUDA_DECODE=padded) when
-  // decode.q is prologue.q_out and the two agree on tokens and heads: the
-  // inserts alone (cuda::LaunchInserts), then the decode making the query
-  // rows itself (cuda::FusedQuery) while they run. q_out is not written.
-  // Otherwise the two calls.
+  // Fused with the default decode kernels at Hp <= 32 (the narrow kernel)
+  // when decode.q is prologue.q_out and the two agree on tokens and heads:
+  // the inserts alone (cuda::LaunchInserts), then the decode making the
+  // query rows itself (cuda::FusedQuery) while they run. q_out is not
+  // written. Otherwise the two calls.
   absl::Status PrologueAndDecode(const PrologueParams& prologue,
                                  const DecodeParams& decode) override;
   absl::Status Synchronize() override;

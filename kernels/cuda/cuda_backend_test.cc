@@ -395,9 +395,9 @@ TEST(DecodeFp8Test, OneKeyRowsComeOutAsTheHostQuantisesThem) {
 // byte for byte, since the fused decode makes its query rows with the
 // prologue's instructions. Each token's first key is its own new SWA row,
 // which the fused decode may read only once the inserts are done. Head
-// counts of the narrow kernel, the 64-head one (partial group) and the
-// pair, padded (4) or not; a few tokens (a split of the keys and the
-// combine) and many.
+// counts of the narrow kernel (fused), padded (4) or not, and of the 64-head
+// one and the pair (the two calls, the same bits by definition); a few
+// tokens (a split of the keys and the combine) and many.
 TEST(FusedLayerStepTest, MatchesThePrologueThenTheDecodeBitForBit) {
   MAKE_CUDA_BACKEND(backend);
   constexpr int64_t kBlocks = 64;

@@ -941,11 +941,11 @@ cudaError_t LaunchDecode(const DecodeParams& p, DecodeKernels kernels, int num_s
   if (kernels == DecodeKernels::kWgmma && p.padded_heads <= kNarrowMaxHeads) {
     error = LaunchDecodeNarrow(p, fused, plan.splits, plan.split_entries, partials.o, partials.ml,
                                stream);
-  } else if (kernels == DecodeKernels::kWgmma || kernels == DecodeKernels::kPadded) {
-    error = LaunchDecodeWgmma(p, fused, plan.groups, plan.splits, plan.split_entries, partials.o,
-                              partials.ml, stream);
   } else if (fused.q != nullptr) {
-    return cudaErrorInvalidValue;  // CudaBackend fuses with the two kernels above only
+    return cudaErrorInvalidValue;  // CudaBackend fuses with the narrow kernel only
+  } else if (kernels == DecodeKernels::kWgmma || kernels == DecodeKernels::kPadded) {
+    error = LaunchDecodeWgmma(p, plan.groups, plan.splits, plan.split_entries, partials.o,
+                              partials.ml, stream);
   } else if (kernels == DecodeKernels::kMma) {
     error = plan.hg == 2 * kMmaHeads ? LaunchMma<2>(p, plan, partials, stream)
                                      : LaunchMma<1>(p, plan, partials, stream);

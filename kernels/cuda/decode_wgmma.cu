@@ -39,7 +39,6 @@
 
 #include "kernels/cuda/decode_device.cuh"
 #include "kernels/cuda/kernels.h"
-#include "kernels/cuda/query_device.cuh"
 #include "kernels/cuda/wgmma_device.cuh"
 #include "kernels/geometry.h"
 
@@ -280,46 +279,6 @@ __device__ __forceinline__ void StoreQ(const DecodeParams& p, const WgTask& task
   MbarrierArrive(SharedAddress(smem) + WgLayout::kQReady);
 }
 
-// StoreQ from the prologue's input instead (FusedQuery): warp w of the 8
-// makes query rows w, w + 8, .. of the group as the prologue does (rows past
-// H zero), all loads in flight before the first row is finished; then u
-// arrives on kQReady.
-__device__ __forceinline__ void StoreFusedQ(const DecodeParams& p, const FusedQuery& fused,
-                                            const WgTask& task, unsigned char* smem, int u) {
-  constexpr int kRows = kTileRows / 8;
-  const int w = u >> 5;
-  const int lane = u & 31;
-  uint4 raw[kRows][2];
-#pragma unroll
-  for (int k = 0; k < kRows; ++k) {
-    LoadQueryRow(fused.q, task.t, task.h0 + w + 8 * k, p.num_heads, lane, raw[k]);
-  }
-  const float* cos_sin = fused.rope.data + int64_t{__ldg(fused.positions + task.t)} * kRopeDim;
-#pragma unroll
-  for (int k = 0; k < kRows; ++k) {
-    const int row = w + 8 * k;
-    uint4 out[2];
-    FinishQueryRow(raw[k], task.h0 + row < p.num_heads, cos_sin, fused.rms_norm_eps, lane, out);
-    *reinterpret_cast<uint4*>(smem + WgLayout::kQ + TileOffset(row, 16 * lane)) = out[0];
-    *reinterpret_cast<uint4*>(smem + WgLayout::kQ + TileOffset(row, 16 * lane + 8)) = out[1];
-  }
-  FenceForWgmma();
-  MbarrierArrive(SharedAddress(smem) + WgLayout::kQReady);
-}
-
-// Q for WG0 and WG1 (u = 0..255): from the prologue's q_out after the
-// kernel before has finished, or made here from its input first.
-__device__ __forceinline__ void StartQ(const DecodeParams& p, const FusedQuery& fused,
-                                       const WgTask& task, unsigned char* smem, int u) {
-  if (fused.q != nullptr) {
-    StoreFusedQ(p, fused, task, smem, u);  // while the inserts run
-    WaitForPreviousGrid();
-    return;
-  }
-  WaitForPreviousGrid();  // q is the prologue's
-  StoreQ(p, task, smem, u);
-}
-
 // A cluster of two CTAs (kPair: the two head groups of a token at
 // Hp 72..128, the second 64 heads or fewer) shares the work of filling the key tiles: each CTA's producers
 // gather and dequantise half of every chunk's rows (CTA rank k rows 32 k ..
@@ -505,8 +464,8 @@ __device__ __forceinline__ uint32_t PeerBase(uint32_t base) {
 
 // WG0: S = Q K^T, the softmax, P, and O for dims 0..255.
 template <bool kPair>
-__device__ void Score(const DecodeParams& p, const FusedQuery& fused, const WgTask& task,
-                      int splits, const Partials& partials, unsigned char* smem, int wt) {
+__device__ void Score(const DecodeParams& p, const WgTask& task, int splits,
+                      const Partials& partials, unsigned char* smem, int wt) {
   const uint32_t base = SharedAddress(smem);
   const uint32_t peer_base = PeerBase<kPair>(base);
   const int lane = wt & 31;
@@ -514,7 +473,8 @@ __device__ void Score(const DecodeParams& p, const FusedQuery& fused, const WgTa
   const int tig = lane & 3;
   const int row0 = (wt >> 5) * 16 + g;  // this thread's heads: row0 and row0 + 8
 
-  StartQ(p, fused, task, smem, wt);
+  WaitForPreviousGrid();  // q is the prologue's
+  StoreQ(p, task, smem, wt);
   MbarrierWait(base + WgLayout::kQReady, 0);
 
   float o[4][32];
@@ -654,11 +614,12 @@ __device__ void Score(const DecodeParams& p, const FusedQuery& fused, const WgTa
 
 // WG1: O for dims 256..511, with P and alpha from WG0.
 template <bool kPair>
-__device__ void Value(const DecodeParams& p, const FusedQuery& fused, const WgTask& task,
-                      int splits, const Partials& partials, unsigned char* smem, int wt) {
+__device__ void Value(const DecodeParams& p, const WgTask& task, int splits,
+                      const Partials& partials, unsigned char* smem, int wt) {
   const uint32_t base = SharedAddress(smem);
   const uint32_t peer_base = PeerBase<kPair>(base);
-  StartQ(p, fused, task, smem, 128 + wt);
+  WaitForPreviousGrid();  // q is the prologue's
+  StoreQ(p, task, smem, 128 + wt);
   const int row0 = (wt >> 5) * 16 + ((wt & 31) >> 2);
   const float* alphas = reinterpret_cast<const float*>(smem + WgLayout::kAlpha);
   const uint64_t p_tile = KMajorTile(base + WgLayout::kP);
@@ -712,8 +673,7 @@ static_assert(kScoreRegisters + kValueRegisters + 2 * kProducerRegisters <= 4 * 
 
 template <bool kPair>
 __global__ void __launch_bounds__(kWgThreads, 1)
-    DecodeWgmmaKernel(const DecodeParams p, const FusedQuery fused, int groups, int splits,
-                      int split_entries,
+    DecodeWgmmaKernel(const DecodeParams p, int groups, int splits, int split_entries,
                       Partials partials) {
   extern __shared__ __align__(1024) unsigned char smem[];
   // blockIdx.x: token-major, the `groups` 64-head groups of a token (the
@@ -745,10 +705,10 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const int role = tid / 128;
   if (role == 0) {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kScoreRegisters));
-    Score<kPair>(p, fused, task, splits, partials, smem, tid);
+    Score<kPair>(p, task, splits, partials, smem, tid);
   } else if (role == 1) {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kValueRegisters));
-    Value<kPair>(p, fused, task, splits, partials, smem, tid - 128);
+    Value<kPair>(p, task, splits, partials, smem, tid - 128);
   } else {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
     if (kPair) {
@@ -762,27 +722,24 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 }
 
 template <bool kPair>
-cudaError_t LaunchWgmma(const DecodeParams& p, const FusedQuery& fused, dim3 grid, int groups,
-                        int splits, int split_entries, const Partials& partials,
-                        cudaStream_t stream) {
+cudaError_t LaunchWgmma(const DecodeParams& p, dim3 grid, int groups, int splits,
+                        int split_entries, const Partials& partials, cudaStream_t stream) {
   const cudaError_t error =
       PrepareWarpSpecialised<DecodeWgmmaKernel<kPair>, kLaunchRegisters>(WgLayout::kBytes);
   if (error != cudaSuccess) return error;
   return LaunchOverlapped(DecodeWgmmaKernel<kPair>, grid, kWgThreads, WgLayout::kBytes, stream,
-                          kPair ? 2 : 1, p, fused, groups, splits, split_entries, partials);
+                          kPair ? 2 : 1, p, groups, splits, split_entries, partials);
 }
 
 }  // namespace
 
-cudaError_t LaunchDecodeWgmma(const DecodeParams& p, const FusedQuery& fused, int groups,
-                              int splits, int split_entries, float* partial_o, float* partial_ml,
-                              cudaStream_t stream) {
+cudaError_t LaunchDecodeWgmma(const DecodeParams& p, int groups, int splits, int split_entries,
+                              float* partial_o, float* partial_ml, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.num_tokens * groups), splits);
   const Partials partials{partial_o, partial_ml};
   // Hp 72..128: the two head groups of a token as a pair.
-  return groups == 2
-             ? LaunchWgmma<true>(p, fused, grid, groups, splits, split_entries, partials, stream)
-             : LaunchWgmma<false>(p, fused, grid, groups, splits, split_entries, partials, stream);
+  return groups == 2 ? LaunchWgmma<true>(p, grid, groups, splits, split_entries, partials, stream)
+                     : LaunchWgmma<false>(p, grid, groups, splits, split_entries, partials, stream);
 }
 
 }  // namespace cuda

@@ -41,8 +41,8 @@ struct DecodeSplit {
 };
 DecodeSplit DecodeSplitOf(const DecodeParams& params, DecodeKernels kernels, int num_sms);
 
-// The prologue's query part (spec section 4) done by the decode kernels
-// themselves, at their start (a fused layer step, CudaBackend::
+// The prologue's query part (spec section 4) done by the narrow decode
+// kernel itself, at its start (a fused layer step, CudaBackend::
 // PrologueAndDecode): with q set, a decode reads q [N, H, 512] (the
 // prologue's input) instead of DecodeParams::q and normalises, rotates and
 // rounds each row as the prologue does (query_device.cuh: the same bits),
@@ -57,7 +57,9 @@ struct FusedQuery {
 
 // Spec section 5 with `kernels`. `scratch` is device memory of at least
 // DecodeScratchBytes() for the split-key partial results (may be null when
-// that is 0). A FusedQuery needs kernels kWgmma or kPadded.
+// that is 0). A FusedQuery needs kernels kWgmma and Hp <= kNarrowMaxHeads
+// (the narrow kernel's start makes the rows; in decode_wgmma.cu's the same
+// start measured 10 us slower a launch at H = 64, RESULTS.md).
 size_t DecodeScratchBytes(const DecodeParams& params, DecodeKernels kernels, int num_sms);
 cudaError_t LaunchDecode(const DecodeParams& params, DecodeKernels kernels, int num_sms,
                          void* scratch, cudaStream_t stream, const FusedQuery& fused = {});
@@ -71,8 +73,8 @@ cudaError_t LaunchDecode(const DecodeParams& params, DecodeKernels kernels, int 
 inline constexpr int kWgmmaHeads = 64;
 inline constexpr int kWgmmaChunk = 64;  // keys a chunk (also the narrow kernel's)
 inline constexpr int kNarrowMaxHeads = 32;
-cudaError_t LaunchDecodeWgmma(const DecodeParams& params, const FusedQuery& fused, int groups,
-                              int splits, int split_entries, float* partial_o, float* partial_ml,
+cudaError_t LaunchDecodeWgmma(const DecodeParams& params, int groups, int splits,
+                              int split_entries, float* partial_o, float* partial_ml,
                               cudaStream_t stream);
 
 // The narrow decode kernel (decode_narrow.cu) for Hp = 8, 16, 24 or 32: one CTA
