@@ -145,30 +145,6 @@ DeviceBuffer Put(CudaBackend& backend, const void* data, size_t bytes) {
   return std::move(*buffer);
 }
 
-// The prologue of b tokens of H heads (Hp padded) and their b SWA rows, then
-// `compressed_rows` compressed rows (after the SWA rows in kv), into the
-// pool; q_out is the caller's to set.
-PrologueParams PrologueOf(int b, int heads, int hp, const DeviceBuffer& q,
-                          const DeviceBuffer& positions, const DeviceBuffer& slots,
-                          const DeviceBuffer& kv, const DeviceBuffer& compressed_positions,
-                          const DeviceBuffer& compressed_slots, int compressed_rows,
-                          const RopeTableView& rope, const DeviceBuffer& pool,
-                          int64_t pool_blocks) {
-  PrologueParams p;
-  p.num_tokens = b;
-  p.num_heads = heads;
-  p.padded_heads = hp;
-  p.q = q.as<uint16_t>();
-  p.positions = positions.as<int32_t>();
-  p.rope = rope;
-  p.swa = {b, kv.as<uint16_t>(), positions.as<int32_t>(), slots.as<int32_t>(),
-           {pool.as<uint8_t>(), pool_blocks}};
-  p.compressed = {compressed_rows, kv.as<uint16_t>() + static_cast<size_t>(b) * kHeadDim,
-                  compressed_positions.as<int32_t>(), compressed_slots.as<int32_t>(),
-                  {pool.as<uint8_t>(), pool_blocks}};
-  return p;
-}
-
 double CopyCeilingGbps(int iters) {
   const size_t bytes = static_cast<size_t>(2) << 30;
   void* a = nullptr;
@@ -257,6 +233,60 @@ std::vector<uint16_t> RandomBf16(size_t count, uint64_t seed, float sigma) {
   }
   return out;
 }
+
+// The inputs of a prologue of b tokens of H heads (Hp padded) in device
+// memory: q from seed q_seed, b SWA rows and b/4 compressed rows (one per 4
+// tokens, as a C4A layer makes them) from kv_seed, at random slots of a
+// pool of pool_slots drawn from rng; Params() fills all but q_out.
+class PrologueInputs {
+ public:
+  PrologueInputs(CudaBackend& backend, int b, int heads, int hp, uint64_t q_seed, uint64_t kv_seed,
+                 std::mt19937_64& rng, int64_t pool_slots)
+      : b_(b), heads_(heads), hp_(hp), compressed_rows_(b / 4) {
+    const std::vector<uint16_t> q = RandomBf16(static_cast<size_t>(b) * heads * kHeadDim, q_seed, 1.0f);
+    const std::vector<uint16_t> kv =
+        RandomBf16(static_cast<size_t>(b + compressed_rows_) * kHeadDim, kv_seed, 1.0f);
+    std::vector<int32_t> positions(b), slots(b), cpos(compressed_rows_), cslots(compressed_rows_);
+    for (int i = 0; i < b; ++i) {
+      positions[i] = 100000 + i;
+      slots[i] = static_cast<int32_t>(rng() % pool_slots);
+    }
+    for (int i = 0; i < compressed_rows_; ++i) {
+      cpos[i] = 4 * i;
+      cslots[i] = static_cast<int32_t>(rng() % pool_slots);
+    }
+    q_ = Put(backend, q.data(), q.size() * 2);
+    kv_ = Put(backend, kv.data(), kv.size() * 2);
+    positions_ = Put(backend, positions.data(), b * 4);
+    slots_ = Put(backend, slots.data(), b * 4);
+    compressed_positions_ = Put(backend, cpos.data(), compressed_rows_ * 4);
+    compressed_slots_ = Put(backend, cslots.data(), compressed_rows_ * 4);
+  }
+
+  int compressed_rows() const { return compressed_rows_; }
+
+  PrologueParams Params(const RopeTableView& rope, const DeviceBuffer& pool,
+                        int64_t pool_blocks) const {
+    PrologueParams p;
+    p.num_tokens = b_;
+    p.num_heads = heads_;
+    p.padded_heads = hp_;
+    p.q = q_.as<uint16_t>();
+    p.positions = positions_.as<int32_t>();
+    p.rope = rope;
+    p.swa = {b_, kv_.as<uint16_t>(), positions_.as<int32_t>(), slots_.as<int32_t>(),
+             {pool.as<uint8_t>(), pool_blocks}};
+    p.compressed = {compressed_rows_, kv_.as<uint16_t>() + static_cast<size_t>(b_) * kHeadDim,
+                    compressed_positions_.as<int32_t>(), compressed_slots_.as<int32_t>(),
+                    {pool.as<uint8_t>(), pool_blocks}};
+    return p;
+  }
+
+ private:
+  int b_, heads_, hp_, compressed_rows_;
+  DeviceBuffer q_, kv_, positions_, slots_, compressed_positions_, compressed_slots_;
+};
+
 
 constexpr char kUsage[] =
     "cuda_bench: the CUDA backend's decode and prologue on GPU 0, with the copy,\n"
@@ -620,28 +650,10 @@ int main(int argc, char** argv) {
       }
       if (!run_prologue) continue;
       // The prologue of these b tokens: q of H heads in, q_out of Hp heads
-      // the decode reads; b SWA rows and b/4 compressed rows inserted at
-      // random slots of the pool (random rows over random rows).
-      const int compressed_rows = b / 4;
-      const std::vector<uint16_t> q_in = RandomBf16(static_cast<size_t>(b) * shape.heads * kHeadDim, 23, 1.0f);
-      const std::vector<uint16_t> kv = RandomBf16(static_cast<size_t>(b + compressed_rows) * kHeadDim, 24, 1.0f);
-      std::vector<int32_t> positions(b), slots(b), cpos(compressed_rows), cslots(compressed_rows);
-      for (int i = 0; i < b; ++i) {
-        positions[i] = 100000 + i;
-        slots[i] = static_cast<int32_t>(rng() % pool_slots);
-      }
-      for (int i = 0; i < compressed_rows; ++i) {
-        cpos[i] = 4 * i;
-        cslots[i] = static_cast<int32_t>(rng() % pool_slots);
-      }
-      DeviceBuffer d_q_in = Put(backend, q_in.data(), q_in.size() * 2);
-      DeviceBuffer d_kv = Put(backend, kv.data(), kv.size() * 2);
-      DeviceBuffer d_pos = Put(backend, positions.data(), b * 4);
-      DeviceBuffer d_slots = Put(backend, slots.data(), b * 4);
-      DeviceBuffer d_cpos = Put(backend, cpos.data(), compressed_rows * 4);
-      DeviceBuffer d_cslots = Put(backend, cslots.data(), compressed_rows * 4);
-      PrologueParams pro = PrologueOf(b, shape.heads, hp, d_q_in, d_pos, d_slots, d_kv, d_cpos,
-                                      d_cslots, compressed_rows, rope, *pool, pool_blocks);
+      // the decode reads; its rows inserted at random slots of the pool
+      // (random rows over random rows).
+      const PrologueInputs inputs(backend, b, shape.heads, hp, 23, 24, rng, pool_slots);
+      PrologueParams pro = inputs.Params(rope, *pool, pool_blocks);
       pro.q_out = d_q->as<uint16_t>();  // the decode's q
       record("prologue+decode", TimeGraphUs(iters, stream, [&](int i) {
                rotated(p, i);
@@ -666,28 +678,11 @@ int main(int argc, char** argv) {
     if (!run_prologue) break;
     const int b = shape.tokens;
     const int hp = *PaddedHeadCount(shape.heads);
-    const int compressed_rows = b / 4;
-    const std::vector<uint16_t> q = RandomBf16(static_cast<size_t>(b) * shape.heads * kHeadDim, 21, 1.0f);
-    const std::vector<uint16_t> kv = RandomBf16(static_cast<size_t>(b + compressed_rows) * kHeadDim, 22, 1.0f);
-    std::vector<int32_t> positions(b), slots(b), cpos(compressed_rows), cslots(compressed_rows);
-    for (int i = 0; i < b; ++i) {
-      positions[i] = 100000 + i;
-      slots[i] = static_cast<int32_t>(rng() % pool_slots);
-    }
-    for (int i = 0; i < compressed_rows; ++i) {
-      cpos[i] = 4 * i;
-      cslots[i] = static_cast<int32_t>(rng() % pool_slots);
-    }
-    DeviceBuffer d_q = Put(backend, q.data(), q.size() * 2);
-    DeviceBuffer d_kv = Put(backend, kv.data(), kv.size() * 2);
-    DeviceBuffer d_pos = Put(backend, positions.data(), b * 4);
-    DeviceBuffer d_slots = Put(backend, slots.data(), b * 4);
-    DeviceBuffer d_cpos = Put(backend, cpos.data(), compressed_rows * 4);
-    DeviceBuffer d_cslots = Put(backend, cslots.data(), compressed_rows * 4);
+    const PrologueInputs inputs(backend, b, shape.heads, hp, 21, 22, rng, pool_slots);
+    const int compressed_rows = inputs.compressed_rows();
     absl::StatusOr<DeviceBuffer> d_qout = backend.Allocate(static_cast<size_t>(b) * hp * kHeadDim * 2);
     CHECK_OK(d_qout.status());
-    PrologueParams p = PrologueOf(b, shape.heads, hp, d_q, d_pos, d_slots, d_kv, d_cpos, d_cslots,
-                                  compressed_rows, rope, *pool, pool_blocks);
+    PrologueParams p = inputs.Params(rope, *pool, pool_blocks);
     p.q_out = d_qout->as<uint16_t>();
     cudaStream_t stream = static_cast<cudaStream_t>(backend.native_stream());
     const double time_us =
