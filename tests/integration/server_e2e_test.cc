@@ -973,12 +973,14 @@ class ServerE2eTest : public ::testing::Test {
 
 struct ModelCase {
   const char* model;
-  int heads;                // a TP8 rank
-  int head_offset;          // the last rank's first head
+  int heads;                // one rank's heads
+  int head_offset;          // the first of the range that ends at the model's last head
   std::vector<int> layers;  // at least one of each kind, the MTP layer included
 };
 
-void PrintTo(const ModelCase& param, std::ostream* os) { *os << param.model; }
+void PrintTo(const ModelCase& param, std::ostream* os) {
+  *os << param.model << " H=" << param.heads;
+}
 
 class EndToEndTest : public ServerE2eTest, public ::testing::WithParamInterface<ModelCase> {};
 
@@ -1072,10 +1074,15 @@ INSTANTIATE_TEST_SUITE_P(Models, EndToEndTest,
                              // Flash: 0 SWA, 2 C4A, 3 C128A, 43 the MTP layer (SWA).
                              ModelCase{kFlash, 8, 56, {0, 2, 3, 43}},
                              // Pro: 0 C128A, 2 C4A, 60 the last C4A, 61 the MTP layer (SWA).
-                             ModelCase{kPro, 16, 112, {0, 2, 60, 61}}),
+                             ModelCase{kPro, 16, 112, {0, 2, 60, 61}},
+                             // Multiples of 8 that are not powers of two (spec section 6):
+                             // served as they are, not padded.
+                             ModelCase{kFlash, 24, 40, {0, 2, 3, 43}},
+                             ModelCase{kPro, 48, 80, {0, 2, 60, 61}}),
                          [](const ::testing::TestParamInfo<ModelCase>& info) {
-                           return std::string(info.param.model == std::string(kFlash) ? "Flash"
-                                                                                      : "Pro");
+                           return absl::StrCat(
+                               info.param.model == std::string(kFlash) ? "Flash" : "Pro",
+                               info.param.heads);
                          });
 
 // ---- 2. Concurrency and tensor-parallel ranks.
