@@ -184,6 +184,12 @@ std::vector<DecodeCase> CudaDecodeCases() {
   // The same with 16 heads: the narrow kernel's word-by-word path (and the
   // 64-row kernel's again with MLA_CUDA_DECODE=padded).
   cases.push_back({layers[3], 16, 200, SinkMode::kMixed, true, true, true, 2112, 2});
+  // V4-Pro C4A (18 chunks a token) unsplit at Hp 8 and 16: the narrow
+  // kernel's two producer groups with the ring (NarrowUsesRing), the bf16
+  // and the FP8 output.
+  cases.push_back({layers[4], 8, 133, SinkMode::kPerToken, false, true, true, 2113});
+  cases.push_back({layers[4], 16, 140, SinkMode::kMixed, true, false, true, 2114});
+  cases.push_back({layers[4], 16, 136, SinkMode::kLarge, true, true, false, 2115, 0, true});
   return cases;
 }
 

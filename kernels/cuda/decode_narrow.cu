@@ -24,7 +24,9 @@
 //     decode_wgmma.cu: what the gather sweep of RESULTS.md says pays). At
 //     N = 24 and 32 WG1 and WG2 fill both tiles (NarrowShape), with the next
 //     chunk's rows on their way into a raw chunk in shared memory
-//     (ProduceRing), so that two chunks' loads are in flight there too.
+//     (ProduceRing), so that two chunks' loads are in flight there too; at
+//     N = 8 and 16 both groups do so where a CTA has many chunks
+//     (NarrowUsesRing: the kernel's kRing).
 //     Their row loads skip L1 (RowCaching::kNoL1), which that kernel's do
 //     not.
 // WG0's warps meet at named barrier 1 (only WG0 uses it). Numbers are those
@@ -76,8 +78,9 @@ constexpr uint32_t kRawScales = kTokenDataBytes;  // [4 parts][8 bytes] after th
 static_assert(kRawScales + 4 * 8 <= kRawRowBytes && kRawRowBytes % 16 == 0, "raw row");
 constexpr uint32_t kRawChunkBytes = kTileRows * kRawRowBytes;
 
-// Shared memory, in bytes from the start.
-template <int N>
+// Shared memory, in bytes from the start; kRing: the producers' raw chunks
+// at the end (ProduceRing, NarrowUsesRing), the rest the same either way.
+template <int N, bool kRingProducers = (N > 16)>
 struct NarrowLayout {
   static constexpr uint32_t kKeys = 0;                              // two 64 keys x 512 bf16
   static constexpr uint32_t kQ = kKeys + 2 * kTileBytes;            // N heads x 512 bf16
@@ -90,16 +93,17 @@ struct NarrowLayout {
   static constexpr uint32_t kValid = kFactor + N * 4;               // [2][64] int
   static constexpr uint32_t kFull = kValid + 2 * kTileRows * 4;     // two mbarriers
   static constexpr uint32_t kEmpty = kFull + 16;                    // two mbarriers
-  // The producer groups (NarrowShape) and, with one group, its raw chunk
+  // The producer groups (NarrowShape) and, with the ring, a raw chunk each
   // (ProduceRing).
   static constexpr int kGroups = N <= 16 ? 2 : 1;
-  static constexpr bool kRing = kGroups == 1;
+  static constexpr bool kRing = kRingProducers;
+  static_assert(kRing || kGroups == 2, "one producer group always takes the ring");
   static constexpr int kRawChunks = kRing ? kGroups : 0;
   static constexpr uint32_t kRaw = kEmpty + 16;
   static constexpr uint32_t kBytes = kRaw + kRawChunks * kRawChunkBytes;
 };
-static_assert(NarrowLayout<8>::kBytes <= 227 * 1024, "shared memory of the narrow CTA");
-static_assert(NarrowLayout<16>::kBytes <= 227 * 1024, "shared memory of the narrow CTA");
+static_assert(NarrowLayout<8, true>::kBytes <= 227 * 1024, "shared memory of the narrow CTA");
+static_assert(NarrowLayout<16, true>::kBytes <= 227 * 1024, "shared memory of the narrow CTA");
 static_assert(NarrowLayout<24>::kBytes <= 227 * 1024, "shared memory of the narrow CTA");
 static_assert(NarrowLayout<32>::kBytes <= 227 * 1024, "shared memory of the narrow CTA");
 
@@ -497,8 +501,9 @@ __device__ void Consume(const DecodeParams& p, const FusedQuery& fused, const Wg
 // count as its own weak writes (and land a global-memory latency later).
 // Used at N = 24 and 32 (one group; 32 measured): 0.4-6% faster at every V4 shape of the
 // benchmark. With two groups (N = 8, 16) it was faster at V4-Pro b >= 128
-// (up to 6.4%) but slower where a CTA has 10 chunks or fewer (V4-Flash, or a
-// split at b = 64: to 10%), so those keep Produce (RESULTS.md).
+// (1.6-6.9%) but slower where a CTA has 10 chunks or fewer (V4-Flash, or a
+// split at b = 64: to 10%), so there the kernel is instantiated both ways
+// and NarrowUsesRing picks by the chunks a CTA (RESULTS.md).
 __device__ __forceinline__ void CopyRowAsync(const DecodeParams& p, const WgTask& task, int chunk,
                                              int r, int32_t slot, int part, uint32_t raw_row) {
   if (slot == -1) return;
@@ -586,11 +591,11 @@ struct NarrowShape {
                 "setmaxnreg.inc would wait forever for registers");
 };
 
-template <int N>
+template <int N, bool kRing>
 __global__ void __launch_bounds__(NarrowShape<N>::kThreads, 1)
     DecodeNarrowKernel(const DecodeParams p, const FusedQuery fused, int splits, int split_entries,
                        Partials partials) {
-  using L = NarrowLayout<N>;
+  using L = NarrowLayout<N, kRing>;
   extern __shared__ __align__(1024) unsigned char smem[];
   const WgTask task = MakeTask(p, blockIdx.x, 0, N, blockIdx.y, split_entries);
 
@@ -618,18 +623,35 @@ __global__ void __launch_bounds__(NarrowShape<N>::kThreads, 1)
   }
 }
 
+template <int N, bool kRing>
+cudaError_t LaunchNarrowWith(const DecodeParams& p, const FusedQuery& fused, int splits,
+                             int split_entries, float* partial_o, float* partial_ml,
+                             cudaStream_t stream) {
+  using L = NarrowLayout<N, kRing>;
+  const cudaError_t error =
+      PrepareWarpSpecialised<DecodeNarrowKernel<N, kRing>, NarrowShape<N>::kLaunchRegisters>(
+          L::kBytes);
+  if (error != cudaSuccess) return error;
+  const dim3 grid(static_cast<unsigned>(p.num_tokens), splits);
+  return LaunchOverlapped(DecodeNarrowKernel<N, kRing>, grid, NarrowShape<N>::kThreads, L::kBytes,
+                          stream, 1, p, fused, splits, split_entries,
+                          Partials{partial_o, partial_ml});
+}
+
 template <int N>
 cudaError_t LaunchNarrow(const DecodeParams& p, const FusedQuery& fused, int splits,
                          int split_entries, float* partial_o, float* partial_ml,
                          cudaStream_t stream) {
-  const cudaError_t error =
-      PrepareWarpSpecialised<DecodeNarrowKernel<N>, NarrowShape<N>::kLaunchRegisters>(
-          NarrowLayout<N>::kBytes);
-  if (error != cudaSuccess) return error;
-  const dim3 grid(static_cast<unsigned>(p.num_tokens), splits);
-  return LaunchOverlapped(DecodeNarrowKernel<N>, grid, NarrowShape<N>::kThreads,
-                          NarrowLayout<N>::kBytes, stream, 1, p, fused, splits, split_entries,
-                          Partials{partial_o, partial_ml});
+  if constexpr (N > 16) {
+    return LaunchNarrowWith<N, true>(p, fused, splits, split_entries, partial_o, partial_ml,
+                                     stream);
+  } else if (NarrowUsesRing(N, split_entries)) {
+    return LaunchNarrowWith<N, true>(p, fused, splits, split_entries, partial_o, partial_ml,
+                                     stream);
+  } else {
+    return LaunchNarrowWith<N, false>(p, fused, splits, split_entries, partial_o, partial_ml,
+                                      stream);
+  }
 }
 
 }  // namespace

@@ -75,6 +75,34 @@ TEST(DecodePlanTest, TheNarrowKernelKeepsThe64RowKernelsPlan) {
   }
 }
 
+// Whether the narrow kernel's producers take the ring, on the plans of the
+// benchmark's shapes (kernels/bench/RESULTS.md measured both).
+bool Ring(int64_t tokens, int heads, int extra_width) {
+  const cuda::DecodeSplit split =
+      cuda::DecodeSplitOf(Shape(tokens, heads, 128, extra_width), cuda::DecodeKernels::kWgmma, kSms);
+  return cuda::NarrowUsesRing(heads, split.split_entries);
+}
+
+TEST(DecodePlanTest, TheNarrowKernelTakesTheRingWhereACtaHasManyChunks) {
+  for (int heads : {8, 16}) {
+    // V4-Pro unsplit: 18 chunks a CTA.
+    EXPECT_TRUE(Ring(128, heads, 1024)) << heads;
+    EXPECT_TRUE(Ring(512, heads, 1024)) << heads;
+    // V4-Flash (10 chunks), and V4-Pro split in two at b = 64 (9).
+    EXPECT_FALSE(Ring(128, heads, 512)) << heads;
+    EXPECT_FALSE(Ring(512, heads, 512)) << heads;
+    EXPECT_FALSE(Ring(64, heads, 1024)) << heads;
+    EXPECT_FALSE(Ring(1, heads, 1024)) << heads;
+  }
+  // One producer group always takes it.
+  for (int heads : {24, 32}) {
+    EXPECT_TRUE(Ring(128, heads, 512)) << heads;
+    EXPECT_TRUE(Ring(1, heads, 512)) << heads;
+  }
+  EXPECT_FALSE(cuda::NarrowUsesRing(16, 13 * 64));
+  EXPECT_TRUE(cuda::NarrowUsesRing(16, 13 * 64 + 1));
+}
+
 TEST(DecodePlanTest, SplitsStayWithinOneWaveAndTheLimit) {
   std::mt19937 rng(4);
   for (int i = 0; i < 2000; ++i) {

@@ -77,6 +77,18 @@ cudaError_t LaunchDecodeWgmma(const DecodeParams& params, int groups, int splits
                               int split_entries, float* partial_o, float* partial_ml,
                               cudaStream_t stream);
 
+// Whether the narrow kernel's producers keep a second chunk in flight in a
+// raw chunk of shared memory (ProduceRing) for a CTA of `split_entries` keys
+// at Hp: always at Hp 24 and 32 (one producer group); at Hp 8 and 16 (two
+// groups) only where a CTA has at least kNarrowRingMinChunks chunks, as the
+// ring's deeper start is paid back by its faster chunks only there (it won
+// at 18 chunks a CTA and lost at 10, RESULTS.md).
+inline constexpr int kNarrowRingMinChunks = 14;
+inline constexpr bool NarrowUsesRing(int padded_heads, int split_entries) {
+  return padded_heads > 16 ||
+         (split_entries + kWgmmaChunk - 1) / kWgmmaChunk >= kNarrowRingMinChunks;
+}
+
 // The narrow decode kernel (decode_narrow.cu) for Hp = 8, 16, 24 or 32: one CTA
 // per token and split; called by LaunchDecode as LaunchDecodeWgmma.
 cudaError_t LaunchDecodeNarrow(const DecodeParams& params, const FusedQuery& fused, int splits,

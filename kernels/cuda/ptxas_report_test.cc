@@ -130,9 +130,13 @@ TEST(PtxasReportTest, WarpSpecialisedKernelsHaveTheirLaunchRegisters) {
   } kExpected[] = {
       {"kernels/cuda/cuda_kernels_decode_wgmma.ptxas.txt", "DecodeWgmmaKernelILb0E", 128},
       {"kernels/cuda/cuda_kernels_decode_wgmma.ptxas.txt", "DecodeWgmmaKernelILb1E", 128},
-      {"kernels/cuda/cuda_kernels_decode_narrow.ptxas.txt", "DecodeNarrowKernelILi8E", 96},
-      {"kernels/cuda/cuda_kernels_decode_narrow.ptxas.txt", "DecodeNarrowKernelILi16E", 96},
-      {"kernels/cuda/cuda_kernels_decode_narrow.ptxas.txt", "DecodeNarrowKernelILi32E", 168},
+      // <N, kRing>: Hp 8 and 16 with and without the producers' ring.
+      {"kernels/cuda/cuda_kernels_decode_narrow.ptxas.txt", "DecodeNarrowKernelILi8ELb0E", 96},
+      {"kernels/cuda/cuda_kernels_decode_narrow.ptxas.txt", "DecodeNarrowKernelILi8ELb1E", 96},
+      {"kernels/cuda/cuda_kernels_decode_narrow.ptxas.txt", "DecodeNarrowKernelILi16ELb0E", 96},
+      {"kernels/cuda/cuda_kernels_decode_narrow.ptxas.txt", "DecodeNarrowKernelILi16ELb1E", 96},
+      {"kernels/cuda/cuda_kernels_decode_narrow.ptxas.txt", "DecodeNarrowKernelILi24ELb1E", 168},
+      {"kernels/cuda/cuda_kernels_decode_narrow.ptxas.txt", "DecodeNarrowKernelILi32ELb1E", 168},
   };
   for (const auto& expected : kExpected) {
     int found = 0;
