@@ -41,7 +41,9 @@
 // decode's "GB/s of cache rows" can reach at best on this access pattern.
 // Then the same gather spread in other ways (the "gather sweep" lines): rows
 // in flight an SM, the warps that issue them, and shared memory held (less
-// L1), the resources a decode kernel trades for its other work.
+// L1), the resources a decode kernel trades for its other work; then the
+// copy engine's bulk copies (TMA) into shared memory, by one or by several
+// independent streams of stages a CTA.
 //
 // Prologue: b tokens of H heads, b SWA rows and b/4 compressed rows (one per
 // 4 tokens, as a C4A layer makes them). Bytes: q read + q_out written +
@@ -514,13 +516,27 @@ int main(int argc, char** argv) {
                 static_cast<long long>(kRows),
                 pool_blocks * static_cast<double>(kBlockBytes) / 1e6, 100.0 * gather_gbps / copy_gbps);
     // The decode CTA (DecodeWgmmaKernel) holds 206,152 B of shared memory,
-    // one an SM; its producers are 8 warps with 64 rows in flight.
+    // one an SM; its producers are 8 warps with 64 rows in flight. The bulk
+    // lines (fifth field: stages, sixth: groups) ask whether the copy engine
+    // lifts one CTA an SM above its own load path's rate, and whether that
+    // takes more rows in flight or more streams waited for independently.
     const GatherShape sweep[] = {
         {1, 256, 4, 0},       {1, 256, 8, 0},      {1, 128, 16, 0},     {1, 128, 16, 206152},
         {1, 256, 8, 206152},  {1, 256, 16, 206152}, {2, 256, 8, 100000}, {8, 256, 4, 24000},
+        {1, 64, 0, 0, 2},     {1, 128, 0, 0, 2},    {1, 128, 0, 0, 4},   {2, 128, 0, 0, 2},
+        {4, 64, 0, 0, 1},     {1, 128, 0, 0, 2, 2}, {1, 256, 0, 0, 1, 4},
     };
     for (const GatherShape& shape : sweep) {
       const double gbps = gather_rate(shape);
+      if (shape.bulk_stages > 0) {
+        std::printf("gather sweep: %d CTA(s) x %3d threads an SM, bulk copies (TMA) by %d "
+                    "group(s) a CTA, %d stage(s) of 64 rows a group (%3d rows in flight an SM): "
+                    "%5.0f GB/s (%.0f%% of the ceiling)\n",
+                    shape.ctas_per_sm, shape.threads, shape.bulk_groups, shape.bulk_stages,
+                    shape.ctas_per_sm * shape.bulk_groups * shape.bulk_stages * 64, gbps,
+                    100.0 * gbps / gather_gbps);
+        continue;
+      }
       std::printf("gather sweep: %d CTA(s) x %3d threads an SM, %2d rows a warp (%3d rows in flight "
                   "an SM), %6d B shared memory a CTA: %5.0f GB/s (%.0f%% of the ceiling)\n",
                   shape.ctas_per_sm, shape.threads, shape.rows_per_warp,

@@ -21,6 +21,12 @@ struct GatherShape {
   int threads = 256;
   int rows_per_warp = 4;
   int smem_bytes = 0;
+  // When > 0: the copy engine gathers instead (bulk copies into shared
+  // memory, 64 rows a stage, this many stages in flight a group of threads,
+  // in bulk_groups independent groups a CTA; threads is bulk_groups times
+  // 64, 128 or 256; rows_per_warp and smem_bytes unused).
+  int bulk_stages = 0;
+  int bulk_groups = 1;
 };
 
 // Reads the rows at `slots[0..rows)` of the paged pool (MODEL1 blocks of 64
@@ -28,7 +34,8 @@ struct GatherShape {
 // the other 64, lane 4 the scales), and folds them into one value written to
 // *sink only if it matches a pattern (so the reads cannot be dropped).
 // Enqueued on `stream`. The ceiling is the default shape: every SM full of
-// warps. cudaErrorInvalidValue for a rows_per_warp other than 4, 8 or 16.
+// warps. cudaErrorInvalidValue for a rows_per_warp other than 4, 8 or 16
+// (without bulk_stages), or for threads and bulk_groups that do not fit.
 cudaError_t LaunchGatherRows(const uint8_t* pool, const int32_t* slots, int64_t rows,
                              uint32_t* sink, int num_sms, const GatherShape& shape,
                              cudaStream_t stream);
