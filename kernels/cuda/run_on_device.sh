@@ -51,8 +51,9 @@ sanitize() {
   [ $rc -eq 0 ] || status=1
 }
 
-# Cases small enough for the sanitizers (they slow kernels 10-100x).
-SMALL='*h8_n24*:*h16_n12*:*h32_n5*:*h64_n3*:*h128_n2*:*_n1_*:*outoffset*:*LayerStep*:*Reject*:*Prologue*h4_n64*:*Prologue*h16_n17*:*Prologue*h128_n1'
+# Cases small enough for the sanitizers (they slow kernels 10-100x); h8_n133
+# runs the narrow kernel's two producer groups with the ring (NarrowUsesRing).
+SMALL='*h8_n24*:*h8_n133*:*h16_n12*:*h32_n5*:*h64_n3*:*h128_n2*:*_n1_*:*outoffset*:*LayerStep*:*Reject*:*Prologue*h4_n64*:*Prologue*h16_n17*:*Prologue*h128_n1'
 
 if [[ $steps == *all* || $steps == *test* ]]; then
   # No kernel may use local memory. ptxas's -v report (ptxas_report_test)
