@@ -159,6 +159,23 @@ absl::Status CheckDecodeParams(const DecodeParams& params) {
     return absl::InvalidArgumentError(
         "decode: q and an output (out, or out_e4m3 with out_scales) are required");
   }
+  const struct {
+    const void* address;
+    int64_t alignment;
+    const char* name;
+  } outputs[] = {{params.out, kDecodeOutAlignment, "out"},
+                 {params.out_e4m3, kDecodeE4m3Alignment, "out_e4m3"},
+                 {params.out_scales, kDecodeScalesAlignment, "out_scales"},
+                 {params.lse, kDecodeLseAlignment, "lse"}};
+  for (const auto& output : outputs) {
+    if (output.address != nullptr && !AlignedTo(output.address, output.alignment)) {
+      const uintptr_t rest =
+          reinterpret_cast<uintptr_t>(output.address) % static_cast<uintptr_t>(output.alignment);
+      return absl::InvalidArgumentError(absl::StrCat(
+          "decode: ", output.name, " must be ", output.alignment,
+          "-byte aligned, as the kernels write it; its address is ", rest, " bytes past a multiple"));
+    }
+  }
   if (params.derotate && params.num_tokens > 0 &&
       (params.positions == nullptr || params.rope.data == nullptr ||
        params.rope.num_positions <= 0)) {

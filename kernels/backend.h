@@ -96,7 +96,9 @@ struct DecodeParams {
   bool derotate = false;
   const int32_t* positions = nullptr;  // [N]; needed when derotate
   RopeTableView rope;                  // needed when derotate
-  // The output, in one of two formats (spec section 5):
+  // The output, in one of two formats (spec section 5), aligned as the
+  // kernels write it (kDecodeOutAlignment and the others below;
+  // CheckDecodeParams refuses less):
   // - bf16: out [N, H, 512], at least 4-byte aligned (out_e4m3 null);
   // - FP8 (out null): out_e4m3 [N, H, 512] e4m3fn, 16-byte aligned, and
   //   out_scales [N, H, 4] UE8M0 bytes, 4-byte aligned: block k of a head,
@@ -106,6 +108,19 @@ struct DecodeParams {
   uint8_t* out_scales = nullptr;
   float* lse = nullptr;  // [N, H] natural-log sum of exp; null = not wanted
 };
+
+// The byte alignment of DecodeParams' outputs: the CUDA kernels store out
+// by 4-byte words at the least, out_e4m3 by 16-byte pieces, out_scales by
+// words, lse by floats. A caller with memory aligned less (an answer region
+// at the client's offset) decodes elsewhere and copies.
+inline constexpr int64_t kDecodeOutAlignment = 4;
+inline constexpr int64_t kDecodeE4m3Alignment = 16;
+inline constexpr int64_t kDecodeScalesAlignment = 4;
+inline constexpr int64_t kDecodeLseAlignment = 4;
+// Whether `address` is a multiple of `alignment`.
+inline bool AlignedTo(const void* address, int64_t alignment) {
+  return reinterpret_cast<uintptr_t>(address) % static_cast<uintptr_t>(alignment) == 0;
+}
 
 // The key lists of a batch of decode tokens (DecodeParams::main and ::extra,
 // spec section 5), built by the backend from the sessions' page tables, so

@@ -2542,6 +2542,75 @@ TEST(EngineTest, DeviceRegionsInEveryMixOfALaunch) {
   }
 }
 
+// Answer regions at offsets the wire allows but the kernels do not write at
+// (bf16 out 2 bytes past a word, e4m3 out 4 bytes past 16): a message
+// alone, whose answer the decode would write into its regions itself when
+// aligned, is decoded into the engine's memory and copied, and holds the
+// bits of the same message inline; on a host backend and for device regions.
+// (The backends refuse such outputs: CheckDecodeParams.)
+TEST(EngineTest, RegionsAlignedLessThanTheKernelsWriteAreCopiedInto) {
+  FakeDeviceMemory memory(int64_t{16} << 20);
+  for (const bool device : {false, true}) {
+    std::unique_ptr<Engine> engine =
+        NewEngine(1000, kMaxPosition, 1024, absl::Minutes(10),
+                  device ? std::make_unique<DeviceRegionBackend>(memory) : nullptr);
+    ASSERT_NE(engine, nullptr);
+    std::unique_ptr<Seq> inline_seq = NewSeq(*engine, kFlash, 16, SinkMode::kWhole, 131);
+    std::unique_ptr<Seq> region_seq = NewSeq(*engine, kFlash, 16, SinkMode::kWhole, 131);
+    ASSERT_TRUE(inline_seq && region_seq);
+    ASSERT_TRUE(Append(*engine, *inline_seq, 0, 253).ok());
+    ASSERT_TRUE(Append(*engine, *region_seq, 0, 253).ok());
+    int32_t p = 253;
+    for (const bool fp8 : {false, true}) {
+      const std::string what = absl::StrCat(device ? "device" : "host", " regions, ",
+                                            fp8 ? "e4m3 4 bytes past 16" : "bf16 2 past a word");
+      MessageOptions o;
+      o.seed = 9700 + p;
+      o.lse = true;
+      o.fp8 = fp8;
+      const auto reference = Build(kFlashC4a, {{inline_seq.get(), p}}, o);
+      const auto in_regions = Build(kFlashC4a, {{region_seq.get(), p}}, o);
+      const int64_t values = reference->tokens() * reference->heads;
+      const int64_t out_bytes = values * (fp8 ? kFp8RowBytes : kRowBytes);
+      const int64_t scales_bytes = fp8 ? values * kFp8ScaleRowBytes : 0;
+      const int64_t shift = fp8 ? 4 : 2;
+      // [16 poison][out at 16 + shift][scales][pad][lse, 4-byte aligned as
+      // the wire asks], every byte poisoned.
+      const int64_t pad = (4 - (16 + shift + out_bytes + scales_bytes) % 4) % 4;
+      std::vector<uint8_t> host(16 + shift + out_bytes + scales_bytes + pad + values * 4, 0xa5);
+      uint8_t* base = device ? memory.Put(host.data(), host.size()) : host.data();
+      AnswerRegions regions;
+      uint8_t* at = base + 16 + shift;
+      regions.out = {nullptr, at, out_bytes, device};
+      at += out_bytes;
+      if (fp8) {
+        regions.scales = {nullptr, at, scales_bytes, device};
+        at += scales_bytes;
+      }
+      at += pad;
+      regions.lse = {nullptr, at, values * 4, device};
+      const std::vector<AttendResult> expected = AttendBatch(*engine, {reference.get()});
+      ExpectMatches(*reference, expected[0], what);
+      const std::vector<AttendResult> got = AttendBatch(*engine, {in_regions.get()}, kT0, {regions});
+      ASSERT_TRUE(got[0].status.ok()) << what << ": " << got[0].status;
+      const std::vector<uint8_t> answer =
+          device ? memory.Read(base, host.size()) : std::vector<uint8_t>(host);
+      const uint8_t* out = answer.data() + 16 + shift;
+      EXPECT_EQ(std::memcmp(out, expected[0].out, out_bytes), 0) << what << ": out";
+      if (fp8) {
+        EXPECT_EQ(std::memcmp(out + out_bytes, expected[0].out_scales, scales_bytes), 0)
+            << what << ": scales";
+      }
+      EXPECT_EQ(std::memcmp(out + out_bytes + scales_bytes + pad, expected[0].lse, values * 4), 0)
+          << what << ": lse";
+      for (int64_t i = 0; i < 16 + shift; ++i) ASSERT_EQ(answer[i], 0xa5) << what << ": byte " << i;
+      Advance(*reference);
+      Advance(*in_regions);
+      ++p;
+    }
+  }
+}
+
 // An engine on a FlakyBackend; `backend` is set to it.
 std::unique_ptr<Engine> NewFlakyEngine(int64_t blocks, FlakyBackend** backend,
                                        int batches_in_flight = -1) {

@@ -281,16 +281,22 @@ bool AnyRegions(const LaunchGroup& group) {
 }
 
 // Whether the decode of `group` can write its one plan's answer into its
-// regions itself: host memory on a host backend (an FP8 output's e4m3 bytes
-// at the 16-byte alignment DecodeParams asks), device memory (out, the
-// scales and lse, those asked) on a device.
+// regions itself: host memory on a host backend, device memory (out, the
+// scales and lse, those asked) on a device, each at the alignment the
+// kernels write it at (kDecodeOutAlignment and the others). The wire asks
+// only the values' own alignment of a region's offset (2 bytes for bf16, 1
+// for e4m3), so an answer placed less aligned is decoded into the engine's
+// memory and copied.
 bool DecodeWritesRegions(const LaunchGroup& group, bool host) {
   if (group.plans.size() != 1 || group.plans[0]->answer_regions == nullptr) return false;
   const AnswerRegions& regions = *group.plans[0]->answer_regions;
-  if (host) {
-    return !regions.out.device &&
-           (!group.fp8_output || reinterpret_cast<uintptr_t>(regions.out.data) % 16 == 0);
+  if (!AlignedTo(regions.out.data,
+                 group.fp8_output ? kDecodeE4m3Alignment : kDecodeOutAlignment) ||
+      !AlignedTo(regions.scales.data, kDecodeScalesAlignment) ||
+      !AlignedTo(regions.lse.data, kDecodeLseAlignment)) {
+    return false;
   }
+  if (host) return !regions.out.device;
   return regions.out.device && (regions.lse.data == nullptr || regions.lse.device) &&
          (regions.scales.data == nullptr || regions.scales.device);
 }

@@ -653,6 +653,11 @@ TEST(DecodeRejectTest, RejectsNullPointersAndNegativeCounts) {
   ExpectDecodeRejectsNullPointersAndNegativeCounts(MakeBackend);
 }
 
+TEST(DecodeRejectTest, RejectsMisalignedOutputs) {
+  if (CudaBackend::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  ExpectDecodeRejectsMisalignedOutputs(MakeBackend);
+}
+
 TEST(DecodeRejectTest, IgnoresEntriesPastTheLength) {
   if (CudaBackend::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   ExpectDecodeIgnoresEntriesPastTheLength(MakeBackend);

@@ -964,6 +964,43 @@ void ExpectDecodeRejectsNullPointersAndNegativeCounts(const BackendFactory& make
       make_backend, inputs, [](DecodeParams& p) { p.extra.width = -1; }, "extra width -1");
 }
 
+void ExpectDecodeRejectsMisalignedOutputs(const BackendFactory& make_backend) {
+  const DecodeInputsForRejects inputs;
+  // Every place lies inside out's poisoned buffer (room for 129 heads), so
+  // a rejected decode can be seen to write none of it.
+  const auto shifted = [](void* base, int64_t bytes) {
+    return reinterpret_cast<uint8_t*>(base) + bytes;
+  };
+  ExpectDecodeRejected(
+      make_backend, inputs,
+      [&](DecodeParams& p) { p.out = reinterpret_cast<uint16_t*>(shifted(p.out, 2)); },
+      "out 2 bytes past a word");
+  const auto fp8_at = [&](DecodeParams& p, int64_t e4m3_shift, int64_t scales_shift) {
+    uint8_t* base = reinterpret_cast<uint8_t*>(p.out);
+    p.out = nullptr;
+    p.out_e4m3 = shifted(base, e4m3_shift);
+    p.out_scales = shifted(base, 16 + p.num_tokens * p.num_heads * kFp8RowBytes + scales_shift);
+  };
+  ExpectDecodeRejected(
+      make_backend, inputs, [&](DecodeParams& p) { fp8_at(p, 4, 0); }, "out_e4m3 at 4 of 16");
+  ExpectDecodeRejected(
+      make_backend, inputs, [&](DecodeParams& p) { fp8_at(p, 1, 0); }, "out_e4m3 at 1 of 16");
+  ExpectDecodeRejected(
+      make_backend, inputs, [&](DecodeParams& p) { fp8_at(p, 16, 2); }, "out_scales at 2 of 4");
+  ExpectDecodeRejected(
+      make_backend, inputs,
+      [&](DecodeParams& p) { p.lse = reinterpret_cast<float*>(shifted(p.lse, 2)); },
+      "lse 2 bytes past a word");
+  // The alignments asked for themselves are accepted.
+  const absl::Status fp8_aligned =
+      RunBrokenDecode(make_backend, inputs, [&](DecodeParams& p) { fp8_at(p, 16, 4); });
+  EXPECT_TRUE(fp8_aligned.ok()) << "out_e4m3 at 16, out_scales at 4: " << fp8_aligned;
+  const absl::Status word = RunBrokenDecode(make_backend, inputs, [&](DecodeParams& p) {
+    p.out = reinterpret_cast<uint16_t*>(shifted(p.out, 4));
+  });
+  EXPECT_TRUE(word.ok()) << "out 4 bytes in: " << word;
+}
+
 void ExpectDecodeIgnoresEntriesPastTheLength(const BackendFactory& make_backend) {
   // Entries past a token's length that are not slots at all (-2, 2^30):
   // the decode must neither read them nor let them change its result, which

@@ -424,6 +424,10 @@ void ExpectDecodeRejectsBadHeadCounts(const BackendFactory& make_backend);
 // both formats at once or half of the FP8 one.
 void ExpectDecodeRejectsNullPointersAndNegativeCounts(const BackendFactory& make_backend);
 
+// Outputs aligned less than the kernels write them (kDecodeOutAlignment and
+// the others) are rejected, naming the field; those aligned as asked are not.
+void ExpectDecodeRejectsMisalignedOutputs(const BackendFactory& make_backend);
+
 // Entries past a token's length are never read, so they may hold anything.
 void ExpectDecodeIgnoresEntriesPastTheLength(const BackendFactory& make_backend);
 

@@ -124,6 +124,10 @@ TEST(DecodeRejectTest, RejectsNullPointersAndNegativeCounts) {
   ExpectDecodeRejectsNullPointersAndNegativeCounts(MakeBackend);
 }
 
+TEST(DecodeRejectTest, RejectsMisalignedOutputs) {
+  ExpectDecodeRejectsMisalignedOutputs(MakeBackend);
+}
+
 TEST(DecodeRejectTest, RejectsBadIndicesLengthsAndPositions) {
   struct Breakage {
     const char* what;
