@@ -36,6 +36,21 @@ class PlotResultsTest(bench_test_support.ScratchTest):
         with open(out, "rb") as f:
             self.assertEqual(f.read(8), PNG_SIGNATURE)
 
+    def test_targets_are_the_open_issues(self):
+        sys.path.insert(0, HERE)
+        import plot_results  # pylint: disable=import-outside-toplevel
+        shape = {"op": "decode", "copy_gbps_ceiling": 4000.0, "gather_gbps_ceiling": 3000.0}
+        rows = [dict(shape, model="V4-Flash", H=16, b=128, time_us=30.0, gbps=1600.0),
+                dict(shape, model="V4-Pro", H=128, b=128, time_us=100.0, gbps=800.0),
+                dict(shape, model="V4-Pro", H=64, b=128, time_us=60.0, gbps=1400.0)]
+        # After the label: measured, the gather floor, the target, FlashMLA.
+        cells = [line.split(" ")[1:] for line in plot_results.table(rows, 128)]
+        self.assertEqual(cells[0][:3], ["30.00", "16.00", "18.82"])  # the floor / 0.85
+        self.assertEqual(cells[1][:3], ["100.00", "26.67", "90.00"])
+        self.assertEqual(cells[2][2], "NaN")  # no target at V4-Pro H = 64
+        pro_512 = dict(rows[1], b=512)
+        self.assertEqual(plot_results.table([pro_512], 512)[0].split(" ")[3], "360.00")
+
     def test_writes_beside_the_results_by_default(self):
         with open(RESULTS) as f:
             path = self.write_results(f.read())
