@@ -78,8 +78,9 @@ constexpr uint32_t kRawScales = kTokenDataBytes;  // [4 parts][8 bytes] after th
 static_assert(kRawScales + 4 * 8 <= kRawRowBytes && kRawRowBytes % 16 == 0, "raw row");
 constexpr uint32_t kRawChunkBytes = kTileRows * kRawRowBytes;
 
-// Shared memory, in bytes from the start; kRing: the producers' raw chunks
-// at the end (ProduceRing, NarrowUsesRing), the rest the same either way.
+// Shared memory, in bytes from the start; kRingProducers: the producers'
+// raw chunks at the end (ProduceRing, NarrowUsesRing), the rest the same
+// either way.
 template <int N, bool kRingProducers = (N > 16)>
 struct NarrowLayout {
   static constexpr uint32_t kKeys = 0;                              // two 64 keys x 512 bf16
@@ -642,16 +643,13 @@ template <int N>
 cudaError_t LaunchNarrow(const DecodeParams& p, const FusedQuery& fused, int splits,
                          int split_entries, float* partial_o, float* partial_ml,
                          cudaStream_t stream) {
-  if constexpr (N > 16) {
-    return LaunchNarrowWith<N, true>(p, fused, splits, split_entries, partial_o, partial_ml,
-                                     stream);
-  } else if (NarrowUsesRing(N, split_entries)) {
-    return LaunchNarrowWith<N, true>(p, fused, splits, split_entries, partial_o, partial_ml,
-                                     stream);
-  } else {
-    return LaunchNarrowWith<N, false>(p, fused, splits, split_entries, partial_o, partial_ml,
-                                      stream);
+  if constexpr (N <= 16) {
+    if (!NarrowUsesRing(N, split_entries)) {
+      return LaunchNarrowWith<N, false>(p, fused, splits, split_entries, partial_o, partial_ml,
+                                        stream);
+    }
   }
+  return LaunchNarrowWith<N, true>(p, fused, splits, split_entries, partial_o, partial_ml, stream);
 }
 
 }  // namespace
