@@ -514,7 +514,7 @@ struct StatefulSetPods {
 absl::StatusOr<std::vector<std::string>> StatefulSetTargets(const StatefulSetPods& pods);
 
 // Whether gRPC target `target` reaches a server on this host the way the
-// server counts same-host peers for regions (server/region_access.h): a
+// server counts same-host peers for regions (server/regions/region_access.h): a
 // Unix socket ("unix:PATH", "unix-abstract:NAME") or a loopback address
 // ("localhost:PORT", "127.x.y.z:PORT", "[::1]:PORT", with or without an
 // "ipv4:"/"ipv6:" scheme). A name that may resolve to this host is not

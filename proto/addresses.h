@@ -1,6 +1,6 @@
 // Whether a gRPC address names this host alone, so that no other host
 // reaches it: what the server counts as a same-host peer for regions
-// (server/region_access.h), the listen addresses it serves on without
+// (server/regions/region_access.h), the listen addresses it serves on without
 // --allow_insecure, and the targets a client may place region-using
 // sessions on (client::Cluster).
 //

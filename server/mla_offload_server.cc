@@ -23,13 +23,13 @@
 #include "kernels/backend_factory.h"
 #include "kernels/geometry.h"
 #include "kernels/model_profile.h"
-#include "server/build_info.h"
-#include "server/host_memory.h"
+#include "proto/addresses.h"
 #include "server/metrics/http_exporter.h"
 #include "server/metrics/process_metrics.h"
 #include "server/metrics/registry.h"
-#include "proto/addresses.h"
 #include "server/offload_server.h"
+#include "server/process/build_info.h"
+#include "server/process/host_memory.h"
 
 ABSL_FLAG(std::vector<std::string>, listen, {"127.0.0.1:50051"},
           "Where to serve gRPC, a comma list: one HOST:PORT (port 0 picks a free port, printed "

@@ -15,11 +15,11 @@
 // is cancelled). The engine thread stops after the gRPC server, and the
 // service after the engine thread, which calls into it.
 //
-// Security: with options.tls the TCP port serves TLS only (server/tls.h;
+// Security: with options.tls the TCP port serves TLS only (server/access/tls.h;
 // the Unix sockets stay plaintext: the socket file's permissions guard
 // them); with options.auth's tokens, or a TLS client CA, every MlaOffload
-// call must authenticate (server/auth.h) and sessions belong to tenants
-// (server/tenants.h). Health and reflection answer every caller, for probes
+// call must authenticate (server/access/auth.h) and sessions belong to tenants
+// (server/access/tenants.h). Health and reflection answer every caller, for probes
 // and tools: they tell only whether the server serves, and its API.
 //
 // Thread-safe after Start; Drain is called once.
@@ -36,13 +36,13 @@
 #include "absl/time/time.h"
 #include "kernels/backend.h"
 #include "proto/transport_settings.h"
-#include "server/auth.h"
-#include "server/engine.h"
+#include "server/access/auth.h"
+#include "server/access/tls.h"
+#include "server/engine/engine.h"
 #include "server/metrics/registry.h"
 #include "server/scheduler.h"
 #include "server/server_metrics.h"
 #include "server/service.h"
-#include "server/tls.h"
 
 namespace mla {
 

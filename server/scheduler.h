@@ -48,9 +48,9 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "server/clock.h"
-#include "server/engine.h"
-#include "server/requests.h"
+#include "server/engine/engine.h"
+#include "server/engine/requests.h"
+#include "server/process/clock.h"
 
 namespace mla {
 

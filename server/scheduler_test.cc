@@ -22,8 +22,8 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu_backend.h"
 #include "kernels/model_profile.h"
-#include "server/engine.h"
-#include "server/requests.h"
+#include "server/engine/engine.h"
+#include "server/engine/requests.h"
 #include "server/testing/engine_hold.h"
 
 namespace mla {

@@ -34,8 +34,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "server/engine/requests.h"
 #include "server/metrics/registry.h"
-#include "server/requests.h"
 #include "server/scheduler.h"
 
 namespace mla {

@@ -32,9 +32,9 @@
 // queued), so they run and are answered in that order.
 //
 // Refused requests (any method, any code but OK) are logged on stderr,
-// rate-limited per method and code (server/log.h).
+// rate-limited per method and code (server/process/log.h).
 //
-// Regions (the same-host data plane, server/region_access.h): the service
+// Regions (the same-host data plane, server/regions/region_access.h): the service
 // holds the registry. RegisterRegion, UnregisterRegion and ListRegions are
 // answered on the gRPC thread; an Attend message's region references are
 // resolved on the gRPC thread that read it, before it is queued (a
@@ -44,7 +44,7 @@
 // and expires the others after the grace period; the registry goes with
 // the service.
 //
-// Authentication and tenants (server/auth.h, server/tenants.h): every call
+// Authentication and tenants (server/access/auth.h, server/access/tenants.h): every call
 // is authenticated first; one that is not is UNAUTHENTICATED (an Attend or
 // Echo stream ends with it before reading a message) and does nothing. A
 // session belongs to the tenant that created it: to another tenant every
@@ -68,17 +68,17 @@
 #include <mutex>
 #include <string>
 
-#include "absl/status/status.h"
 #include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
 #include "proto/mla_offload.grpc.pb.h"
-#include "server/auth.h"
-#include "server/connection_gate.h"
-#include "server/log.h"
-#include "server/region_access.h"
-#include "server/region_registry.h"
+#include "server/access/auth.h"
+#include "server/access/connection_gate.h"
+#include "server/access/tenants.h"
+#include "server/process/log.h"
+#include "server/regions/region_access.h"
+#include "server/regions/region_registry.h"
 #include "server/scheduler.h"
 #include "server/server_metrics.h"
-#include "server/tenants.h"
 
 namespace mla {
 

@@ -46,12 +46,12 @@
 #include "kernels/geometry.h"
 #include "kernels/model_profile.h"
 #include "proto/mla_offload.grpc.pb.h"
+#include "server/access/auth.h"
+#include "server/engine/session.h"
 #include "server/metrics/registry.h"
-#include "server/session.h"
-#include "server/auth.h"
 #include "server/offload_server.h"
+#include "server/regions/testing/regions.h"
 #include "server/testing/engine_hold.h"
-#include "server/testing/regions.h"
 #include "tests/support/test_rows.h"
 
 namespace mla {

@@ -95,10 +95,10 @@
 #include "proto/attend_codec.h"
 #include "proto/mla_offload.grpc.pb.h"
 #include "server/bench/plain_echo.grpc.pb.h"
-#include "server/host_memory.h"
 #include "server/metrics/registry.h"
-#include "server/server_metrics.h"
 #include "server/offload_server.h"
+#include "server/process/host_memory.h"
+#include "server/server_metrics.h"
 #include "server/service.h"
 
 ABSL_FLAG(double, seconds, 2.0, "Timed seconds per row (whole chunks of messages).");
@@ -157,7 +157,7 @@ ABSL_FLAG(int, tcp_max_read_chunk, -1,
           "GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE of ours; -1: gRPC's default.");
 ABSL_FLAG(bool, malloc_keep, true,
           "Before anything starts, keep freed memory in the process as mla_offload_server does "
-          "by default (--keep_freed_memory, server/host_memory.h), so that gRPC's read buffers "
+          "by default (--keep_freed_memory, server/process/host_memory.h), so that gRPC's read buffers "
           "are not returned to the kernel and faulted in (zeroed) again on every message. "
           "--malloc_keep=false: glibc's defaults.");
 ABSL_FLAG(bool, sweep, false,

@@ -7,7 +7,7 @@
 #include "kernels/cpu_backend.h"
 #include "kernels/geometry.h"
 #include "kernels/model_profile.h"
-#include "server/session.h"
+#include "server/engine/session.h"
 #include "tests/support/test_rows.h"
 
 namespace mla::fuzz {

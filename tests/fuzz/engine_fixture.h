@@ -24,7 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "server/engine.h"
+#include "server/engine/engine.h"
 
 namespace mla::fuzz {
 

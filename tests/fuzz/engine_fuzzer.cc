@@ -4,7 +4,7 @@
 //
 // The input is an AttendRequest in wire format. It is parsed with the codec
 // and handed to the engine as the service does (a ReceivedAttend of
-// server/requests.h), except that segments name sessions by their alias in
+// server/engine/requests.h), except that segments name sessions by their alias in
 // tests/fuzz/engine_fixture.h, and run as a batch of one through
 // Engine::Attend. Besides the sanitizers, it holds the engine to its
 // contract: one answer with the message's request id; on success an output
@@ -26,8 +26,8 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "proto/attend_codec.h"
-#include "server/engine.h"
-#include "server/requests.h"
+#include "server/engine/engine.h"
+#include "server/engine/requests.h"
 #include "tests/fuzz/attend_mutator.h"
 #include "tests/fuzz/engine_fixture.h"
 

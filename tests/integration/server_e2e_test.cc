@@ -70,9 +70,9 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "client/test_processes.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "client/test_processes.h"
 #include "kernels/backend.h"
 #include "kernels/bf16.h"
 #include "kernels/cache_format.h"
@@ -89,7 +89,7 @@
 
 #include "client/cuda_region.h"
 #endif
-#include "server/testing/regions.h"
+#include "server/regions/testing/regions.h"
 #include "tests/support/test_rows.h"
 
 extern char** environ;
