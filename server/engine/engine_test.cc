@@ -1,15 +1,19 @@
 // End-to-end tests of the engine (server/engine/engine.h) on the CPU backend,
-// against the float64 reference of kernels/reference/.
+// against the float64 reference of kernels/reference/: the facade's own
+// behaviour (decode steps, waves, batching that never changes results,
+// pipelined batches, answers into regions, failures that change nothing and
+// the engine's errors). Each stage's refusals and bookkeeping are tested
+// against the stage itself (attend_plan_test.cc, append_plan_test.cc,
+// session_table_test.cc, page_reservation_test.cc, row_insert_test.cc,
+// kv_pool_test.cc).
 //
-// The test keeps its own model of every session: the KV rows it sent (each
-// row is a pure function of the session's salt, the layer and the position or
-// compressed row index, so a row can be sent again or looked up at any time)
-// and the queries of each message. For every Attend message it builds the
-// expected output from docs/spec/dsv4-attention.md alone: the key lists of
-// sections 1 and 5 over a host pool whose slots the test chooses, the sinks
-// of the rank's heads, optional de-rotation, then reference::ReferenceDecode,
-// and compares under the tolerances of section 7. The engine's slots, rings
-// and pages are never read.
+// The test keeps its own model of every session (testing/session_model.h):
+// the KV rows it sent and the queries of each message. For every Attend
+// message it builds the expected output from docs/spec/dsv4-attention.md
+// alone: the key lists of sections 1 and 5 over a host pool whose slots the
+// test chooses, the sinks of the rank's heads, optional de-rotation, then
+// reference::ReferenceDecode, and compares under the tolerances of section
+// 7. The engine's slots, rings and pages are never read.
 //
 // Rejected requests are checked for their status code, a message naming the
 // field, and for leaving the engine exactly as it was: the pool's used blocks
@@ -18,19 +22,20 @@
 // session's, so anything they wrote or counted would show in later outputs.
 #include "server/engine/engine.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
-#include <sys/mman.h>
-#include <unistd.h>
 #include <cstring>
 #include <functional>
 #include <limits>
 #include <map>
-#include <set>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -52,54 +57,19 @@
 #include "kernels/rope.h"
 #include "server/engine/kv_pool.h"
 #include "server/engine/requests.h"
+#include "server/engine/testing/expect_error.h"
+#include "server/engine/testing/messages.h"
+#include "server/engine/testing/rows.h"
+#include "server/engine/testing/session_model.h"
+#include "server/engine/testing/spec_models.h"
 
 namespace mla {
 namespace {
 
+using namespace engine_testing;  // NOLINT(build/namespaces): the shared test fixtures
 using reference::ComparisonReport;
 using reference::DecodeReference;
 using reference::KvRowReference;
-using ::testing::HasSubstr;
-
-constexpr int32_t kMaxPosition = 4096;
-constexpr float kInf = std::numeric_limits<float>::infinity();
-constexpr int32_t kInt32Max = std::numeric_limits<int32_t>::max();
-constexpr int32_t kInt32Min = std::numeric_limits<int32_t>::min();
-constexpr char kFlash[] = "deepseek-v4-flash";
-constexpr char kPro[] = "deepseek-v4-pro";
-const absl::Time kT0 = absl::FromUnixSeconds(1000000);
-
-// ---- The models as spec section 1 states them (not read from the profiles).
-
-struct SpecModel {
-  std::string name;
-  int h_total;
-  int topk;
-  std::vector<int> ratios;  // per attention layer, MTP last
-
-  int layers() const { return static_cast<int>(ratios.size()); }
-};
-
-SpecModel MakeSpecModel(const std::string& name, std::vector<int> head, int pairs, int h_total,
-                        int topk) {
-  SpecModel model{name, h_total, topk, std::move(head)};
-  for (int i = 0; i < pairs; ++i) {
-    model.ratios.push_back(4);
-    model.ratios.push_back(128);
-  }
-  model.ratios.push_back(4);
-  model.ratios.push_back(0);
-  return model;
-}
-
-const SpecModel& Spec(absl::string_view name) {
-  static const SpecModel* flash = new SpecModel(MakeSpecModel(kFlash, {0, 0}, 20, 64, 512));
-  static const SpecModel* pro = new SpecModel(MakeSpecModel(kPro, {128, 128}, 29, 128, 1024));
-  return name == kFlash ? *flash : *pro;
-}
-
-// Section 6: H rounded up to a multiple of 8.
-int SpecPadded(int heads) { return (heads + 7) / 8 * 8; }
 
 // Section 2: SWA-only layers rotate without YaRN, compressed layers with it.
 const RopeTable& Table(int ratio) {
@@ -216,134 +186,25 @@ KvRowReference StoredRow(const std::vector<uint16_t>& row, int32_t position, int
   return stored;
 }
 
-// ---- Random data.
-
-class Random {
- public:
-  explicit Random(uint64_t seed) : state_(seed * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull) {}
-
-  uint64_t Next() {  // SplitMix64
-    uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  int64_t Uniform(int64_t low, int64_t high) {
-    return low + static_cast<int64_t>(Next() % static_cast<uint64_t>(high - low + 1));
-  }
-  bool Chance(double p) { return static_cast<double>(Next() >> 11) * 0x1.0p-53 < p; }
-
- private:
-  uint64_t state_;
-};
-
-uint64_t Mix(uint64_t a, uint64_t b) { return Random(a ^ (b * 0xd1342543de82ef95ull)).Next(); }
-
-// `count` rows of 512 bf16 values, none zero. Each 64-wide tile has its own
-// scale between 2^-7 and 2^0 (one tile in twenty 2^-20, below the 1e-4 floor
-// of the cache's tile scale); values spread over 2^-2..2^1 of it and one in a
-// hundred is 2^-12 of it, so that e4m3 subnormals and negative zeros occur.
-// Keys of this size give logits of spread about 1: the softmax weighs many
-// keys, so that a single wrong, missing or extra key shows in out and lse.
-std::vector<uint16_t> Rows(uint64_t seed, int64_t count) {
-  Random rng(seed);
-  std::vector<uint16_t> rows(count * kHeadDim);
-  for (int64_t tile = 0; tile < count * (kHeadDim / kQuantTile); ++tile) {
-    const uint64_t tile_bits = rng.Next();
-    const int tile_exponent =
-        tile_bits % 20 == 0 ? -20 : -7 + static_cast<int>((tile_bits >> 8) % 8);
-    for (int i = 0; i < kQuantTile; ++i) {
-      const uint64_t bits = rng.Next();
-      int exponent = tile_exponent + static_cast<int>(bits & 3) - 2;
-      if ((bits >> 2) % 100 == 0) exponent -= 12;
-      const uint16_t mantissa = static_cast<uint16_t>((bits >> 16) & 0x7f);
-      const uint16_t sign = static_cast<uint16_t>((bits >> 30) & 1);
-      rows[tile * kQuantTile + i] =
-          static_cast<uint16_t>(sign << 15 | (exponent + 127) << 7 | mantissa);
-    }
-  }
-  return rows;
+// The oracle's stored row `index` of `layer` of `seq`, by what makes the
+// row (its model, salt, layer and index): sessions of one salt share them.
+// NewEngine forgets them: each test makes its engine first and needs none
+// of the rows of the tests before it.
+using OracleRowKey = std::tuple<const SpecModel*, uint64_t, int, bool, int32_t>;
+std::map<OracleRowKey, KvRowReference>& OracleRows() {
+  static auto* rows = new std::map<OracleRowKey, KvRowReference>();
+  return *rows;
 }
 
-// A tensor over `bytes` of `data`, cut into up to three pieces at arbitrary
-// byte offsets (odd ones included), so that copies out of it cross piece
-// boundaries. Like a parsed message's, no piece is empty.
-wire::TensorView Tensor(wire::DType dtype, std::vector<int64_t> shape, const void* data,
-                        size_t bytes, uint64_t seed) {
-  wire::TensorView tensor;
-  tensor.dtype = dtype;
-  tensor.shape = std::move(shape);
-  const uint8_t* base = static_cast<const uint8_t*>(data);
-  Random rng(seed);
-  size_t a = static_cast<size_t>(rng.Uniform(0, static_cast<int64_t>(bytes)));
-  size_t b = static_cast<size_t>(rng.Uniform(0, static_cast<int64_t>(bytes)));
-  if (a > b) std::swap(a, b);
-  for (const wire::Piece piece :
-       {wire::Piece(base, a), wire::Piece(base + a, b - a), wire::Piece(base + b, bytes - b)}) {
-    if (!piece.empty()) tensor.pieces.push_back(piece);
-  }
-  return tensor;
+const KvRowReference& OracleRow(const Seq& seq, int layer, bool compressed, int32_t index) {
+  const OracleRowKey key(seq.spec, seq.salt, layer, compressed, index);
+  auto it = OracleRows().find(key);
+  if (it != OracleRows().end()) return it->second;
+  const int32_t position = compressed ? index * seq.ratio(layer) : index;
+  return OracleRows()
+      .emplace(key, StoredRow(seq.Row(layer, compressed, index), position, seq.ratio(layer)))
+      .first->second;
 }
-
-template <typename T>
-wire::TensorView Tensor(wire::DType dtype, std::vector<int64_t> shape, const std::vector<T>& values,
-                        uint64_t seed) {
-  return Tensor(dtype, std::move(shape), values.data(), values.size() * sizeof(T), seed);
-}
-
-// ---- The test's model of a session.
-
-enum class SinkMode { kNone, kWhole, kRank };  // none, [layers, h_total], [layers, H]
-
-struct Seq {
-  const SpecModel* spec = nullptr;
-  std::string id;
-  int heads = 0;
-  std::vector<float> sinks;  // as sent; empty: none
-  int sink_heads = 0;
-  uint64_t salt = 0;
-  std::vector<int32_t> next;  // per layer: the next position the test expects
-  std::map<std::tuple<int, bool, int32_t>, KvRowReference> refs;
-
-  int padded() const { return SpecPadded(heads); }
-  int ratio(int layer) const { return spec->ratios[layer]; }
-
-  // The bf16 row of `layer` at SWA position `index`, or compressed row `index`.
-  std::vector<uint16_t> Row(int layer, bool compressed, int32_t index) const {
-    return Rows(Mix(Mix(salt, layer * 2 + (compressed ? 1 : 0)), static_cast<uint64_t>(index)), 1);
-  }
-
-  // Its reference after RoPE and quantisation (compressed row j at j * r).
-  const KvRowReference& Ref(int layer, bool compressed, int32_t index) {
-    auto key = std::make_tuple(layer, compressed, index);
-    auto it = refs.find(key);
-    if (it != refs.end()) return it->second;
-    const int32_t position = compressed ? index * ratio(layer) : index;
-    return refs.emplace(key, StoredRow(Row(layer, compressed, index), position, ratio(layer)))
-        .first->second;
-  }
-
-  // Section 5 with the proto's sinks: the rank's slice of [layers, h_total],
-  // or the shared [layers, H]; none: -inf.
-  float Sink(int layer, int head_offset, int h) const {
-    if (sinks.empty()) return -kInf;
-    if (sink_heads == spec->h_total) return sinks[layer * sink_heads + head_offset + h];
-    return sinks[layer * sink_heads + h];
-  }
-
-  int32_t NextPosition() const { return *std::min_element(next.begin(), next.end()); }
-
-  // Blocks the session must hold: a 4-block SWA ring per layer and 64-row
-  // pages for the compressed rows of each layer.
-  int64_t ExpectedBlocks() const {
-    int64_t blocks = 0;
-    for (int layer = 0; layer < spec->layers(); ++layer) {
-      blocks += 4;
-      if (ratio(layer) != 0) blocks += (next[layer] / ratio(layer) + 63) / 64;
-    }
-    return blocks;
-  }
-};
 
 // An engine serving both models, on `backend` (none: a CPU backend).
 std::unique_ptr<Engine> NewEngine(int64_t blocks, int32_t max_position = kMaxPosition,
@@ -360,238 +221,28 @@ std::unique_ptr<Engine> NewEngine(int64_t blocks, int32_t max_position = kMaxPos
   options.copy_threads = 3;  // large tensors staged in pieces, as on a GPU host
   for (const char* name : {kFlash, kPro}) options.models.push_back(*FindModelProfile(name));
   if (backend == nullptr) backend = std::make_unique<CpuBackend>(2);
+  OracleRows().clear();
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(std::move(backend), options);
   EXPECT_TRUE(engine.ok()) << engine.status();
   return engine.ok() ? *std::move(engine) : nullptr;
 }
 
-std::vector<float> RandomSinks(uint64_t seed, int64_t count) {
-  Random rng(seed);
-  std::vector<float> sinks(count);
-  // Around the lse of the random data (about 5 for 130 keys) so that sinks
-  // matter; one in eight has no effect.
-  for (float& sink : sinks) {
-    sink = rng.Chance(0.125) ? -kInf : static_cast<float>(rng.Uniform(-300, 1000)) / 100.0f;
-  }
-  return sinks;
-}
-
-// Sends CreateSession; the test's model of the session, or null. The sinks
-// are `sink_values` when given (of the shape `sinks` says), else random.
+// Sends CreateSession; the test's model of the session, or null
+// (CreateSeq).
 std::unique_ptr<Seq> NewSeq(Engine& engine, absl::string_view model, int heads, SinkMode sinks,
                             uint64_t salt, int idle_ttl_seconds = 0, absl::Time now = kT0,
                             const std::vector<float>& sink_values = {}) {
-  auto seq = std::make_unique<Seq>();
-  seq->spec = &Spec(model);
-  seq->heads = heads;
-  seq->salt = salt;
-  seq->next.assign(seq->spec->layers(), 0);
-  wire::CreateSessionRequestView input;
-  input.model = std::string(model);
-  input.num_heads = heads;
-  input.idle_ttl_seconds = idle_ttl_seconds;
-  if (sinks != SinkMode::kNone) {
-    seq->sink_heads = sinks == SinkMode::kWhole ? seq->spec->h_total : heads;
-    seq->sinks = sink_values.empty() ? RandomSinks(Mix(salt, 77),
-                                                   int64_t{seq->spec->layers()} * seq->sink_heads)
-                                     : sink_values;
-    input.sinks =
-        Tensor(wire::DType::kF32, {seq->spec->layers(), seq->sink_heads}, seq->sinks, salt);
-  }
-  absl::StatusOr<CreateSessionResult> created = engine.CreateSession(input, now);
-  EXPECT_TRUE(created.ok()) << created.status();
-  if (!created.ok()) return nullptr;
-  EXPECT_EQ(created->num_heads, heads);
-  EXPECT_EQ(created->padded_heads, SpecPadded(heads));
-  EXPECT_FALSE(created->session_id.empty());
-  seq->id = created->session_id;
-  return seq;
+  return CreateSeq(
+      [&](const wire::CreateSessionRequestView& input) { return engine.CreateSession(input, now); },
+      model, heads, sinks, salt, idle_ttl_seconds, sink_values);
 }
 
-// ---- AppendKV requests.
-
-struct AppendRequest {
-  wire::AppendKVRequestView input;
-  std::vector<std::vector<uint16_t>> swa;         // per entry of input.layers
-  std::vector<std::vector<uint16_t>> compressed;  // per entry of input.layers
-};
-
-// Rows of positions first..first+count-1 of every layer, layers in a shuffled
-// order, with the compressed rows those positions complete.
-std::unique_ptr<AppendRequest> BuildAppend(const Seq& seq, int32_t first, int32_t count,
-                                           uint64_t seed) {
-  auto request = std::make_unique<AppendRequest>();
-  const int layers = seq.spec->layers();
-  std::vector<int> order(layers);
-  for (int layer = 0; layer < layers; ++layer) order[layer] = layer;
-  Random rng(seed);
-  for (int i = layers - 1; i > 0; --i) std::swap(order[i], order[rng.Uniform(0, i)]);
-  request->swa.resize(layers);
-  request->compressed.resize(layers);
-  request->input.session_id = seq.id;
-  request->input.first_position = first;
-  request->input.num_positions = count;
-  for (int e = 0; e < layers; ++e) {
-    const int layer = order[e];
-    wire::LayerRowsView rows;
-    rows.layer = layer;
-    for (int32_t p = first; p < first + count; ++p) {
-      const std::vector<uint16_t> row = seq.Row(layer, false, p);
-      request->swa[e].insert(request->swa[e].end(), row.begin(), row.end());
-    }
-    rows.swa_kv = Tensor(wire::DType::kBf16, {count, kHeadDim}, request->swa[e], Mix(seed, e));
-    const int ratio = seq.ratio(layer);
-    if (ratio != 0) {
-      const int32_t from = first / ratio;
-      const int32_t to = (first + count) / ratio;
-      for (int32_t j = from; j < to; ++j) {
-        const std::vector<uint16_t> row = seq.Row(layer, true, j);
-        request->compressed[e].insert(request->compressed[e].end(), row.begin(), row.end());
-      }
-      rows.first_compressed_row = from;
-      // An empty [0, 512] tensor is sent for some layers, none for others.
-      if (to > from || layer % 2 == 1) {
-        rows.compressed_kv = Tensor(wire::DType::kBf16, {to - from, kHeadDim},
-                                    request->compressed[e], Mix(seed, 1000 + e));
-      }
-    }
-    request->input.layers.push_back(std::move(rows));
-  }
-  return request;
-}
-
-// Appends positions first..first+count-1 of every layer, the request edited
-// by `change` if given; updates the model.
+// Appends positions first..first+count-1 of every layer (AppendSeq).
 absl::Status Append(Engine& engine, Seq& seq, int32_t first, int32_t count, absl::Time now = kT0,
                     const std::function<void(AppendRequest&)>& change = nullptr) {
-  const std::unique_ptr<AppendRequest> request =
-      BuildAppend(seq, first, count, Mix(seq.salt, first));
-  if (change) change(*request);
-  absl::StatusOr<AppendResult> result = engine.AppendKV(request->input, now);
-  if (!result.ok()) return result.status();
-  for (int32_t& next : seq.next) next = first + count;
-  EXPECT_EQ(result->next_position, first + count);
-  EXPECT_EQ(result->session_blocks, seq.ExpectedBlocks());
-  return absl::OkStatus();
-}
-
-// ---- Attend messages and their reference.
-
-struct SegmentSpec {
-  Seq* seq = nullptr;
-  int32_t position = 0;
-  int32_t tokens = 1;
-  // Brings the compressed rows its positions complete (the first rank must;
-  // a rank repeating the step may send them again or not).
-  bool rows = true;
-};
-
-struct MessageOptions {
-  uint64_t seed = 1;
-  int head_offset = 0;
-  bool derotate = false;
-  bool lse = true;
-  bool kv = true;        // send the tokens' SWA rows
-  uint64_t garbage = 0;  // nonzero: kv and compressed rows are not the session's
-  int topk_width = 24;   // C4A layers; 0 sends no top-k
-  bool fp8 = false;      // asks for the FP8 output
-};
-
-struct Message {
-  wire::AttendRequestView input;
-  absl::Time arrival = kT0;
-  std::vector<uint16_t> q, kv, compressed;
-  std::vector<int32_t> topk;
-  int topk_width = 0;
-  int heads = 0;
-  std::vector<Seq*> token_seq;
-  std::vector<int32_t> token_position;
-
-  Message() = default;
-  Message(const Message&) = delete;
-  Message& operator=(const Message&) = delete;
-  int64_t tokens() const { return static_cast<int64_t>(token_position.size()); }
-};
-
-// One C4A top-k row for a token at `position`: valid rows j < (p+1)/4 (the
-// newest and row 0 often), duplicates, -1 inside and -1 pads at the end.
-void FillTopk(Random& rng, int32_t position, int width, int32_t* row) {
-  const int32_t visible = (position + 1) / 4;
-  for (int k = 0; k < width; ++k) {
-    if (visible == 0 || k >= width - width / 5 || rng.Chance(0.1)) {
-      row[k] = -1;
-    } else if (k > 0 && rng.Chance(0.12)) {
-      row[k] = row[rng.Uniform(0, k - 1)];
-    } else if (rng.Chance(0.15)) {
-      row[k] = rng.Chance(0.5) ? visible - 1 : 0;
-    } else {
-      row[k] = static_cast<int32_t>(rng.Uniform(0, visible - 1));
-    }
-  }
-}
-
-std::unique_ptr<Message> Build(int layer, const std::vector<SegmentSpec>& segments,
-                               const MessageOptions& options) {
-  auto m = std::make_unique<Message>();
-  const Seq& first = *segments.front().seq;
-  const int ratio = first.ratio(layer);
-  Random rng(options.seed);
-  m->heads = first.heads;
-  for (const SegmentSpec& segment : segments) {
-    wire::SegmentView input;
-    input.session_id = segment.seq->id;
-    input.position = segment.position;
-    input.num_tokens = segment.tokens;
-    for (int32_t p = segment.position; p < segment.position + segment.tokens; ++p) {
-      m->token_seq.push_back(segment.seq);
-      m->token_position.push_back(p);
-      if (options.kv) {
-        const std::vector<uint16_t> row = options.garbage != 0 ? Rows(Mix(options.garbage, p), 1)
-                                                               : segment.seq->Row(layer, false, p);
-        m->kv.insert(m->kv.end(), row.begin(), row.end());
-      }
-    }
-    if (ratio != 0 && segment.rows) {
-      input.first_compressed_row = segment.position / ratio;
-      input.num_compressed_rows =
-          (segment.position + segment.tokens) / ratio - input.first_compressed_row;
-      for (int32_t j = input.first_compressed_row;
-           j < input.first_compressed_row + input.num_compressed_rows; ++j) {
-        const std::vector<uint16_t> row = options.garbage != 0
-                                              ? Rows(Mix(options.garbage, 100000 + j), 1)
-                                              : segment.seq->Row(layer, true, j);
-        m->compressed.insert(m->compressed.end(), row.begin(), row.end());
-      }
-    }
-    m->input.segments.push_back(input);
-  }
-  const int64_t tokens = m->tokens();
-  m->q = Rows(rng.Next(), tokens * m->heads);
-  if (ratio == 4 && options.topk_width > 0) {
-    m->topk_width = options.topk_width;
-    m->topk.resize(tokens * m->topk_width);
-    for (int64_t t = 0; t < tokens; ++t) {
-      FillTopk(rng, m->token_position[t], m->topk_width, m->topk.data() + t * m->topk_width);
-    }
-  }
-  wire::AttendRequestView& input = m->input;
-  input.request_id = options.seed;
-  input.layer = layer;
-  input.head_offset = options.head_offset;
-  input.q = Tensor(wire::DType::kBf16, {tokens, m->heads, kHeadDim}, m->q, rng.Next());
-  if (options.kv) input.kv = Tensor(wire::DType::kBf16, {tokens, kHeadDim}, m->kv, rng.Next());
-  if (!m->compressed.empty()) {
-    input.compressed_kv = Tensor(wire::DType::kBf16,
-                                 {static_cast<int64_t>(m->compressed.size() / kHeadDim), kHeadDim},
-                                 m->compressed, rng.Next());
-  }
-  if (m->topk_width > 0) {
-    input.topk = Tensor(wire::DType::kI32, {tokens, m->topk_width}, m->topk, rng.Next());
-  }
-  input.return_lse = options.lse;
-  input.derotate_output = options.derotate;
-  input.fp8_output = options.fp8;
-  return m;
+  return AppendSeq(
+      [&](const wire::AppendKVRequestView& input) { return engine.AppendKV(input, now); }, seq,
+      first, count, change);
 }
 
 // The reference output of a message, from the test's model of its sessions.
@@ -614,7 +265,7 @@ absl::StatusOr<DecodeReference> Expected(const Message& m) {
     auto it = slots.find(key);
     if (it != slots.end()) return it->second;
     const int32_t slot = static_cast<int32_t>(rows.size());
-    rows.push_back(&seq->Ref(layer, compressed, index));
+    rows.push_back(&OracleRow(*seq, layer, compressed, index));
     slots.emplace(key, slot);
     return slot;
   };
@@ -746,16 +397,6 @@ std::vector<AttendResult> AttendBatch(Engine& engine, const std::vector<const Me
   return results;
 }
 
-// Records in the test's model what a successful message advanced.
-void Advance(const Message& m) {
-  for (const wire::SegmentView& segment : m.input.segments) {
-    for (int64_t t = 0; t < m.tokens(); ++t) {
-      if (m.token_seq[t]->id != segment.session_id) continue;
-      int32_t& next = m.token_seq[t]->next[m.input.layer];
-      next = std::max(next, segment.position + segment.num_tokens);
-    }
-  }
-}
 
 // Runs one batch whose every message must succeed and match the reference.
 void RunAndExpect(Engine& engine, const std::vector<const Message*>& messages,
@@ -767,86 +408,13 @@ void RunAndExpect(Engine& engine, const std::vector<const Message*>& messages,
   }
 }
 
-void ExpectError(const absl::Status& status, absl::StatusCode code, absl::string_view field,
-                 absl::string_view what) {
-  EXPECT_EQ(status.code(), code) << what << ": " << status;
-  EXPECT_THAT(std::string(status.message()), HasSubstr(std::string(field))) << what;
-}
-
-// What an outside observer sees of the engine.
-struct Snapshot {
-  int64_t used = 0;
-  int64_t sessions = 0;
-  std::vector<std::tuple<std::string, std::string, int, int32_t, int64_t, double>> list;
-
-  bool operator==(const Snapshot& other) const {
-    return used == other.used && sessions == other.sessions && list == other.list;
-  }
-};
-
-std::ostream& operator<<(std::ostream& os, const Snapshot& s) {
-  os << "used " << s.used << ", sessions " << s.sessions << ":";
-  for (const auto& [id, model, heads, next, blocks, idle] : s.list) {
-    os << " {" << id.substr(0, 6) << " " << model << " H" << heads << " next " << next << " blocks "
-       << blocks << " idle " << idle << "}";
-  }
-  return os;
-}
-
 Snapshot Snap(const Engine& engine, absl::Time now = kT0) {
-  Snapshot snapshot{engine.kv_blocks_used(), engine.num_sessions(), {}};
-  for (const SessionSummary& s : engine.ListSessions(now)) {
-    snapshot.list.emplace_back(s.session_id, s.model, s.num_heads, s.next_position, s.blocks,
-                               s.idle_seconds);
-  }
-  return snapshot;
+  return engine_testing::Snap(engine.kv_blocks_used(), engine.num_sessions(),
+                              engine.ListSessions(now));
 }
 
-// ListSessions and the pool agree with the test's model of `seqs` (all the
-// sessions of the engine).
 void ExpectListed(const Engine& engine, const std::vector<const Seq*>& seqs) {
-  const std::vector<SessionSummary> list = engine.ListSessions(kT0);
-  ASSERT_EQ(list.size(), seqs.size());
-  int64_t used = 0;
-  for (const Seq* seq : seqs) {
-    used += seq->ExpectedBlocks();
-    auto it = std::find_if(list.begin(), list.end(),
-                           [&](const SessionSummary& s) { return s.session_id == seq->id; });
-    ASSERT_NE(it, list.end()) << seq->id;
-    EXPECT_EQ(it->model, seq->spec->name);
-    EXPECT_EQ(it->num_heads, seq->heads);
-    EXPECT_EQ(it->next_position, seq->NextPosition());
-    EXPECT_EQ(it->blocks, seq->ExpectedBlocks());
-  }
-  EXPECT_EQ(engine.kv_blocks_used(), used);
-}
-
-// First layers of each kind, and the MTP layers.
-constexpr int kFlashSwa = 0, kFlashC4a = 2, kFlashC128a = 3, kFlashMtpC4a = 42, kFlashMtpSwa = 43;
-constexpr int kProC128a = 0, kProC4a = 2, kProMidC128a = 33, kProMtpSwa = 61;
-
-TEST(SpecTest, BuiltInProfilesAreTheSpecModels) {
-  for (const char* name : {kFlash, kPro}) {
-    absl::StatusOr<const ModelProfile*> profile = FindModelProfile(name);
-    ASSERT_TRUE(profile.ok()) << profile.status();
-    const SpecModel& spec = Spec(name);
-    EXPECT_EQ((*profile)->compress_ratios, spec.ratios) << name;
-    EXPECT_EQ((*profile)->num_query_heads, spec.h_total) << name;
-    EXPECT_EQ((*profile)->indexer_topk, spec.topk) << name;
-    EXPECT_NEAR((*profile)->softmax_scale, 0.04419417382415922, 1e-8) << name;
-    EXPECT_NEAR((*profile)->rms_norm_eps, 1e-6, 1e-12) << name;
-  }
-  EXPECT_EQ(Spec(kFlash).layers(), 44);
-  EXPECT_EQ(Spec(kPro).layers(), 62);
-  EXPECT_EQ(Spec(kFlash).ratios[kFlashSwa], 0);
-  EXPECT_EQ(Spec(kFlash).ratios[kFlashC4a], 4);
-  EXPECT_EQ(Spec(kFlash).ratios[kFlashC128a], 128);
-  EXPECT_EQ(Spec(kFlash).ratios[kFlashMtpC4a], 4);
-  EXPECT_EQ(Spec(kFlash).ratios[kFlashMtpSwa], 0);
-  EXPECT_EQ(Spec(kPro).ratios[kProC128a], 128);
-  EXPECT_EQ(Spec(kPro).ratios[kProC4a], 4);
-  EXPECT_EQ(Spec(kPro).ratios[kProMidC128a], 128);
-  EXPECT_EQ(Spec(kPro).ratios[kProMtpSwa], 0);
+  engine_testing::ExpectListed(engine.ListSessions(kT0), engine.kv_blocks_used(), seqs);
 }
 
 // ---- Decode steps after a prompt.
