@@ -55,7 +55,6 @@
 #include "kernels/reference/reference_f64.h"
 #include "kernels/reference/tolerance.h"
 #include "kernels/rope.h"
-#include "server/engine/kv_pool.h"
 #include "server/engine/requests.h"
 #include "server/engine/testing/expect_error.h"
 #include "server/engine/testing/messages.h"
@@ -2798,30 +2797,6 @@ TEST(EngineTest, FirstCompressedRowIsIgnoredWithoutRows) {
                  absl::StrCat("layer ", layer, " at ", p, ", first row 0 without rows"));
   }
   ExpectListed(*engine, {a.get(), b.get()});
-}
-
-// ---- The pool.
-
-// A negative block count is the caller's bug, not a request for none: an
-// error, and the pool as it was.
-TEST(KvBlockPoolTest, NegativeCountsAreErrors) {
-  CpuBackend backend(1);
-  absl::StatusOr<KvBlockPool> pool = KvBlockPool::Create(backend, 8);
-  ASSERT_TRUE(pool.ok()) << pool.status();
-  absl::StatusOr<std::vector<int32_t>> taken = pool->Allocate(3);
-  ASSERT_TRUE(taken.ok()) << taken.status();
-  for (int64_t count : {int64_t{-1}, std::numeric_limits<int64_t>::min()}) {
-    ExpectError(pool->Allocate(count).status(), absl::StatusCode::kInternal, "KV pool",
-                absl::StrCat("Allocate(", count, ")"));
-    EXPECT_EQ(pool->used_blocks(), 3) << count;
-  }
-  absl::StatusOr<std::vector<int32_t>> rest = pool->Allocate(5);
-  ASSERT_TRUE(rest.ok()) << rest.status();
-  std::vector<int32_t> all = *taken;
-  all.insert(all.end(), rest->begin(), rest->end());
-  std::sort(all.begin(), all.end());
-  EXPECT_THAT(all, ::testing::ElementsAre(0, 1, 2, 3, 4, 5, 6, 7));
-  EXPECT_EQ(pool->Allocate(1).status().code(), absl::StatusCode::kResourceExhausted);
 }
 
 // A pool too small for a new session, an AppendKV or the next compressed
