@@ -23,14 +23,9 @@ namespace {
 
 using engine_testing::ExpectError;
 using engine_testing::MemoryOnlyBackend;
+using engine_testing::NewPool;
 using ::testing::ElementsAre;
 using ::testing::UnorderedElementsAre;
-
-KvBlockPool NewPool(MemoryOnlyBackend& backend, int64_t blocks) {
-  absl::StatusOr<KvBlockPool> pool = KvBlockPool::Create(backend, blocks);
-  EXPECT_TRUE(pool.ok()) << pool.status();
-  return *std::move(pool);
-}
 
 // A negative block count is the caller's bug, not a request for none: an
 // error, and the pool as it was.

@@ -21,14 +21,9 @@ namespace {
 
 using engine_testing::ExpectError;
 using engine_testing::MemoryOnlyBackend;
+using engine_testing::NewPool;
 using ::testing::ElementsAre;
 using ::testing::IsEmpty;
-
-KvBlockPool NewPool(MemoryOnlyBackend& backend, int64_t blocks) {
-  absl::StatusOr<KvBlockPool> pool = KvBlockPool::Create(backend, blocks);
-  EXPECT_TRUE(pool.ok()) << pool.status();
-  return *std::move(pool);
-}
 
 // A layer whose compressed pages are `pages`.
 LayerKv Layer(std::vector<int32_t> pages) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 namespace mla::engine_testing {
 
@@ -24,6 +25,11 @@ absl::Status MemoryOnlyBackend::CopyToHost(void* host_dst, const void* device_sr
 
 absl::Status MemoryOnlyBackend::NoKernels() {
   return absl::FailedPreconditionError("a memory-only backend runs no kernel");
+}
+
+KvBlockPool NewPool(MemoryOnlyBackend& backend, int64_t blocks) {
+  absl::StatusOr<KvBlockPool> pool = KvBlockPool::Create(backend, blocks);
+  return *std::move(pool);
 }
 
 }  // namespace mla::engine_testing

@@ -3,7 +3,7 @@
 // memory is the host's), but it runs no kernel: Prologue, Decode and
 // BuildKeyLists fail with FAILED_PRECONDITION, so that a stage test that
 // launched anything would fail. A KvBlockPool, which is made of backend
-// memory, lives there. Like every backend, not thread-safe.
+// memory, lives there (NewPool). Like every backend, not thread-safe.
 #ifndef MLA_OFFLOAD_SERVER_ENGINE_TESTING_MEMORY_ONLY_BACKEND_H_
 #define MLA_OFFLOAD_SERVER_ENGINE_TESTING_MEMORY_ONLY_BACKEND_H_
 
@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
+#include "server/engine/kv_pool.h"
 
 namespace mla::engine_testing {
 
@@ -31,6 +32,10 @@ class MemoryOnlyBackend : public ComputeBackend {
  private:
   static absl::Status NoKernels();
 };
+
+// A pool of `blocks` blocks in `backend`'s memory; the test binary ends if
+// it cannot be made.
+KvBlockPool NewPool(MemoryOnlyBackend& backend, int64_t blocks);
 
 }  // namespace mla::engine_testing
 

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
@@ -75,6 +76,14 @@ inline constexpr uint64_t kGarbageRows = 4242;  // the garbage seed of GarbageMe
 std::unique_ptr<Message> CorrectMessage(Seq& seq, int layer, int32_t p, uint64_t seed);
 std::unique_ptr<Message> GarbageMessage(Seq& seq, int layer, int32_t p, uint64_t seed,
                                         int32_t tokens = 1);
+
+// A message that must be refused: with `code`, and `field` in the message.
+struct BadCase {
+  std::string name;
+  std::unique_ptr<Message> message;
+  absl::StatusCode code;
+  std::string field;
+};
 
 // `m` with `change` made to it.
 template <typename Change>
